@@ -1,0 +1,92 @@
+"""The run directory: one per run, the only contract between the ranks, the launcher and the merge.
+
+Layout (all names are module constants; see docs/format.md)::
+
+    RUN/run.json                         spec, command, launcher, world size, schedule, versions, times, state
+    RUN/ranks/00003/meta.json            host, pid, local rank, device, clock-sync samples, windows written
+    RUN/ranks/00003/window-000.json.gz   one Kineto trace per profiler window
+    RUN/trace.h5                         the merged store
+    RUN/report/                          summary.json, report.html
+
+Every file is written to a temporary name in the same folder and renamed, so a reader never sees
+a half-written file and a crash loses at most the window in progress.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+RUN_JSON = "run.json"
+RANKS_DIR = "ranks"
+RANK_DIR_FORMAT = "{rank:05d}"
+META_JSON = "meta.json"
+WINDOW_FORMAT = "window-{window:03d}.json.gz"
+WINDOW_GLOB = "window-*.json.gz"
+STORE_NAME = "trace.h5"
+REPORT_DIR = "report"
+SUMMARY_JSON = "summary.json"
+REPORT_HTML = "report.html"
+LOGS_DIR = "logs"
+
+#: Environment variable that tells the per-rank runtime where the run directory is.
+ENV_RUN_DIR = "RANKSCOPE_RUN_DIR"
+#: Environment variable holding the JSON-encoded profiler settings for the ranks.
+ENV_PROFILER = "RANKSCOPE_PROFILER"
+
+
+class RunState(enum.StrEnum):
+    """Life of a run, as recorded in ``run.json`` (``state``)."""
+
+    PENDING = "pending"
+    QUEUED = "queued"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+    CANCELLED = "cancelled"
+    TIMEOUT = "timeout"
+
+    @property
+    def finished(self) -> bool:
+        """True once the run can no longer change (traces are final and can be merged)."""
+        return self not in (RunState.PENDING, RunState.QUEUED, RunState.RUNNING)
+
+
+def rank_dir(run_dir: Path, rank: int) -> Path:
+    """Folder of one rank's files inside ``run_dir``."""
+    return run_dir / RANKS_DIR / RANK_DIR_FORMAT.format(rank=rank)
+
+
+def window_path(run_dir: Path, rank: int, window: int) -> Path:
+    """Path of the Kineto trace of profiler window ``window`` of ``rank``."""
+    return rank_dir(run_dir, rank) / WINDOW_FORMAT.format(window=window)
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file in the same folder and a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write ``obj`` as indented JSON to ``path`` atomically (temporary name, then rename)."""
+    write_bytes_atomic(path, (json.dumps(obj, indent=1, sort_keys=False) + "\n").encode())
+
+
+def read_json(path: Path) -> Any:
+    """Read a JSON file written by :func:`write_json_atomic`."""
+    return json.loads(path.read_text())

@@ -1,0 +1,7 @@
+"""``python -m rankscope.orchestrator`` is the ``rankscope`` command."""
+
+import sys
+
+from rankscope.orchestrator.cli import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""Slurm assets (sbatch template, local-cluster scripts), installed as package data."""
