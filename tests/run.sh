@@ -12,6 +12,6 @@ echo "== ruff" >&2
 ruff check .
 ruff format --check .
 echo "== mypy" >&2
-mypy package orchestrator launchers analysis
+bash tests/typecheck.sh
 echo "== pytest" >&2
 python -m pytest "$@"
