@@ -21,13 +21,25 @@ from rankscope.errors import RankscopeError
 
 #: sub-command -> (module, one-line help). The module provides configure() and main().
 COMMANDS: dict[str, tuple[str, str]] = {
-    "run": ("rankscope.orchestrator.run", "profile a torchrun job (locally, or on Slurm with --slurm)"),
-    "merge": ("rankscope.orchestrator.merge", "merge per-rank traces into one HDF5 store, clocks aligned"),
-    "analyze": ("rankscope.orchestrator.analyze", "breakdown, collectives, stragglers and a verdict per rank"),
+    "run": (
+        "rankscope.orchestrator.run",
+        "profile a torchrun job (locally, or on Slurm with --slurm)",
+    ),
+    "merge": (
+        "rankscope.orchestrator.merge",
+        "merge per-rank traces into one HDF5 store, clocks aligned",
+    ),
+    "analyze": (
+        "rankscope.orchestrator.analyze",
+        "breakdown, collectives, stragglers and a verdict per rank",
+    ),
     "status": ("rankscope.orchestrator.status", "show the state of a run (local or Slurm)"),
     "cancel": ("rankscope.orchestrator.cancel", "cancel a Slurm run"),
     "view": ("rankscope.orchestrator.view", "serve the cross-rank timeline (Panel app)"),
-    "export": ("rankscope.orchestrator.export", "export one aligned trace (Perfetto / Chrome JSON)"),
+    "export": (
+        "rankscope.orchestrator.export",
+        "export one aligned trace (Perfetto / Chrome JSON)",
+    ),
 }
 
 #: commands that parse their own arguments (everything after the command name).

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from rankscope.analysis.store import Store
 
 
-def open(path: str | Any) -> Store:  # noqa: A001 - mirrors builtins.open on purpose
+def open(path: str | Any) -> Store:
     """Open a merged ``trace.h5`` store (or a run directory holding one) for reading."""
     from rankscope.analysis.store import open_store
 
