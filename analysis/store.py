@@ -1,0 +1,531 @@
+"""The merged HDF5 store: the writer the merge uses and the reader every analysis uses.
+
+One self-contained ``trace.h5`` per run (layout in ``docs/format.md``, contract in
+:mod:`rankscope.analysis.schema`). Tables are stored *columnar*: a group with one 1-D dataset per
+column (chunked and compressed), so a reader loads only the columns it asks for. Strings that repeat
+(event names, categories) are interned once in ``/strings`` and stored as int32 codes; they come
+back as pandas categoricals whose categories are the whole string table (the same categories on
+every rank, so per-rank frames concatenate cheaply; use ``observed=True`` when grouping).
+
+Every time is int64 ns on the aligned clock (see ``/clock`` for how to recover a rank's raw clock).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from rankscope.analysis import schema
+from rankscope.errors import InputFileError
+
+if TYPE_CHECKING:
+    import dask.dataframe as dd
+    import h5py
+    import numpy as np
+    import pandas as pd
+
+#: File name of the store inside a run directory.
+STORE_NAME = "trace.h5"
+#: Group names of the layout (docs/format.md).
+STRINGS = "strings"
+RANKS = "ranks"
+EVENTS = "events"
+LANES = "lanes"
+COLLECTIVES = "collectives"
+STEPS = "steps"
+CLOCK = "clock"
+PROBLEMS = "problems"
+#: Name of one rank's group under ``/ranks``.
+RANK_GROUP_FORMAT = "{rank:05d}"
+#: Event columns whose values are codes into ``/strings``.
+STRING_CODED = ("name", "cat")
+#: Rows per HDF5 chunk of an event column (64 Ki rows = 512 KiB of int64 before compression).
+EVENT_CHUNK_ROWS = 1 << 16
+#: Compression of every chunked dataset: gzip level 1 + shuffle (chosen by measurement:
+#: docs/performance.md, "Merge"; gzip is readable by every HDF5 tool, lzf only by h5py).
+COMPRESSION = "gzip"
+COMPRESSION_LEVEL = 1
+
+
+def _rank_group(rank: int) -> str:
+    return f"{RANKS}/{RANK_GROUP_FORMAT.format(rank=rank)}"
+
+
+def _dataset_kwargs(n: int) -> dict[str, Any]:
+    """Chunking/compression for a 1-D dataset of ``n`` rows (tiny ones stay contiguous)."""
+    if n < 1024:
+        return {}
+    return {
+        "chunks": (min(n, EVENT_CHUNK_ROWS),),
+        "compression": COMPRESSION,
+        "compression_opts": COMPRESSION_LEVEL,
+        "shuffle": True,
+    }
+
+
+def _write_column(group: h5py.Group, name: str, values: Any) -> None:
+    import h5py
+    import numpy as np
+
+    arr = np.asarray(values)
+    if arr.dtype.kind in "OUS":
+        data = np.array([str(v) for v in arr.tolist()], dtype=object)
+        group.create_dataset(
+            name, data=data, dtype=h5py.string_dtype("utf-8"), **_dataset_kwargs(len(data))
+        )
+    else:
+        group.create_dataset(name, data=arr, **_dataset_kwargs(len(arr)))
+
+
+def write_table(
+    parent: h5py.Group, name: str, frame: pd.DataFrame, columns: Mapping[str, str]
+) -> None:
+    """Write ``frame`` as a columnar table group ``parent/name`` with the schema ``columns``.
+
+    Missing columns are an error (a writer bug), extra columns are dropped. String columns become
+    variable-length UTF-8 datasets; the column order is kept in the group attribute ``columns``.
+    """
+    import numpy as np
+
+    if name in parent:
+        del parent[name]
+    group = parent.create_group(name)
+    group.attrs["columns"] = list(columns)
+    for col, dtype in columns.items():
+        if col not in frame.columns:
+            raise KeyError(f"table {name!r} lacks column {col!r}")
+        values = frame[col].to_numpy()
+        if dtype == "str":
+            _write_column(group, col, np.asarray(values, dtype=object).astype(str))
+        else:
+            _write_column(group, col, values.astype(dtype))
+
+
+def read_table(
+    parent: h5py.Group, name: str, columns: Mapping[str, str], *, rows: slice | None = None
+) -> pd.DataFrame:
+    """Read a table written by :func:`write_table` (empty frame with the schema if absent)."""
+    import numpy as np
+    import pandas as pd
+
+    out: dict[str, Any] = {}
+    group = parent.get(name)
+    for col, dtype in columns.items():
+        if group is None or col not in group:
+            out[col] = np.array([], dtype=object if dtype == "str" else dtype)
+            continue
+        ds = group[col]
+        if dtype == "str":
+            raw = ds.asstr()[rows if rows is not None else ()]
+            out[col] = np.asarray(raw, dtype=object)
+        else:
+            out[col] = ds[rows if rows is not None else ()].astype(dtype, copy=False)
+    return pd.DataFrame(out)
+
+
+class StoreWriter:
+    """Writes a store file; used by the merge (``rankscope.orchestrator.merge``).
+
+    Usage: create, :meth:`intern` strings, :meth:`write_rank` one rank at a time (so only one
+    rank's arrays are ever in memory), :meth:`update_events` to rewrite columns once clocks and
+    collectives are known, :meth:`write_tables`, then :meth:`close` (writes ``/strings``).
+    The caller writes to a temporary name and renames (the merge does this).
+    """
+
+    def __init__(self, path: Path, *, attrs: Mapping[str, Any]) -> None:
+        import h5py
+
+        self.path = Path(path)
+        self._file = h5py.File(self.path, "w", libver="latest")
+        self._strings: dict[str, int] = {}
+        self._file.attrs["schema_name"] = schema.SCHEMA_NAME
+        self._file.attrs["schema_version"] = schema.SCHEMA_VERSION
+        self._file.attrs["created"] = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+        for key, value in attrs.items():
+            self.set_attr(key, value)
+        self._file.require_group(RANKS)
+
+    def set_attr(self, key: str, value: Any) -> None:
+        """Set a root attribute (dicts and lists are stored as JSON text)."""
+        self._file.attrs[key] = _attr_value(value)
+
+    def intern(self, strings: Iterable[str]) -> np.ndarray:
+        """Codes (int32) of ``strings`` in ``/strings``, adding the new ones."""
+        import numpy as np
+
+        table = self._strings
+        codes = [table.setdefault(s, len(table)) for s in strings]
+        return np.asarray(codes, dtype=np.int32)
+
+    def write_rank(
+        self,
+        rank: int,
+        events: Mapping[str, np.ndarray],
+        lanes: pd.DataFrame,
+        attrs: Mapping[str, Any],
+    ) -> None:
+        """Write one rank: ``events`` columns (schema.EVENT_COLUMNS, name/cat as string codes,
+        sorted by ts), its lanes and group attributes (meta)."""
+        group = self._file.require_group(_rank_group(rank))
+        ev = group.require_group(EVENTS)
+        for col, dtype in schema.EVENT_COLUMNS.items():
+            if col in ev:
+                del ev[col]
+            want = "int32" if col in STRING_CODED else dtype
+            _write_column(ev, col, events[col].astype(want, copy=False))
+        ts = events["ts"]
+        dur = events["dur"]
+        group.attrs["rank"] = rank
+        group.attrs["events"] = len(ts)
+        group.attrs["max_dur_ns"] = int(dur.max()) if len(dur) else 0
+        for key, value in attrs.items():
+            group.attrs[key] = _attr_value(value)
+        write_table(group, LANES, lanes, schema.LANE_COLUMNS)
+
+    def drop_rank(self, rank: int) -> None:
+        """Remove a rank written earlier (e.g. found to come from another job)."""
+        key = _rank_group(rank)
+        if key in self._file:
+            del self._file[key]
+
+    def read_events(self, rank: int, columns: Sequence[str]) -> dict[str, np.ndarray]:
+        """Columns of a rank already written (to rewrite them after alignment)."""
+        ev = self._file[_rank_group(rank)][EVENTS]
+        return {c: ev[c][()] for c in columns}
+
+    def update_events(self, rank: int, columns: Mapping[str, np.ndarray]) -> None:
+        """Overwrite event columns of ``rank`` in place (same length and dtype)."""
+        group = self._file[_rank_group(rank)]
+        ev = group[EVENTS]
+        for col, values in columns.items():
+            ev[col][...] = values
+            if col == "dur":
+                group.attrs["max_dur_ns"] = int(values.max()) if len(values) else 0
+
+    def set_rank_attrs(self, rank: int, attrs: Mapping[str, Any]) -> None:
+        """Set attributes of ``/ranks/NNNNN``."""
+        group = self._file[_rank_group(rank)]
+        for key, value in attrs.items():
+            group.attrs[key] = _attr_value(value)
+
+    def write_tables(self, tables: Mapping[str, pd.DataFrame]) -> None:
+        """Write the run-wide tables (collectives, steps, clock, problems) at the root."""
+        specs = {
+            COLLECTIVES: schema.COLLECTIVE_COLUMNS,
+            STEPS: schema.STEP_COLUMNS,
+            CLOCK: schema.CLOCK_COLUMNS,
+            PROBLEMS: schema.PROBLEM_COLUMNS,
+        }
+        for name, frame in tables.items():
+            write_table(self._file, name, frame, specs[name])
+
+    def close(self) -> None:
+        """Write ``/strings`` and the rank list, then close the file."""
+        import h5py
+        import numpy as np
+
+        if not self._file.id.valid:
+            return
+        if STRINGS in self._file:
+            del self._file[STRINGS]
+        strings = np.array(list(self._strings), dtype=object)
+        self._file.create_dataset(
+            STRINGS, data=strings, dtype=h5py.string_dtype("utf-8"), **_dataset_kwargs(len(strings))
+        )
+        ranks = sorted(int(g.attrs["rank"]) for g in self._file[RANKS].values())
+        self._file.attrs["ranks"] = np.asarray(ranks, dtype=np.int32)
+        self._file.close()
+
+    def __enter__(self) -> StoreWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self.close()
+        elif self._file.id.valid:
+            self._file.close()
+
+
+def _attr_value(value: Any) -> Any:
+    """HDF5 attributes hold scalars, strings and arrays; dicts/lists/None go as JSON text."""
+    if value is None or isinstance(value, dict | list | tuple):
+        return json.dumps(value, default=str)
+    return value
+
+
+def _attr_python(value: Any) -> Any:
+    """Inverse of :func:`_attr_value` for reading (JSON text back to dict/list)."""
+    import numpy as np
+
+    if isinstance(value, bytes):
+        value = value.decode()
+    if isinstance(value, str) and (value[:1] in "{[" or value == "null"):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def resolve_store_path(path: str | Path) -> Path:
+    """``path`` itself when it is a file, else ``path/trace.h5`` (a run directory)."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / STORE_NAME
+    return p
+
+
+class Store:
+    """A merged store opened for reading (``rankscope.open``). Also a context manager.
+
+    Reads are lazy: each call loads only the datasets (and rows) it needs.
+    """
+
+    def __init__(self, path: Path) -> None:
+        import h5py
+
+        self.path = path
+        try:
+            self._file = h5py.File(path, "r")
+        except FileNotFoundError:
+            raise InputFileError(f"{path}: no such store (run `rankscope merge` first)") from None
+        except OSError as exc:
+            raise InputFileError(f"{path}: not a readable HDF5 store ({exc})") from None
+        attrs = self._file.attrs
+        name = _attr_python(attrs.get("schema_name", ""))
+        version = int(attrs.get("schema_version", -1))
+        if name != schema.SCHEMA_NAME:
+            self._file.close()
+            raise InputFileError(f"{path}: not a rankscope store (schema {name!r})")
+        if version > schema.SCHEMA_VERSION or version < 1:
+            self._file.close()
+            raise InputFileError(
+                f"{path}: store schema version {version} is newer than this rankscope reads "
+                f"({schema.SCHEMA_VERSION}); upgrade rankscope"
+            )
+        self._strings: Any = None
+        self._categories: Any = None
+
+    # -- whole-store facts -------------------------------------------------------------------
+    @property
+    def ranks(self) -> list[int]:
+        """Ranks present in the store (ascending)."""
+        return [int(r) for r in self._file.attrs.get("ranks", [])]
+
+    @property
+    def world_size(self) -> int:
+        """World size of the job (may exceed ``len(ranks)`` when ranks were missing)."""
+        return int(self._file.attrs.get("world_size", len(self.ranks)))
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """Root attributes: schema, run_id, world_size, tool versions, created, source."""
+        return {k: _attr_python(v) for k, v in self._file.attrs.items()}
+
+    @property
+    def strings(self) -> np.ndarray:
+        """The interned string table (object array; codes index into it)."""
+        import numpy as np
+
+        if self._strings is None:
+            ds = self._file.get(STRINGS)
+            self._strings = (
+                np.asarray(ds.asstr()[()], dtype=object) if ds is not None else np.array([], object)
+            )
+        return self._strings
+
+    def _category_dtype(self) -> Any:
+        import pandas as pd
+
+        if self._categories is None:
+            self._categories = pd.CategoricalDtype(pd.Index(self.strings, dtype=object))
+        return self._categories
+
+    def _rank(self, rank: int) -> h5py.Group:
+        key = _rank_group(int(rank))
+        if key not in self._file:
+            raise KeyError(f"rank {rank} is not in {self.path} (ranks: {self.ranks})")
+        return self._file[key]
+
+    # -- per-rank tables ---------------------------------------------------------------------
+    def events(
+        self,
+        rank: int,
+        columns: Sequence[str] | None = None,
+        window: tuple[int, int] | None = None,
+    ) -> pd.DataFrame:
+        """Events of ``rank`` sorted by ``ts`` (schema.EVENT_COLUMNS).
+
+        ``window=(start_ns, end_ns)`` on the aligned clock selects the events overlapping it
+        (``ts < end_ns`` and ``ts + dur > start_ns``; zero-length events at ``start_ns`` count).
+        Only the rows that can overlap are read: ``ts`` is sorted and the rank's longest duration
+        (attribute ``max_dur_ns``) bounds how early an overlapping event can start.
+        """
+        import numpy as np
+        import pandas as pd
+
+        cols = list(schema.EVENT_COLUMNS) if columns is None else list(columns)
+        unknown = [c for c in cols if c not in schema.EVENT_COLUMNS]
+        if unknown:
+            raise KeyError(f"unknown event columns {unknown}; known: {list(schema.EVENT_COLUMNS)}")
+        group = self._rank(rank)
+        ev = group[EVENTS]
+        rows: slice | np.ndarray = slice(None)
+        keep: np.ndarray | None = None
+        if window is not None:
+            start, end = int(window[0]), int(window[1])
+            ts_ds = ev["ts"]
+            lo_bound = start - int(group.attrs.get("max_dur_ns", 0))
+            ts_all = ts_ds[()] if ts_ds.shape[0] < EVENT_CHUNK_ROWS else None
+            if ts_all is not None:
+                lo = int(np.searchsorted(ts_all, lo_bound, side="left"))
+                hi = int(np.searchsorted(ts_all, end, side="left"))
+            else:
+                lo, hi = _searchsorted_ds(ts_ds, lo_bound), _searchsorted_ds(ts_ds, end)
+            rows = slice(lo, hi)
+            ts = ev["ts"][rows]
+            dur = ev["dur"][rows]
+            keep = (ts + dur > start) | ((dur == 0) & (ts >= start))
+        out: dict[str, Any] = {}
+        for col in cols:
+            values = ev[col][rows]
+            if keep is not None:
+                values = values[keep]
+            dtype = schema.EVENT_COLUMNS[col]
+            if col in STRING_CODED:
+                out[col] = pd.Categorical.from_codes(values, dtype=self._category_dtype())
+            else:
+                out[col] = values.astype(dtype, copy=False)
+        return pd.DataFrame(out, columns=cols)
+
+    def lanes(self, rank: int) -> pd.DataFrame:
+        """Lanes (host threads and GPU streams) of ``rank``; row index == lane id."""
+        return read_table(self._rank(rank), LANES, schema.LANE_COLUMNS)
+
+    def rank_meta(self, rank: int) -> dict[str, Any]:
+        """What is known about ``rank``: host, device, backend, versions, files, windows."""
+        group = self._rank(rank)
+        return {k: _attr_python(v) for k, v in group.attrs.items()}
+
+    # -- run-wide tables ---------------------------------------------------------------------
+    def collectives(self) -> pd.DataFrame:
+        """Matched collectives, long form: one row per (collective, rank)."""
+        return read_table(self._file, COLLECTIVES, schema.COLLECTIVE_COLUMNS)
+
+    def steps(self) -> pd.DataFrame:
+        """ProfilerStep ranges per rank (aligned ns)."""
+        return read_table(self._file, STEPS, schema.STEP_COLUMNS)
+
+    def clock(self) -> pd.DataFrame:
+        """Clock alignment per rank: offset, drift, uncertainty, method, violations."""
+        return read_table(self._file, CLOCK, schema.CLOCK_COLUMNS)
+
+    def problems(self) -> pd.DataFrame:
+        """What the merge could not ingest, and why (one row per problem)."""
+        return read_table(self._file, PROBLEMS, schema.PROBLEM_COLUMNS)
+
+    # -- Dask ----------------------------------------------------------------------------------
+    def events_dask(self, columns: Sequence[str] | None = None) -> dd.DataFrame:
+        """All events as a Dask DataFrame with one partition per rank (plus a ``rank`` column).
+
+        Each partition is loaded by a task that opens the file itself (h5py handles do not
+        pickle), so the view works on any scheduler, including a distributed cluster.
+        """
+        import dask.dataframe as dd
+
+        cols = list(schema.EVENT_COLUMNS) if columns is None else list(columns)
+        meta = _load_rank_partition(-1, path=str(self.path), event_columns=cols, meta_only=True)
+        return dd.from_map(
+            _load_rank_partition,
+            self.ranks,
+            path=str(self.path),
+            event_columns=cols,
+            meta=meta,
+            divisions=None,
+            enforce_metadata=False,
+        )
+
+    # -- lifetime ------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Close the HDF5 file."""
+        if self._file.id.valid:
+            self._file.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Store({str(self.path)!r}, ranks={self.ranks})"
+
+
+def _searchsorted_ds(ds: h5py.Dataset, value: int) -> int:
+    """``np.searchsorted(ds, value, 'left')`` on a sorted dataset, reading one chunk per probe."""
+    import numpy as np
+
+    n = ds.shape[0]
+    # Binary search over chunk starts, then within one chunk.
+    lo, hi = 0, (n + EVENT_CHUNK_ROWS - 1) // EVENT_CHUNK_ROWS
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if int(ds[mid * EVENT_CHUNK_ROWS]) < value:
+            lo = mid + 1
+        else:
+            hi = mid
+    chunk = max(lo - 1, 0)
+    base = chunk * EVENT_CHUNK_ROWS
+    block = ds[base : min(base + 2 * EVENT_CHUNK_ROWS, n)]
+    return base + int(np.searchsorted(block, value, side="left"))
+
+
+def _load_rank_partition(
+    rank: int, *, path: str, event_columns: Sequence[str], meta_only: bool = False
+) -> pd.DataFrame:
+    """One Dask partition: the events of ``rank`` with a leading ``rank`` column."""
+    import numpy as np
+
+    with Store(Path(path)) as store:
+        if meta_only:
+            frame = (
+                store.events(store.ranks[0], columns=event_columns, window=(0, 0))
+                if store.ranks
+                else None
+            )
+            if frame is None:
+                import pandas as pd
+
+                frame = pd.DataFrame({c: np.array([], dtype="int64") for c in event_columns})
+            frame = frame.iloc[:0]
+        else:
+            frame = store.events(rank, columns=event_columns)
+    frame.insert(0, "rank", np.full(len(frame), rank, dtype=np.int32))
+    return frame
+
+
+def open_store(path: str | Path) -> Store:
+    """Open a store for reading; ``path`` is a ``trace.h5`` or a run directory holding one.
+
+    Raises :class:`~rankscope.errors.InputFileError` (naming the file) when the file is missing,
+    is not a rankscope store, or was written by a newer schema version.
+    """
+    return Store(resolve_store_path(path))

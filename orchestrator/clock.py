@@ -1,0 +1,367 @@
+"""Clock alignment: put every rank's timestamps on the reference rank's clock.
+
+Three stages (DESIGN, "Clock alignment"), all pure functions on numpy / pandas:
+
+1. **Runtime samples** (``meta.json`` ``clock.samples``, NTP-style t1..t4, ns): per clock domain,
+   keep the lowest-RTT round of each phase, fit ``offset(t) = offset + drift·(t - t_ref)``
+   (Theil-Sen slope, robust to a bad phase). The true offset lies within ±RTT_min/2 of a
+   round's estimate: that is the hard bound.
+2. **Collectives**: matched synchronizing collectives (allreduce & co.) end nearly together on all
+   ranks. The residual offset of each rank is the median over collectives of
+   ``(consensus end) - (rank's end)``. With runtime samples it refines them only when its standard
+   error (residual scatter / sqrt(n)) is below the runtime bound, and is clipped into the bound.
+   Without samples it is the whole estimate (foreign traces); without either, the raw clock.
+3. **Causality**: no rank can finish a synchronizing collective before its last participant
+   started it. Violations are counted before and after; the remaining ones are repaired with the
+   smallest per-rank shifts satisfying every constraint ``a_q - a_r <= end_r - start_q``
+   (difference constraints, solved by Bellman-Ford — the controlled-logical-clock idea applied
+   to whole ranks, which keeps each rank's own intervals intact).
+
+The transform of rank r (all ns, int64 except the drift term)::
+
+    aligned = raw + offset_ns + round(drift_ppb * (raw - t_ref_ns) / 1e9)
+
+``offset_ns`` includes the repair shift; ``raw`` is recovered by inverting it (docs/format.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from rankscope.analysis.schema import ClockMethod
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pandas as pd
+
+#: Phases closer than this (s) are not used to estimate drift (the slope would be noise).
+MIN_DRIFT_SPAN_S = 0.05
+#: Iterations of the consensus/offset alternation of the collective fit.
+CONSENSUS_ITERATIONS = 5
+
+
+@dataclass(frozen=True)
+class RuntimeFit:
+    """Offset of a clock domain relative to the reference, from runtime ping-pong samples."""
+
+    offset_ns: float
+    """reference clock minus this clock at ``t_ref_ns`` (ns)"""
+    drift_ppb: float
+    """change of the offset per second of elapsed time (ns/s = parts per billion)"""
+    t_ref_ns: int
+    """time on this domain's raw clock (ns) at which ``offset_ns`` holds"""
+    bound_ns: float
+    """the true offset is within ± this (ns): worst phase's lowest half-RTT + fit residual"""
+    rounds: int
+    """rounds available (one per phase, the lowest-RTT one, enters the fit)"""
+
+    def offset_at(self, t_ns: Any) -> Any:
+        """Offset (ns, float) at raw time(s) ``t_ns``."""
+        return self.offset_ns + self.drift_ppb * (t_ns - self.t_ref_ns) / 1e9
+
+
+def fit_samples(samples: pd.DataFrame) -> RuntimeFit | None:
+    """Fit offset + drift from samples (columns phase, t1, t2, t3, t4; int ns). None if empty."""
+    import numpy as np
+
+    if samples is None or samples.empty:
+        return None
+    s = samples.copy()
+    for c in ("t1", "t2", "t3", "t4"):
+        s[c] = s[c].astype(np.int64)
+    s["rtt"] = (s["t4"] - s["t1"]) - (s["t3"] - s["t2"])
+    s = s[s["rtt"] >= 0]
+    if s.empty:
+        return None
+    # Integer halves first: the sums of ns stamps near 1.8e18 must not go through float.
+    s["offset"] = (((s["t2"] - s["t1"]) + (s["t3"] - s["t4"])) // 2).astype(np.float64)
+    s["mid"] = s["t1"] + (s["t4"] - s["t1"]) // 2
+    if "phase" not in s:
+        s["phase"] = "all"
+    # One point per phase: its lowest-RTT round (the true offset is within ±rtt/2 of it).
+    # Drift is fitted between phases; the bound is the worst phase's half-RTT plus the fit's
+    # largest residual, so it holds for every phase.
+    best = s.sort_values("rtt", kind="stable").groupby("phase", sort=False).head(1)
+    t_ref = int(best["mid"].min())
+    x = (best["mid"].to_numpy(np.float64) - t_ref) / 1e9  # s
+    y = best["offset"].to_numpy(np.float64)
+    half_rtt = best["rtt"].to_numpy(np.float64) / 2
+    drift = 0.0
+    if len(best) >= 2 and np.ptp(x) > MIN_DRIFT_SPAN_S:
+        i, j = np.triu_indices(len(x), 1)
+        dx = x[j] - x[i]
+        ok = dx > MIN_DRIFT_SPAN_S
+        if ok.any():
+            drift = float(np.median((y[j] - y[i])[ok] / dx[ok]))  # ns per s
+    if abs(drift) * float(np.ptp(x)) <= 2 * float(np.max(half_rtt)):
+        # The offset change over the run is within the measurement error: not significant.
+        drift = 0.0
+    intercept = float(np.median(y - drift * x))
+    residual = float(np.max(np.abs(y - (intercept + drift * x))))
+    bound = float(np.max(half_rtt)) + residual
+    return RuntimeFit(
+        offset_ns=intercept, drift_ppb=drift, t_ref_ns=t_ref, bound_ns=bound, rounds=len(s)
+    )
+
+
+def apply_transform(ts: np.ndarray, offset_ns: int, drift_ppb: float, t_ref_ns: int) -> np.ndarray:
+    """Raw int64 ns → aligned int64 ns (module docstring)."""
+    import numpy as np
+
+    out = ts + np.int64(offset_ns)
+    if drift_ppb:
+        out = out + np.rint(drift_ppb * (ts - np.int64(t_ref_ns)).astype(np.float64) / 1e9).astype(
+            np.int64
+        )
+    return out
+
+
+def collective_offsets(
+    ends: pd.DataFrame, ref_rank: int
+) -> tuple[dict[int, float], dict[int, float], dict[int, int]]:
+    """Per-rank offsets (ns) that make matched collective ends agree, the reference at 0.
+
+    ``ends``: columns coll, rank, end (ns, possibly already runtime-corrected). Alternates a
+    consensus end per collective (median over ranks) and a per-rank offset (median over
+    collectives of consensus - end). Returns (offset, spread, count) per rank, spread being
+    1.4826·MAD of that rank's residuals (ns). Ranks without shared collectives are absent.
+    """
+    import numpy as np
+
+    if ends.empty:
+        return {}, {}, {}
+    e = ends[["coll", "rank", "end"]].copy()
+    multi = e.groupby("coll")["rank"].transform("nunique") >= 2
+    e = e[multi]
+    if e.empty:
+        return {}, {}, {}
+    base = int(e["end"].min())
+    e["x"] = (e["end"] - base).astype(np.float64)
+    ranks = sorted(e["rank"].unique().tolist())
+    off = dict.fromkeys(ranks, 0.0)
+    for _ in range(CONSENSUS_ITERATIONS):
+        e["adj"] = e["x"] + e["rank"].map(off)
+        consensus = e.groupby("coll")["adj"].median()
+        resid = consensus.loc[e["coll"]].to_numpy() - e["x"].to_numpy()
+        e["resid"] = resid
+        off = e.groupby("rank")["resid"].median().to_dict()
+        if ref_rank in off:
+            shift = off[ref_rank]
+            off = {r: v - shift for r, v in off.items()}
+    e["adj"] = e["x"] + e["rank"].map(off)
+    consensus = e.groupby("coll")["adj"].median()
+    e["r"] = e["adj"] - consensus.loc[e["coll"]].to_numpy()
+    # Spread: a rank's own residual scatter, but never less than the pooled scatter of all
+    # ranks (with a handful of collectives one rank's MAD can be misleadingly small).
+    pooled = float(1.4826 * np.median(np.abs(e["r"] - e["r"].median())))
+    spread = e.groupby("rank")["r"].apply(
+        lambda r: float(1.4826 * np.median(np.abs(r - r.median())))
+    )
+    count = e.groupby("rank")["coll"].nunique()
+    return (
+        {int(r): float(v) for r, v in off.items()},
+        {int(r): max(float(v), pooled) for r, v in spread.items()},
+        {int(r): int(v) for r, v in count.items()},
+    )
+
+
+def count_violations(colls: pd.DataFrame) -> dict[int, int]:
+    """Per rank: synchronizing collectives it ended before their last participant started."""
+    if colls.empty:
+        return {}
+    c = colls[["coll", "rank", "start", "end"]]
+    last_start = c.groupby("coll")["start"].transform("max")
+    bad = c["end"] < last_start
+    return {int(r): int(v) for r, v in bad.groupby(c["rank"]).sum().items()}
+
+
+def repair_shifts(colls: pd.DataFrame, ranks: list[int], ref_rank: int) -> dict[int, int]:
+    """Smallest per-rank shifts (ns) removing causality violations, the reference fixed.
+
+    Constraint per collective c and ranks r != q: ``(end_cr + a_r) >= (start_cq + a_q)``, i.e.
+    ``a_q - a_r <= end_cr - start_cq``. Bellman-Ford from all-zero gives the componentwise
+    largest solution with a <= 0; it is then re-anchored so the reference rank does not move.
+    With a negative cycle (contradictory constraints) the shifts after n rounds are returned and
+    the remaining violations show up in the count after repair.
+    """
+    import numpy as np
+
+    if colls.empty or len(ranks) < 2:
+        return dict.fromkeys(ranks, 0)
+    idx = {r: i for i, r in enumerate(ranks)}
+    n = len(ranks)
+    inf = np.iinfo(np.int64).max // 4
+    w = np.full((n, n), inf, dtype=np.int64)
+    for _, g in colls.groupby("coll"):
+        rr = g["rank"].map(idx).to_numpy()
+        e = g["end"].to_numpy(np.int64)
+        s = g["start"].to_numpy(np.int64)
+        cand = e[:, None] - s[None, :]  # [r, q]
+        np.minimum.at(w, (rr[:, None].repeat(len(rr), 1), rr[None, :].repeat(len(rr), 0)), cand)
+    np.fill_diagonal(w, inf)
+    a = np.zeros(n, dtype=np.int64)
+    for _ in range(n + 1):
+        cand = np.where(w < inf, a[:, None] + w, inf).min(axis=0)
+        new = np.minimum(a, cand)
+        if np.array_equal(new, a):
+            break
+        a = new
+    a = a - a[idx[ref_rank]] if ref_rank in idx else a
+    return {r: int(a[idx[r]]) for r in ranks}
+
+
+@dataclass(frozen=True)
+class ClockInput:
+    """What is known about one rank's clock before alignment."""
+
+    rank: int
+    host: str
+    domain: str
+    """clock domain (ranks with equal domains share one clock); '' when unknown"""
+    fit: RuntimeFit | None
+    """runtime fit of the rank's domain (None: no samples, or the reference domain)"""
+
+
+def align(
+    colls: pd.DataFrame, inputs: list[ClockInput], ref_rank: int
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Align all ranks; returns (clock table per schema.CLOCK_COLUMNS, aligned collectives).
+
+    ``colls``: long-form matched collectives (raw ns per rank; columns coll, rank, op, start,
+    end). The collectives come back with start/end on the aligned clock.
+    """
+    import numpy as np
+    import pandas as pd
+    from rankscope.orchestrator.collectives import SYNCHRONIZING_OPS
+
+    by_rank = {i.rank: i for i in inputs}
+    ref_domain = by_rank[ref_rank].domain if ref_rank in by_rank else ""
+    ranks = sorted(by_rank)
+    # Stage 1: runtime fit (the reference's domain is the reference).
+    offset: dict[int, float] = {}
+    drift: dict[int, float] = {}
+    t_ref: dict[int, int] = {}
+    bound: dict[int, float] = {}
+    method: dict[int, ClockMethod] = {}
+    for r in ranks:
+        ci = by_rank[r]
+        offset[r], drift[r], t_ref[r] = 0.0, 0.0, 0
+        if r == ref_rank or (ref_domain and ci.domain == ref_domain):
+            method[r], bound[r] = ClockMethod.REFERENCE, 0.0
+        elif ci.fit is not None:
+            offset[r], drift[r], t_ref[r] = ci.fit.offset_ns, ci.fit.drift_ppb, ci.fit.t_ref_ns
+            method[r], bound[r] = ClockMethod.RUNTIME, ci.fit.bound_ns
+        else:
+            method[r], bound[r] = ClockMethod.RAW, -1.0
+
+    def transform(frame: pd.DataFrame, extra: dict[int, float]) -> pd.DataFrame:
+        out = frame.copy()
+        for r, g in frame.groupby("rank"):
+            r = int(r)
+            o = round(offset.get(r, 0.0) + extra.get(r, 0.0))
+            for col in ("start", "end"):
+                out.loc[g.index, col] = apply_transform(
+                    g[col].to_numpy(np.int64), o, drift.get(r, 0.0), t_ref.get(r, 0)
+                )
+        return out
+
+    sync = colls[colls["op"].isin(SYNCHRONIZING_OPS)] if not colls.empty else colls
+    if not sync.empty:
+        sync = sync[sync.groupby("coll")["rank"].transform("nunique") >= 2]
+    raw_violations = count_violations(sync)
+    # Stage 2: collectives refine (inside the runtime bound) or estimate alone.
+    spread: dict[int, float] = {}
+    if not sync.empty:
+        saved = (dict(offset), dict(method))
+        pre = transform(sync, {})
+        before_fit = sum(count_violations(pre).values())
+        coff, spread, _count = collective_offsets(pre, ref_rank)
+        gpu = pre[pre["gpu"].astype(bool)] if "gpu" in pre else pre.iloc[:0]
+        goff, gspread, gcount = collective_offsets(gpu, ref_rank) if len(gpu) else ({}, {}, {})
+        if ref_rank not in coff and coff:
+            # The reference shares no collective: anchor on the lowest rank that does.
+            anchor = min(coff)
+            coff = {r: v - coff[anchor] for r, v in coff.items()}
+        for r, v in coff.items():
+            if method[r] == ClockMethod.REFERENCE:
+                continue
+            if method[r] == ClockMethod.RUNTIME:
+                # Refine only with GPU collectives (NCCL kernels end within µs of each other),
+                # and only when they are more precise than the runtime bound (standard error
+                # spread/sqrt(n) below it). Host-side gloo ops are never used here: their end
+                # stamps wait for a thread to be scheduled, scattering by up to ms with a
+                # per-rank bias that no scatter statistic reveals (measured on one clock:
+                # cpu_gloo_4rank_straggler). The refined value stays inside the runtime bound.
+                if r not in goff or ref_rank not in goff:
+                    continue
+                stderr = gspread.get(r, np.inf) / np.sqrt(max(gcount.get(r, 1), 1))
+                if stderr < bound[r]:
+                    offset[r] += float(np.clip(goff[r], -bound[r], bound[r]))
+                    method[r] = ClockMethod.RUNTIME_COLLECTIVES
+                    spread[r] = gspread[r]
+            else:
+                offset[r] += v
+                method[r] = ClockMethod.COLLECTIVES
+        if sum(count_violations(transform(sync, {})).values()) > before_fit:
+            # The matched events do not behave like synchronizing collectives (e.g. point-to-
+            # point traffic of a few ranks out of a larger job): their fit would make things
+            # worse than the clocks we had, so it is not used.
+            offset, method = saved
+            spread = {}
+    # Stage 3: causality check and repair (kept only when it removes violations).
+    aligned_sync = transform(sync, {}) if not sync.empty else sync
+    before = count_violations(aligned_sync)
+    shifts: dict[int, int] = {}
+    after = before
+    if any(before.values()):
+        shifts = repair_shifts(aligned_sync, ranks, ref_rank)
+        for r, a in shifts.items():
+            offset[r] += a
+        after = count_violations(transform(sync, {}))
+        if sum(after.values()) >= sum(before.values()):
+            for r, a in shifts.items():
+                offset[r] -= a
+            shifts, after = {}, before
+    rows = []
+    for r in ranks:
+        if method[r] == ClockMethod.REFERENCE:
+            unc = 0.0
+        elif method[r] == ClockMethod.RUNTIME:
+            unc = bound[r]
+        elif method[r] == ClockMethod.RUNTIME_COLLECTIVES:
+            unc = min(bound[r], max(spread.get(r, bound[r]), 1.0))
+        elif method[r] == ClockMethod.COLLECTIVES:
+            unc = spread.get(r, -1.0)
+        else:
+            unc = -1.0
+        rows.append(
+            {
+                "rank": r,
+                "host": by_rank[r].host,
+                "offset_ns": round(offset[r]),
+                "drift_ppb": float(drift[r]),
+                "t_ref_ns": int(t_ref[r]),
+                "uncertainty_ns": round(unc + abs(shifts.get(r, 0))) if unc >= 0 else -1,
+                "method": str(method[r]),
+                "violations_before": int(raw_violations.get(r, 0)),
+                "violations_after": int(after.get(r, 0)),
+            }
+        )
+    clock = pd.DataFrame(rows)
+    return clock, transform(colls, {}) if not colls.empty else colls
+
+
+def summary_line(clock: pd.DataFrame) -> str:
+    """One line: method counts, largest |offset|, violations before → after."""
+    if clock.empty:
+        return "clock: no ranks"
+    methods = clock["method"].value_counts().to_dict()
+    m = ", ".join(f"{k} {v}" for k, v in sorted(methods.items()))
+    big = clock.loc[clock["offset_ns"].abs().idxmax()]
+    unc = clock.loc[clock["uncertainty_ns"] >= 0, "uncertainty_ns"]
+    return (
+        f"clock: {m}; largest offset {big['offset_ns'] / 1e6:+.3f} ms (rank {int(big['rank'])}); "
+        f"uncertainty ≤ {(unc.max() if len(unc) else 0) / 1e3:.1f} µs; causality violations "
+        f"{int(clock['violations_before'].sum())} → {int(clock['violations_after'].sum())}"
+    )

@@ -1,0 +1,135 @@
+"""Cross-rank matching of collectives: which event on each rank is the same collective.
+
+Inputs are the per-rank communication events found by the reader (NCCL kernels on GPU streams,
+``gloo:*`` ops on ``pt_gloo_runloop`` threads). A collective is identified across ranks by a key:
+
+* ``(group, seq)`` when the trace carries a sequence number (``Seq`` in the NCCL kernel /
+  ``record_param_comms`` args of recent PyTorch) — exact;
+* else ``(group, op, step, k)``: the k-th op of that kind in profiler step ``step`` of that group
+  (``k`` counts per rank in time order). Counting inside a step keeps one missing event from
+  shifting every later match. ``group`` is the process-group name when the trace says it, else
+  ``gloo`` for gloo ops, else ``stream#i`` (the i-th communication stream of the rank, in order of
+  first use — stream ids differ across ranks, their order does not).
+
+Send/recv kernels of NCCL (``SendRecv``, used by all-to-all) are matched the same way; this is
+what all-to-all in DLRM-style models produces: every rank runs the same grouped send/recv.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+#: Ops whose participants all finish within a short time of each other and none of which can
+#: finish before every participant started (used for clock fitting and causality checks).
+SYNCHRONIZING_OPS = frozenset(
+    {"allreduce", "allgather", "reducescatter", "alltoall", "sendrecv", "barrier"}
+)
+#: Columns of one rank's communication table as produced by the merge's per-rank task.
+RANK_COMM_COLUMNS = ("event", "op", "group", "seq", "bytes", "step", "start", "end", "gpu")
+
+
+def normalise_groups(comm: pd.DataFrame, comm_cpu: pd.Series, lane: pd.Series) -> pd.Series:
+    """Group names for one rank's comm events where the trace gave none (module docstring).
+
+    ``comm_cpu``: True for gloo ops (host side); ``lane``: the event's lane id.
+    """
+    import pandas as pd
+
+    groups = comm["group"].astype(str).copy()
+    missing = groups == ""
+    gpu_missing = missing & ~comm_cpu
+    if gpu_missing.any():
+        order = {lane_id: i for i, lane_id in enumerate(pd.unique(lane[gpu_missing]))}
+        groups[gpu_missing] = [f"stream#{order[x]}" for x in lane[gpu_missing]]
+    groups[missing & comm_cpu] = "gloo"
+    return groups
+
+
+def rank_keys(comm: pd.DataFrame) -> pd.Series:
+    """Match key (a string) for each comm event of ONE rank (columns RANK_COMM_COLUMNS)."""
+    import pandas as pd
+
+    if comm.empty:
+        return pd.Series([], dtype=object)
+    frame = comm.sort_values("start", kind="stable")
+    keys = pd.Series(index=frame.index, dtype=object)
+    has_seq = frame["seq"] >= 0
+    keys[has_seq] = (
+        "g=" + frame.loc[has_seq, "group"] + "|s=" + frame.loc[has_seq, "seq"].astype(str)
+    )
+    rest = frame[~has_seq]
+    if not rest.empty:
+        k = rest.groupby(["group", "op", "step"], sort=False).cumcount()
+        keys[~has_seq] = (
+            "g="
+            + rest["group"]
+            + "|o="
+            + rest["op"]
+            + "|p="
+            + rest["step"].astype(str)
+            + "|k="
+            + k.astype(str)
+        )
+    return keys.reindex(comm.index)
+
+
+def match(per_rank: dict[int, pd.DataFrame]) -> pd.DataFrame:
+    """Long-form collectives table: one row per (collective, rank).
+
+    ``per_rank[rank]``: that rank's comm events (RANK_COMM_COLUMNS; start/end in ns of the rank's
+    clock; ``gpu``: True for GPU kernels, False for host-side gloo ops). Returns columns
+    ``key, group, seq, op, bytes, rank, start, end, event, gpu`` plus ``coll``
+    (dense id in order of the key's earliest start; the merge renumbers after clock alignment).
+    ``seq`` is the trace's sequence number, else the position of the collective within its
+    (group, op) in time order.
+    """
+    import numpy as np
+    import pandas as pd
+
+    frames = []
+    for rank, comm in per_rank.items():
+        if comm.empty:
+            continue
+        f = comm.loc[:, list(RANK_COMM_COLUMNS)].copy()
+        f["key"] = rank_keys(comm).to_numpy()
+        f["rank"] = np.int32(rank)
+        frames.append(f)
+    columns = ["coll", "key", "group", "seq", "op", "bytes", "rank", "start", "end", "event", "gpu"]
+    if not frames:
+        return pd.DataFrame({c: [] for c in columns})
+    allc = pd.concat(frames, ignore_index=True)
+    # A key seen twice on one rank (should not happen) keeps its first occurrence.
+    allc = allc.drop_duplicates(["key", "rank"], keep="first")
+    first = allc.groupby("key")["start"].min().sort_values(kind="stable")
+    ids = pd.Series(np.arange(len(first), dtype=np.int64), index=first.index)
+    allc["coll"] = ids.loc[allc["key"]].to_numpy()
+    # Fill seq where the trace had none: order of the collective within its (group, op).
+    no_seq = allc.groupby("coll")["seq"].transform("max") < 0
+    if no_seq.any():
+        per_coll = (
+            allc.loc[no_seq].groupby("coll").agg(group=("group", "first"), op=("op", "first"))
+        )
+        per_coll = per_coll.sort_index()
+        per_coll["order"] = per_coll.groupby(["group", "op"]).cumcount()
+        allc.loc[no_seq, "seq"] = per_coll["order"].loc[allc.loc[no_seq, "coll"]].to_numpy()
+    else:
+        allc["seq"] = allc.groupby("coll")["seq"].transform("max")
+    allc["bytes"] = allc.groupby("coll")["bytes"].transform("max")
+    return allc.loc[:, columns].sort_values(["coll", "rank"], kind="stable").reset_index(drop=True)
+
+
+def renumber(colls: pd.DataFrame) -> pd.DataFrame:
+    """Dense ``coll`` ids 0..n-1 in order of each collective's first (aligned) start."""
+    import numpy as np
+    import pandas as pd
+
+    if colls.empty:
+        return colls
+    first = colls.groupby("coll")["start"].min().sort_values(kind="stable")
+    mapping = pd.Series(np.arange(len(first), dtype=np.int64), index=first.index)
+    out = colls.copy()
+    out["coll"] = mapping.loc[out["coll"]].to_numpy()
+    return out.sort_values(["coll", "rank"], kind="stable").reset_index(drop=True)

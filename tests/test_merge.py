@@ -1,0 +1,300 @@
+"""`rankscope merge` end to end: every set in tests/data, run directories, atomic output, lock."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from rankscope.analysis.schema import ClockMethod
+from rankscope.analysis.store import open_store
+from rankscope.errors import InputFileError
+from rankscope.launchers import rundir
+from rankscope.orchestrator.cli import main as cli
+from rankscope.orchestrator.merge import merge_run_dir, output_lock
+
+DATA = Path(__file__).parent / "data"
+SETS = {
+    "param_dlrm_8rank": [0, 1, 2, 3, 4, 5, 6, 7],
+    "hta/trace_filter_2rank": [0, 1],
+    "hta/nccl_parser_config": [0],
+    "hta/df_index_resolver": [1],
+    "cpu_gloo_4rank_straggler": [0, 1, 2, 3],
+    "cpu_gloo_4rank_skew": [0, 1, 2, 3],
+}
+#: rank 2 of cpu_gloo_4rank_skew ran under FAKETIME=+0.75s: its stamps are 750.02 ms ahead.
+SKEW_NS = 750_020_000
+
+
+def _digest(folder: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+@pytest.mark.parametrize("name", list(SETS))
+def test_cli_merges_every_data_set(
+    name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = _digest(DATA / name)
+    out = tmp_path / "trace.h5"
+    rc = cli(["merge", str(DATA / name), "-o", str(out), "--scheduler", "synchronous"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("clock: "), "one-line clock summary"
+    with open_store(out) as store:
+        assert store.ranks == SETS[name]
+        for rank in store.ranks:
+            assert len(store.events(rank, columns=["ts"])) > 0
+    assert _digest(DATA / name) == before, "inputs are never modified"
+
+
+def test_default_scheduler_is_a_local_cluster(tmp_path: Path) -> None:
+    """The default path: a real dask.distributed LocalCluster, one task per rank."""
+    out = merge_run_dir(DATA / "cpu_gloo_4rank_straggler", output=tmp_path / "t.h5", quiet=True)
+    ref = merge_run_dir(
+        DATA / "cpu_gloo_4rank_straggler",
+        output=tmp_path / "s.h5",
+        scheduler="synchronous",
+        quiet=True,
+    )
+    with open_store(out) as a, open_store(ref) as b:
+        assert a.ranks == b.ranks
+        for r in a.ranks:
+            assert a.events(r).equals(b.events(r))
+        assert a.collectives().equals(b.collectives())
+
+
+def test_existing_scheduler_address(tmp_path: Path) -> None:
+    from distributed import LocalCluster
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=":0") as cluster:
+        out = merge_run_dir(
+            DATA / "cpu_gloo_4rank_skew",
+            output=tmp_path / "t.h5",
+            scheduler=cluster.scheduler_address,
+            quiet=True,
+        )
+    with open_store(out) as s:
+        assert s.ranks == [0, 1, 2, 3]
+
+
+def _split_windows(trace: Path, at_step: int) -> list[dict]:
+    """Split a real trace into two profiler windows at ProfilerStep#at_step (both keep metadata)."""
+    doc = json.loads(trace.read_text())
+    base = int(doc["baseTimeNanoseconds"])
+    events = doc["traceEvents"]
+    cut = next(e["ts"] for e in events if e.get("name") == f"ProfilerStep#{at_step}")
+    meta = [e for e in events if e.get("ph") == "M"]
+    first = [e for e in events if e.get("ph") != "M" and e.get("ts", 0) < cut]
+    second = [e for e in events if e.get("ph") != "M" and e.get("ts", 0) >= cut]
+    assert base and first and second
+    return [{**doc, "traceEvents": meta + first}, {**doc, "traceEvents": meta + second}]
+
+
+def _samples(offset_ns: int, start_ns: int, rng: np.random.Generator) -> list[dict]:
+    """NTP-style rounds of a leader whose clock is ``-offset_ns`` off the reference's.
+
+    Forward/backward network delays are random (20-200 µs); each phase has 16 rounds.
+    """
+    out = []
+    for i, phase in enumerate(["init", "window-000", "window-001"]):
+        t = start_ns + i * 200_000_000
+        for _ in range(16):
+            d1, d2, proc = (int(x) for x in rng.integers(20_000, 200_000, 3))
+            t1 = t
+            t2 = t1 + offset_ns + d1
+            t3 = t2 + proc // 10
+            t4 = t3 - offset_ns + d2
+            out.append({"phase": phase, "t1": t1, "t2": t2, "t3": t3, "t4": t4})
+            t = t4 + 1_000_000
+    return out
+
+
+def make_run_dir(tmp: Path, source: Path, *, samples_for: dict[int, int] | None = None) -> Path:
+    """A run directory in the documented layout, built from a real 4-rank trace set.
+
+    Each rank gets two gzip windows (split at ProfilerStep#3) and a meta.json; ranks listed in
+    ``samples_for`` (rank -> offset ns to the reference) form their own clock domain with
+    runtime samples, the others share the reference's domain.
+    """
+    run = tmp / "20261129-141500-train-ab12"
+    rundir.write_json_atomic(
+        run / rundir.RUN_JSON,
+        {"run_id": run.name, "world_size": 4, "state": "completed", "launcher": "local"},
+    )
+    rng = np.random.default_rng(0)
+    for rank in range(4):
+        trace = source / f"rank{rank}.step5.pt.trace.json"
+        windows = _split_windows(trace, at_step=3)
+        for w, doc in enumerate(windows):
+            rundir.write_bytes_atomic(
+                rundir.window_path(run, rank, w), gzip.compress(json.dumps(doc).encode())
+            )
+        domain = "vm/boot/0"
+        clock: dict = {"domain": domain, "leader_rank": 0, "reference_rank": 0, "samples": []}
+        if samples_for and rank in samples_for:
+            base = int(windows[0]["baseTimeNanoseconds"])
+            t0 = base + int(float(windows[0]["traceEvents"][-1]["ts"]) * 1000)
+            clock = {
+                "domain": f"vm/boot/{rank}",
+                "leader_rank": rank,
+                "reference_rank": 0,
+                "samples": _samples(samples_for[rank], t0, rng),
+            }
+        meta = {
+            "rank": rank, "local_rank": rank, "world_size": 4, "local_world_size": 4,
+            "host": "vm", "pid": 1000 + rank, "device": "cpu", "backend": "gloo",
+            "versions": {"torch": "2.13.0", "python": "3.11.7"},
+            "windows": [{"index": w, "file": f"window-{w:03d}.json.gz"} for w in range(2)],
+            "clock": clock,
+        }  # fmt: skip
+        rundir.write_json_atomic(rundir.rank_dir(run, rank) / rundir.META_JSON, meta)
+    return run
+
+
+def test_run_directory_with_windows_and_runtime_samples(tmp_path: Path) -> None:
+    """Rank 2 is +750.02 ms ahead (libfaketime); its runtime samples say so within ±RTT/2."""
+    run = make_run_dir(tmp_path, DATA / "cpu_gloo_4rank_skew", samples_for={2: -SKEW_NS})
+    out = merge_run_dir(run, scheduler="synchronous", quiet=True)
+    assert out == run / rundir.STORE_NAME
+    with open_store(run) as s:
+        assert s.ranks == [0, 1, 2, 3]
+        assert s.meta["run_id"] == run.name
+        ev = s.events(1)
+        assert set(ev["window"].unique()) == {0, 1}
+        assert ev["ts"].is_monotonic_increasing
+        clock = s.clock().set_index("rank")
+        # gloo end times scatter by ms: less precise than the samples, so they are not used.
+        assert clock.loc[2, "method"] == ClockMethod.RUNTIME
+        assert {clock.loc[r, "method"] for r in (0, 1, 3)} == {ClockMethod.REFERENCE}
+        bound = clock.loc[2, "uncertainty_ns"]
+        assert 0 < bound <= 200_000  # rounds have RTTs of 40-400 µs
+        assert abs(clock.loc[2, "offset_ns"] + SKEW_NS) <= bound
+        assert clock["violations_after"].sum() == 0
+        meta = s.rank_meta(2)
+        assert meta["device"] == "cpu" and meta["versions"]["torch"] == "2.13.0"
+        assert len(meta["files"]) == 2
+
+
+def test_remerge_replaces_atomically_and_cleans_stale_temporaries(tmp_path: Path) -> None:
+    run = make_run_dir(tmp_path, DATA / "cpu_gloo_4rank_straggler")
+    out = merge_run_dir(run, scheduler="synchronous", quiet=True)
+    stale = run / ".trace.h5.99999.tmp"
+    stale.write_bytes(b"left by a killed merge")
+    first_inode = out.stat().st_ino
+    with open_store(out) as old:  # a reader keeps its (old) file while the merge replaces it
+        out2 = merge_run_dir(run, scheduler="synchronous", quiet=True)
+        assert old.ranks == [0, 1, 2, 3]
+    assert out2 == out
+    assert out.stat().st_ino != first_inode, "replaced by rename, not rewritten in place"
+    assert not stale.exists()
+    assert not list(run.glob(".trace.h5.*.tmp"))
+
+
+def test_second_merge_of_same_output_is_refused(tmp_path: Path) -> None:
+    out = tmp_path / "trace.h5"
+    with output_lock(out), pytest.raises(InputFileError, match="another merge is writing"):
+        merge_run_dir(DATA / "cpu_gloo_4rank_skew", output=out, scheduler="synchronous", quiet=True)
+    assert not out.exists()
+
+
+def test_problem_free_set_prints_summary_and_exits_zero(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc = cli(["merge", str(DATA / "cpu_gloo_4rank_skew"), "-o", str(tmp_path / "t.h5"),
+              "--scheduler", "synchronous", "--strict"])  # fmt: skip
+    assert rc == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("clock: collectives 3, reference 1")
+    assert "merged 4 of 4 rank(s)" in out[1]
+
+
+def _wait_for(pred, timeout_s: float = 60.0) -> bool:  # type: ignore[no-untyped-def]
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def test_lock_held_by_another_process(tmp_path: Path) -> None:
+    """A real second process holds the lock: the merge fails at once with a clear message."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "trace.h5"
+    ready = tmp_path / "ready"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; "
+            "from rankscope.orchestrator.merge import output_lock\n"
+            f"with output_lock(Path({str(out)!r})):\n"
+            f"    Path({str(ready)!r}).touch(); time.sleep(60)",
+        ]
+    )
+    try:
+        assert _wait_for(ready.exists)
+        rc = cli(
+            [
+                "merge",
+                str(DATA / "cpu_gloo_4rank_skew"),
+                "-o",
+                str(out),
+                "--scheduler",
+                "synchronous",
+            ]
+        )
+        assert rc == 1
+        assert not out.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    # Once the holder is gone (the OS drops its lock), the merge works.
+    assert (
+        cli(
+            [
+                "merge",
+                str(DATA / "cpu_gloo_4rank_skew"),
+                "-o",
+                str(out),
+                "--scheduler",
+                "synchronous",
+                "-q",
+            ]
+        )
+        == 0
+    )
+
+
+def test_interrupted_merge_leaves_no_store(tmp_path: Path) -> None:
+    """Ctrl-C while the temporary store is being written: exit 130, no trace.h5, no temporary."""
+    import signal
+    import subprocess
+    import sys
+
+    out = tmp_path / "trace.h5"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rankscope.orchestrator.cli", "merge", str(DATA / "hta"),
+         "-o", str(out), "--scheduler", "synchronous"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert _wait_for(lambda: any(tmp_path.glob(".trace.h5.*.tmp")) or proc.poll() is not None)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    if proc.returncode == 0:
+        pytest.skip("the merge finished before the interrupt arrived")
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err
+    assert not out.exists()
+    assert not list(tmp_path.glob(".trace.h5.*.tmp"))
