@@ -1,0 +1,724 @@
+"""What a user reads: the terminal summary (rich), ``summary.json``, and an offline HTML report.
+
+All three render an :class:`rankscope.analysis.pipeline.Analysis`. They return text (or print to a
+console); writing files (atomically) is the caller's job. The HTML report is one self-contained
+file: inline CSS and inline SVG charts, no script, no font, nothing fetched from the network.
+The JSON contract is documented in ``docs/summary.md`` (``SUMMARY_SCHEMA`` / ``SUMMARY_VERSION``).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rankscope.analysis.pipeline import Analysis
+    from rich.console import Console
+
+#: ``schema`` field of summary.json.
+SUMMARY_SCHEMA = "rankscope-summary"
+#: ``version`` field of summary.json; bump on any incompatible change (docs/summary.md).
+SUMMARY_VERSION = 1
+#: Longest op / range name shown in tables before it is shortened.
+NAME_WIDTH = 60
+#: Categories of the per-rank bars: (breakdown column, label, colour).
+BAR_PARTS = (
+    ("compute_ns", "compute", "#4c78a8"),
+    ("comm_exposed_ns", "comm exposed", "#e45756"),
+    ("memory_ns", "memory", "#72b7b2"),
+    ("input_ns_part", "input", "#f2cf5b"),
+    ("other_ns", "other", "#b279a2"),
+    ("idle_ns_part", "idle / host", "#d8d8d8"),
+)
+
+
+def _s(ns: Any) -> float:
+    """ns → s, rounded to the µs."""
+    return round(float(ns) / 1e9, 6)
+
+
+def short_name(name: str, width: int = NAME_WIDTH) -> str:
+    """A long kernel/op name cut to ``width`` characters (with an ellipsis)."""
+    return name if len(name) <= width else name[: width - 1] + "…"
+
+
+def _finite(x: float) -> float | None:
+    return None if x is None or (isinstance(x, float) and not math.isfinite(x)) else x
+
+
+def summary(a: Analysis) -> dict[str, Any]:
+    """The summary.json document (contract: docs/summary.md)."""
+    from rankscope.analysis.collectives import collective_summary, wait_totals
+
+    totals = wait_totals(a.waits).set_index("rank") if len(a.waits) else None
+    verdicts = a.verdicts.set_index("rank") if len(a.verdicts) else None
+    ranks = []
+    for r in a.whole().itertuples(index=False):
+        t = totals.loc[r.rank] if totals is not None and r.rank in totals.index else None
+        v = verdicts.loc[r.rank] if verdicts is not None and r.rank in verdicts.index else None
+        ranks.append(
+            {
+                "rank": int(r.rank),
+                "host": a.hosts.get(int(r.rank), ""),
+                "device": r.device,
+                "total_s": _s(r.total_ns),
+                "compute_s": _s(r.compute_ns),
+                "comm_s": _s(r.comm_ns),
+                "comm_exposed_s": _s(r.comm_exposed_ns),
+                "comm_overlapped_s": _s(r.comm_overlapped_ns),
+                "comm_wait_s": _s(t["comm_wait_ns"]) if t is not None else 0.0,
+                "comm_transfer_s": _s(t["comm_transfer_ns"]) if t is not None else 0.0,
+                "memory_s": _s(r.memory_ns),
+                "input_s": _s(r.input_ns),
+                "other_s": _s(r.other_ns),
+                "idle_s": _s(r.idle_ns),
+                "verdict": str(v["verdict"]) if v is not None else "",
+                "verdict_reason": str(v["reason"]) if v is not None else "",
+            }
+        )
+    steps = [
+        {
+            "rank": int(r.rank),
+            "step": int(r.step),
+            "total_s": _s(r.total_ns),
+            "compute_s": _s(r.compute_ns),
+            "comm_exposed_s": _s(r.comm_exposed_ns),
+            "comm_overlapped_s": _s(r.comm_overlapped_ns),
+            "memory_s": _s(r.memory_ns),
+            "input_s": _s(r.input_ns),
+            "idle_s": _s(r.idle_ns),
+        }
+        for r in a.breakdown[a.breakdown["step"] >= 0].itertuples(index=False)
+    ]
+    stragglers = [
+        {
+            "rank": int(s.rank),
+            "score": round(float(s.score), 3),
+            "confidence": round(float(s.confidence), 6),
+            "p_value": float(s.p_value),
+            "times_last": int(s.times_last),
+            "collectives": int(s.collectives),
+            "wait_caused_s": round(float(s.wait_caused_s), 6),
+            "wait_share": round(float(s.wait_share), 4),
+            "cause": s.cause,
+        }
+        for s in a.stragglers.itertuples(index=False)
+        if s.is_straggler
+    ]
+    clock = [
+        {
+            "rank": int(c.rank),
+            "host": str(c.host),
+            "offset_ns": int(c.offset_ns),
+            "drift_ppb": float(c.drift_ppb),
+            "uncertainty_ns": int(c.uncertainty_ns),
+            "method": str(c.method),
+        }
+        for c in a.clock.itertuples(index=False)
+    ]
+    by_op = collective_summary(a.waits)
+    w = a.waits
+    colls = {
+        "count": int(w["coll"].nunique()) if len(w) else 0,
+        "rank_rows": len(w),
+        "total_s": _s(w["dur_ns"].sum()) if len(w) else 0.0,
+        "wait_s": _s(w["wait_ns"].sum()) if len(w) else 0.0,
+        "transfer_s": _s(w["transfer_ns"].sum()) if len(w) else 0.0,
+        "clock_disagreements": int(w["clock_disagree"].sum()) if len(w) else 0,
+        "by_op": [
+            {
+                "op": str(o.op),
+                "count": int(o.count),
+                "bytes": int(o.bytes),
+                "total_s": _s(o.dur_ns),
+                "wait_s": _s(o.wait_ns),
+                "transfer_s": _s(o.transfer_ns),
+            }
+            for o in by_op.itertuples(index=False)
+        ],
+    }
+    hta = [
+        {
+            "rank": int(h.rank),
+            "idle_us": round(h.idle_ns / 1e3, 3),
+            "compute_us": round(h.compute_ns / 1e3, 3),
+            "non_compute_us": round(h.non_compute_ns / 1e3, 3),
+            "kernel_time_us": round(h.kernel_time_ns / 1e3, 3),
+            "overlap_pct": _finite(round(float(h.overlap_pct), 2)),
+        }
+        for h in a.hta.itertuples(index=False)
+    ]
+    return {
+        "schema": SUMMARY_SCHEMA,
+        "version": SUMMARY_VERSION,
+        "store": str(a.path),
+        "run_id": str(a.meta.get("run_id", "")),
+        "world_size": int(a.world_size),
+        "ranks_present": len(ranks),
+        "ranks": ranks,
+        "steps": steps,
+        "stragglers": stragglers,
+        "clock": clock,
+        "collectives": colls,
+        "hta": hta,
+        "problems": [
+            {"file": str(p.file), "rank": int(p.rank), "problem": str(p.problem)}
+            for p in a.problems.itertuples(index=False)
+        ],
+    }
+
+
+def render_json(a: Analysis) -> str:
+    """summary.json text (indented, UTF-8 safe)."""
+    return json.dumps(summary(a), indent=2, ensure_ascii=False) + "\n"
+
+
+# -- terminal --------------------------------------------------------------------------------
+
+
+#: Verdicts as shown in the narrow terminal table ("bound by" column).
+_SHORT_VERDICT = {
+    "compute-bound": "compute",
+    "communication-bound (wait)": "comm: wait",
+    "communication-bound (transfer)": "comm: transfer",
+    "input-bound": "input",
+    "host-bound": "host",
+    "idle": "idle",
+}
+
+
+def _pct(part: float, whole: float) -> str:
+    return f"{100.0 * part / whole:.0f}%" if whole > 0 else "-"
+
+
+def print_summary(a: Analysis, console: Console | None = None, *, top_ops: int = 8) -> None:
+    """The terminal summary: per-rank table, stragglers with evidence, clocks, top ops."""
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    doc = summary(a)
+    title = f"rankscope · {a.path} · {doc['ranks_present']} of {a.world_size} rank(s)"
+    show_host = len({r["host"] for r in doc["ranks"]}) > 1
+    show_mem = any(r["memory_s"] >= 0.01 * r["total_s"] for r in doc["ranks"])
+    cols = [
+        "rank",
+        *(["host"] if show_host else []),
+        "total ms",
+        "comp",
+        "comm",
+        "wait ms",
+        "xfer ms",
+        *(["mem"] if show_mem else []),
+        "input",
+        "idle",
+        "bound by",
+    ]
+    t = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD)
+    for col in cols:
+        t.add_column(
+            col,
+            justify="left" if col in ("host", "bound by") else "right",
+            no_wrap=True,
+            min_width=len(col),
+        )
+    for r in doc["ranks"]:
+        tot = r["total_s"]
+        cells = {
+            "rank": str(r["rank"]),
+            "host": r["host"],
+            "total ms": f"{tot * 1e3:.1f}",
+            "comp": _pct(r["compute_s"], tot),
+            "comm": _pct(r["comm_exposed_s"], tot),
+            "wait ms": f"{r['comm_wait_s'] * 1e3:.1f}",
+            "xfer ms": f"{r['comm_transfer_s'] * 1e3:.1f}",
+            "mem": _pct(r["memory_s"], tot),
+            "input": _pct(r["input_s"], tot),
+            "idle": _pct(r["idle_s"], tot),
+            "bound by": _SHORT_VERDICT.get(r["verdict"], r["verdict"]),
+        }
+        t.add_row(*(cells[c] for c in cols))
+    console.print(t)
+    console.print(
+        "[dim]comp/comm/mem/input/idle: share of the profiled time (comm = exposed communication); "
+        "wait/xfer: summed over the rank's collectives.[/dim]"
+    )
+    if doc["stragglers"]:
+        st = Table(
+            title="Stragglers (most significant first)",
+            title_justify="left",
+            header_style="bold red",
+            box=box.SIMPLE_HEAD,
+        )
+        for col in ("rank", "last", "p-value", "confidence", "wait caused s", "share", "cause"):
+            st.add_column(col, justify="left" if col == "cause" else "right", no_wrap=True)
+        ev = a.stragglers.set_index("rank")
+        for s in doc["stragglers"]:
+            st.add_row(
+                str(s["rank"]),
+                f"{s['times_last']}/{s['collectives']}",
+                f"{s['p_value']:.2g}",
+                f"{s['confidence']:.3f}",
+                f"{s['wait_caused_s']:.4f}",
+                f"{s['wait_share']:.0%}",
+                s["cause"],
+            )
+        console.print(st)
+        for s in doc["stragglers"]:
+            row = ev.loc[s["rank"]]
+            console.print(
+                f"  rank {s['rank']}: last at {s['times_last']} of {s['collectives']} collectives "
+                f"(chance: {row['expected_last']:.1f}), {row['late_s'] * 1e3:.1f} ms late in all; its own "
+                f"extra work since its previous collective: {row['own_extra_s'] * 1e3:.1f} ms "
+                f"(compute +{row['compute_extra_s'] * 1e3:.1f}, input +{row['input_extra_s'] * 1e3:.1f}, "
+                f"host +{row['host_extra_s'] * 1e3:.1f} ms vs the median rank) → {s['cause']}"
+            )
+    else:
+        n = doc["collectives"]["count"]
+        console.print(
+            f"[green]No straggler[/green]: no rank was last significantly more often than chance "
+            f"and caused a material share of the wait ({n} collective(s))."
+        )
+    if doc["clock"]:
+        ct = Table(
+            title="Clock alignment", title_justify="left", header_style="bold", box=box.SIMPLE_HEAD
+        )
+        for col in ("rank", "host", "offset ms", "± µs", "method"):
+            ct.add_column(col, justify="left" if col in ("host", "method") else "right")
+        for c in doc["clock"]:
+            ct.add_row(
+                str(c["rank"]),
+                c["host"],
+                f"{c['offset_ns'] / 1e6:+.3f}",
+                f"{c['uncertainty_ns'] / 1e3:.1f}",
+                c["method"],
+            )
+        console.print(ct)
+    c = doc["collectives"]
+    if c["count"]:
+        console.print(
+            f"Collectives: {c['count']} ({c['rank_rows']} rank rows), {c['total_s']:.4f} s rank-time: "
+            f"wait {c['wait_s']:.4f} s, transfer {c['transfer_s']:.4f} s; "
+            f"{c['clock_disagreements']} clock-check disagreement(s)."
+        )
+    if len(a.ops) and top_ops:
+        ot = Table(
+            title=f"Top {top_ops} ops across ranks (inclusive time)",
+            title_justify="left",
+            header_style="bold",
+            box=box.SIMPLE_HEAD,
+        )
+        for col in ("name", "mean ms", "min ms", "max ms", "spread", "slowest"):
+            ot.add_column(
+                col, justify="left" if col == "name" else "right", no_wrap=True, min_width=len(col)
+            )
+        for o in a.ops.head(top_ops).itertuples(index=False):
+            ot.add_row(
+                short_name(str(o.name), 38),
+                f"{o.total_mean_ns / 1e6:.3f}",
+                f"{o.total_min_ns / 1e6:.3f}",
+                f"{o.total_max_ns / 1e6:.3f}",
+                f"{o.spread:.0%}",
+                str(o.slowest_rank),
+            )
+        console.print(ot)
+    if doc["problems"]:
+        console.print(
+            f"[yellow]{len(doc['problems'])} input problem(s)[/yellow] recorded by the merge "
+            f"(first: {doc['problems'][0]['problem']})."
+        )
+
+
+# -- HTML ------------------------------------------------------------------------------------
+
+_CSS = """
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#1f2430;margin:0;background:#f5f6f8}
+header{background:#1f2430;color:#fff;padding:18px 32px}header h1{margin:0;font-size:22px}
+header .sub{color:#aab;font-size:13px;margin-top:4px}
+main{padding:20px 32px;max-width:1320px}
+.scroll{overflow-x:auto}svg{max-width:100%;height:auto}
+section{background:#fff;border-radius:8px;box-shadow:0 1px 3px rgba(0,0,0,.08);padding:16px 20px;margin:0 0 18px}
+h2{font-size:17px;margin:0 0 10px}
+.cards{display:flex;gap:14px;flex-wrap:wrap;margin-bottom:18px}
+.card{background:#fff;border-radius:8px;box-shadow:0 1px 3px rgba(0,0,0,.08);padding:12px 18px;min-width:150px}
+.card .v{font-size:22px;font-weight:600}.card .k{color:#667;font-size:12px;text-transform:uppercase;letter-spacing:.04em}
+.card.bad .v{color:#c0392b}.card.good .v{color:#1e8449}
+table{border-collapse:collapse;width:100%;font-size:13px}
+th,td{padding:5px 7px;border-bottom:1px solid #eceef2;text-align:right;white-space:nowrap}
+th{background:#fafbfc;color:#445;font-weight:600}
+td.l,th.l{text-align:left}td.wrap{white-space:normal;min-width:280px}td.name{max-width:420px;overflow:hidden;text-overflow:ellipsis}
+.legend span{display:inline-block;margin-right:14px;font-size:12px}
+.legend i{display:inline-block;width:11px;height:11px;border-radius:2px;margin-right:5px;vertical-align:-1px}
+.verdict{font-weight:600}.muted{color:#778}
+.note{color:#556;font-size:12px;margin-top:8px}
+"""
+
+
+def _e(x: Any) -> str:
+    return html.escape(str(x))
+
+
+def _bars_svg(a: Analysis) -> str:
+    """Horizontal stacked bar per rank: share of its profiled time per category."""
+    w = a.whole()
+    if len(w) == 0:
+        return "<p class='muted'>No profiled time.</p>"
+    width, label_w, row_h = 900, 70, 26
+    bar_w = width - label_w - 90
+    height = row_h * len(w) + 24
+    parts = [
+        f"<svg width='{width}' height='{height}' viewBox='0 0 {width} {height}' role='img' aria-label='time per rank'>"
+    ]
+    for i, r in enumerate(w.itertuples(index=False)):
+        y = 4 + i * row_h
+        total = max(float(r.total_ns), 1.0)
+        values = {
+            "compute_ns": r.compute_ns,
+            "comm_exposed_ns": r.comm_exposed_ns,
+            "memory_ns": r.memory_ns,
+            "input_ns_part": r.input_ns if r.device == "cpu" else 0,
+            "other_ns": r.other_ns,
+            "idle_ns_part": r.idle_ns,
+        }
+        parts.append(
+            f"<text x='{label_w - 8}' y='{y + 15}' text-anchor='end' font-size='12'>rank {int(r.rank)}</text>"
+        )
+        x = float(label_w)
+        for key, label, colour in BAR_PARTS:
+            frac = float(values[key]) / total
+            if frac <= 0:
+                continue
+            wd = frac * bar_w
+            parts.append(
+                f"<rect x='{x:.2f}' y='{y}' width='{wd:.2f}' height='{row_h - 8}' fill='{colour}'>"
+                f"<title>rank {int(r.rank)} {label}: {float(values[key]) / 1e6:.3f} ms ({frac:.1%})</title></rect>"
+            )
+            x += wd
+        parts.append(
+            f"<text x='{label_w + bar_w + 6}' y='{y + 15}' font-size='12' fill='#556'>{total / 1e6:.1f} ms</text>"
+        )
+    parts.append("</svg>")
+    legend = "".join(
+        f"<span><i style='background:{c}'></i>{_e(lbl)}</span>" for _, lbl, c in BAR_PARTS
+    )
+    return f"<div class='legend'>{legend}</div>" + "".join(parts)
+
+
+def _lateness_svg(a: Analysis) -> str:
+    """Arrival lateness (ms after the first rank) per collective, one dot per rank."""
+    wt = a.waits[a.waits["n_ranks"] >= 2] if len(a.waits) else a.waits
+    if len(wt) == 0:
+        return "<p class='muted'>No collective with two or more ranks.</p>"
+    colls = sorted(wt["coll"].unique())[:400]
+    wt = wt[wt["coll"].isin(colls)]
+    ranks = sorted(wt["rank"].unique())
+    palette = [
+        "#4c78a8",
+        "#f58518",
+        "#54a24b",
+        "#e45756",
+        "#72b7b2",
+        "#b279a2",
+        "#ff9da6",
+        "#9d755d",
+        "#bab0ac",
+        "#eeca3b",
+    ]
+    width, height, left, bottom, top = 900, 260, 56, 30, 10
+    max_late = max(float(wt["lateness_ns"].max()) / 1e6, 1e-3)
+    xs = {c: left + (i + 0.5) * (width - left - 10) / len(colls) for i, c in enumerate(colls)}
+
+    def ypos(ms: float) -> float:
+        return top + (height - top - bottom) * (1 - ms / max_late)
+
+    out = [
+        f"<svg width='{width}' height='{height}' viewBox='0 0 {width} {height}' role='img' aria-label='lateness per collective'>"
+    ]
+    for k in range(5):
+        ms = max_late * k / 4
+        y = ypos(ms)
+        out.append(
+            f"<line x1='{left}' x2='{width - 10}' y1='{y:.1f}' y2='{y:.1f}' stroke='#eceef2'/>"
+        )
+        out.append(
+            f"<text x='{left - 6}' y='{y + 4:.1f}' text-anchor='end' font-size='11' fill='#667'>{ms:.2f}</text>"
+        )
+    out.append(
+        f"<text x='12' y='{top + 10}' font-size='11' fill='#667' transform='rotate(-90 12 {top + 10})' text-anchor='end'>ms late</text>"
+    )
+    out.append(
+        f"<text x='{(width + left) / 2:.0f}' y='{height - 8}' text-anchor='middle' font-size='11' fill='#667'>collective (in order)</text>"
+    )
+    for r in wt.itertuples(index=False):
+        colour = palette[ranks.index(r.rank) % len(palette)]
+        ms = float(r.lateness_ns) / 1e6
+        out.append(
+            f"<circle cx='{xs[r.coll]:.1f}' cy='{ypos(ms):.1f}' r='{4 if r.is_last else 3}' fill='{colour}' "
+            f"fill-opacity='{0.95 if r.is_last else 0.55}'><title>collective {int(r.coll)} ({_e(r.op)}), rank {int(r.rank)}: "
+            f"{ms:.3f} ms late, waited {r.wait_ns / 1e6:.3f} ms</title></circle>"
+        )
+    out.append("</svg>")
+    legend = "".join(
+        f"<span><i style='background:{palette[i % len(palette)]}'></i>rank {int(rk)}</span>"
+        for i, rk in enumerate(ranks[:32])
+    )
+    return f"<div class='legend'>{legend}</div>" + "".join(out)
+
+
+def _steps_html(a: Analysis, max_steps: int = 40) -> str:
+    """Step time per rank and step (ms), each cell shaded by its exposed-communication share."""
+    st = a.breakdown[a.breakdown["step"] >= 0]
+    if len(st) == 0:
+        return "<p class='muted'>No ProfilerStep recorded.</p>"
+    steps = sorted(st["step"].unique())[:max_steps]
+    ranks = sorted(st["rank"].unique())
+    cell = {(int(r.rank), int(r.step)): r for r in st.itertuples(index=False)}
+    head = "".join(f"<th>{int(s)}</th>" for s in steps)
+    rows = []
+    for rank in ranks:
+        tds = []
+        for step in steps:
+            r = cell.get((int(rank), int(step)))
+            if r is None:
+                tds.append("<td class='muted'>–</td>")
+                continue
+            share = r.comm_exposed_ns / r.total_ns if r.total_ns > 0 else 0.0
+            tip = (
+                f"rank {int(rank)} step {int(step)}: {r.total_ns / 1e6:.2f} ms, compute "
+                f"{r.compute_ns / 1e6:.2f} ms, exposed comm {r.comm_exposed_ns / 1e6:.2f} ms, "
+                f"input {r.input_ns / 1e6:.2f} ms, idle {r.idle_ns / 1e6:.2f} ms"
+            )
+            tds.append(
+                f"<td title='{_e(tip)}' style='background:rgba(228,87,86,{0.08 + 0.6 * share:.2f})'>"
+                f"{r.total_ns / 1e6:.1f}</td>"
+            )
+        rows.append(f"<tr><th class='l'>rank {int(rank)}</th>{''.join(tds)}</tr>")
+    return (
+        f"<div class='scroll'><table><thead><tr><th class='l'>ms per step</th>{head}</tr></thead>"
+        f"<tbody>{''.join(rows)}</tbody></table></div>"
+        "<p class='note'>Shade: share of the step spent in exposed communication (darker = more "
+        "waiting or transferring with nothing to hide it). Hover a cell for the breakdown.</p>"
+    )
+
+
+def _table(
+    headers: list[str],
+    rows: list[list[Any]],
+    left: set[int] | None = None,
+    wrap: set[int] | None = None,
+) -> str:
+    left, wrap = left or set(), wrap or set()
+
+    def cls(i: int) -> str:
+        return " ".join(c for c, on in (("l", i in left), ("wrap", i in wrap)) if on)
+
+    th = "".join(f"<th class='{cls(i)}'>{_e(h)}</th>" for i, h in enumerate(headers))
+    body = "".join(
+        "<tr>" + "".join(f"<td class='{cls(i)}'>{_e(v)}</td>" for i, v in enumerate(row)) + "</tr>"
+        for row in rows
+    )
+    return f"<div class='scroll'><table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table></div>"
+
+
+def render_html(a: Analysis) -> str:
+    """The self-contained HTML report (inline CSS and SVG; opens offline)."""
+    doc = summary(a)
+    strag = doc["stragglers"]
+    cards = [
+        ("ranks", f"{doc['ranks_present']} / {a.world_size}", ""),
+        ("collectives", str(doc["collectives"]["count"]), ""),
+        ("comm wait", f"{doc['collectives']['wait_s']:.3f} s", ""),
+        (
+            "straggler",
+            ", ".join(f"rank {s['rank']}" for s in strag) if strag else "none",
+            "bad" if strag else "good",
+        ),
+    ]
+    card_html = "".join(
+        f"<div class='card {cls}'><div class='k'>{_e(k)}</div><div class='v'>{_e(v)}</div></div>"
+        for k, v, cls in cards
+    )
+    rank_rows = [
+        [
+            r["rank"],
+            r["host"],
+            r["device"],
+            f"{r['total_s']:.4f}",
+            f"{r['compute_s']:.4f}",
+            f"{r['comm_exposed_s']:.4f}",
+            f"{r['comm_overlapped_s']:.4f}",
+            f"{r['comm_wait_s']:.4f}",
+            f"{r['comm_transfer_s']:.4f}",
+            f"{r['memory_s']:.4f}",
+            f"{r['input_s']:.4f}",
+            f"{r['idle_s']:.4f}",
+            r["verdict"],
+        ]
+        for r in doc["ranks"]
+    ]
+    ranks_table = _table(
+        [
+            "rank",
+            "host",
+            "device",
+            "total s",
+            "compute s",
+            "comm exposed s",
+            "comm overlapped s",
+            "wait s",
+            "transfer s",
+            "memory s",
+            "input s",
+            "idle s",
+            "verdict",
+        ],
+        rank_rows,
+        {1, 2, 12},
+    )
+    reasons = "".join(
+        f"<li><b>rank {r['rank']}</b>: <span class='verdict'>{_e(r['verdict'])}</span> — {_e(r['verdict_reason'])}</li>"
+        for r in doc["ranks"]
+    )
+    if strag:
+        ev = a.stragglers.set_index("rank")
+        st_rows = [
+            [
+                s["rank"],
+                f"{s['times_last']} / {s['collectives']}",
+                f"{s['p_value']:.2g}",
+                f"{s['confidence']:.3f}",
+                f"{s['wait_caused_s']:.4f}",
+                f"{s['wait_share']:.0%}",
+                s["cause"],
+                f"{ev.loc[s['rank'], 'late_s'] * 1e3:.1f} ms late in all; own extra work before arriving "
+                f"{ev.loc[s['rank'], 'own_extra_s'] * 1e3:.1f} ms: compute +{ev.loc[s['rank'], 'compute_extra_s'] * 1e3:.1f}, "
+                f"input +{ev.loc[s['rank'], 'input_extra_s'] * 1e3:.1f}, host +{ev.loc[s['rank'], 'host_extra_s'] * 1e3:.1f} ms (vs median rank)",
+            ]
+            for s in strag
+        ]
+        strag_html = _table(
+            [
+                "rank",
+                "last",
+                "p-value",
+                "confidence",
+                "wait caused s",
+                "share of wait",
+                "cause",
+                "evidence",
+            ],
+            st_rows,
+            {6, 7},
+            {7},
+        )
+    else:
+        strag_html = "<p>No straggler: no rank was last significantly more often than chance while causing a material share of the others' wait.</p>"
+    all_ranks = [
+        [
+            int(s.rank),
+            f"{int(s.times_last)} / {int(s.collectives)}",
+            f"{s.expected_last:.1f}",
+            f"{s.p_value:.2g}",
+            f"{s.wait_caused_s:.4f}",
+            f"{s.wait_share:.0%}",
+            s.cause,
+        ]
+        for s in a.stragglers.itertuples(index=False)
+    ]
+    clock_rows = [
+        [
+            c["rank"],
+            c["host"],
+            f"{c['offset_ns'] / 1e6:+.3f}",
+            f"{c['uncertainty_ns'] / 1e3:.1f}",
+            c["method"],
+        ]
+        for c in doc["clock"]
+    ]
+    op_rows = [
+        [
+            short_name(str(o.name)),
+            o.kind,
+            o.ranks,
+            f"{o.count_mean:.1f}",
+            f"{o.total_mean_ns / 1e6:.3f}",
+            f"{o.total_min_ns / 1e6:.3f}",
+            f"{o.total_max_ns / 1e6:.3f}",
+            f"{o.spread:.0%}",
+            o.fastest_rank,
+            o.slowest_rank,
+        ]
+        for o in a.ops.itertuples(index=False)
+    ]
+    ann_rows = [
+        [
+            short_name(str(o.name)),
+            o.ranks,
+            f"{o.count_mean:.1f}",
+            f"{o.total_mean_ns / 1e6:.3f}",
+            f"{o.total_min_ns / 1e6:.3f}",
+            f"{o.total_max_ns / 1e6:.3f}",
+            f"{o.spread:.0%}",
+            o.fastest_rank,
+            o.slowest_rank,
+        ]
+        for o in a.annotations.itertuples(index=False)
+    ]
+    hta_html = ""
+    if doc["hta"]:
+        hta_html = (
+            "<section><h2>GPU temporal breakdown (HTA definitions, µs)</h2>"
+            + _table(
+                ["rank", "idle", "compute", "non-compute", "kernel time", "comm/compute overlap %"],
+                [
+                    [
+                        h["rank"],
+                        h["idle_us"],
+                        h["compute_us"],
+                        h["non_compute_us"],
+                        h["kernel_time_us"],
+                        h["overlap_pct"],
+                    ]
+                    for h in doc["hta"]
+                ],
+            )
+            + "</section>"
+        )
+    colls = doc["collectives"]
+    coll_rows = [
+        [
+            o["op"],
+            o["count"],
+            o["bytes"],
+            f"{o['total_s']:.4f}",
+            f"{o['wait_s']:.4f}",
+            f"{o['transfer_s']:.4f}",
+        ]
+        for o in colls["by_op"]
+    ]
+    body = f"""
+<header><h1>rankscope report</h1><div class='sub'>{_e(a.path)} · run {_e(doc["run_id"] or "-")} · world size {a.world_size}</div></header>
+<main>
+<div class='cards'>{card_html}</div>
+<section><h2>Where the time went, per rank</h2>{_bars_svg(a)}{ranks_table}<ul>{reasons}</ul>
+<p class='note'>Wait and transfer sum each rank's collective durations (the wait lasts until the last rank arrives, on the aligned clock); comm exposed is the time communication ran with nothing hiding it.</p></section>
+<section><h2>Stragglers</h2>{strag_html}</section>
+<section><h2>Steps</h2>{_steps_html(a)}</section>
+<section><h2>Arrival lateness per collective</h2>{_lateness_svg(a)}
+<p class='note'>Each dot is a rank arriving at a collective, in ms after the first rank; the last rank of each collective is drawn solid.</p>
+{_table(["rank", "last", "expected by chance", "p-value", "wait caused s", "share", "cause"], all_ranks, {6})}</section>
+<section><h2>Collectives</h2>{_table(["op", "count", "bytes", "rank-time s", "wait s", "transfer s"], coll_rows, {0})}
+<p class='note'>{colls["clock_disagreements"]} (collective, rank) pair(s) where the aligned-clock wait and the clock-free check (duration minus the shortest duration) disagree beyond the clock uncertainty.</p></section>
+{hta_html}
+<section><h2>Clock alignment</h2>{_table(["rank", "host", "offset ms", "± µs", "method"], clock_rows, {1, 4})}</section>
+<section><h2>Top ops across ranks (inclusive time)</h2>{_table(["name", "kind", "ranks", "calls/rank", "mean ms", "min ms", "max ms", "spread", "fastest", "slowest"], op_rows, {0, 1})}</section>
+<section><h2>record_function ranges across ranks</h2>{_table(["name", "ranks", "calls/rank", "mean ms", "min ms", "max ms", "spread", "fastest", "slowest"], ann_rows, {0})}</section>
+</main>"""
+    return (
+        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+        "<meta name='viewport' content='width=device-width, initial-scale=1'>"
+        f"<title>rankscope report · {_e(a.path.name)}</title><style>{_CSS}</style></head><body>{body}</body></html>\n"
+    )

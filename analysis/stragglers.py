@@ -1,0 +1,283 @@
+"""Which rank holds the others back, how sure we are, and why it was late.
+
+Two steps, matching how the pipeline runs them:
+
+1. :func:`arrival_windows` — per rank (a Dask task over ONE rank's events): for each collective,
+   what the rank did between the end of its previous collective and its arrival (compute, input,
+   host/idle, exposed communication), in ns.
+2. :func:`find_stragglers` — across ranks, on the small tables: how often each rank was last,
+   the wait it caused the others (seconds), a one-sided binomial test of "last this often by
+   chance" (chance = 1/ranks per collective), and the likely cause.
+
+A balanced run still has a last rank at every collective; a straggler must be both *significant*
+(p ≤ ``ALPHA``), *consistent* (last at ``MIN_LAST_FRACTION`` of its collectives or more) and
+*material*: it caused a clearly unfair share of all waiting
+(:func:`min_wait_share`: halfway between its fair share ``1/ranks`` and all of it), and that wait
+is at least ``MIN_RUN_FRACTION`` of the profiled time of the ranks that waited.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+#: Significance level of the binomial test (one-sided, "last more often than chance").
+ALPHA = 0.05
+#: A straggler is last at no fewer than this fraction of its collectives (a systematic delay is
+#: last nearly always; CPU contention on an oversubscribed machine moves "last" around).
+MIN_LAST_FRACTION = 0.75
+#: ... and the wait it caused, per waiting rank, is at least this fraction of the profiled time.
+MIN_RUN_FRACTION = 0.03
+#: Lateness counts as the rank's own when its own extra work explains at least this much of it.
+OWN_FRACTION = 0.5
+#: Cap of the score (-log10 p) so that p == 0 stays finite in JSON.
+MAX_SCORE = 300.0
+
+
+class Cause(enum.StrEnum):
+    """Why a rank arrived late."""
+
+    OWN_COMPUTE = "own compute"
+    INPUT = "input"
+    HOST = "host"
+    PROPAGATED = "propagated"
+    UNKNOWN = "unknown"
+
+
+#: Columns of :func:`arrival_windows` (ns).
+WINDOW_COLUMNS: dict[str, str] = {
+    "coll": "int64",
+    "rank": "int32",
+    "window_start": "int64",  # latest end of its collectives finished before arrival (or step start)
+    "arrival": "int64",
+    "compute_ns": "int64",
+    "input_ns": "int64",
+    "idle_ns": "int64",  # host gaps (CPU) / GPU idle waiting for launches (GPU)
+    "comm_ns": "int64",  # exposed communication (earlier collectives still running)
+}
+
+#: Columns of :func:`find_stragglers`.
+STRAGGLER_COLUMNS: dict[str, str] = {
+    "rank": "int32",
+    "collectives": "int64",
+    "times_last": "int64",
+    "expected_last": "float64",
+    "p_value": "float64",
+    "score": "float64",  # -log10(p_value)
+    "confidence": "float64",  # 1 - p_value
+    "wait_caused_s": "float64",
+    "wait_share": "float64",  # of everybody's wait
+    "mean_lateness_s": "float64",
+    "late_s": "float64",  # lateness vs the median rank, summed where it was last
+    "own_extra_s": "float64",  # extra own work before arriving, summed where it was last
+    "compute_extra_s": "float64",
+    "input_extra_s": "float64",
+    "host_extra_s": "float64",
+    "cause": "str",
+    "is_straggler": "bool",
+}
+
+
+def arrival_windows(
+    coll_rows: pd.DataFrame,
+    measure: Any,
+    steps: pd.DataFrame,
+    rank: int = 0,
+) -> pd.DataFrame:
+    """What ``rank`` did before arriving at each of its collectives (``WINDOW_COLUMNS``).
+
+    ``coll_rows``: this rank's rows of ``Store.collectives()`` (``coll``, ``start``, ``end``);
+    ``measure``: the rank's painter (:func:`rankscope.analysis.breakdown.painter`);
+    ``steps``: its step windows (:func:`rankscope.analysis.breakdown.step_windows`), used to
+    start the window of the first collective at the start of its step.
+    """
+    import numpy as np
+    import pandas as pd
+
+    rows = coll_rows.sort_values(["start", "coll"], kind="stable")
+    arrival = rows["start"].to_numpy(np.int64)
+    ends = rows["end"].to_numpy(np.int64)
+    # the previous sync point: the latest end of a collective that finished before this arrival
+    # (collectives in flight together, e.g. DDP buckets, do not cut each other's windows)
+    sorted_ends = np.sort(ends)
+    k = np.searchsorted(sorted_ends, arrival, side="left") - 1
+    prev_end = np.where(k >= 0, sorted_ends[np.maximum(k, 0)], np.iinfo(np.int64).min)
+    real_steps = steps[steps["step"] >= 0] if len(steps) else steps
+    step_start = np.full(len(arrival), np.iinfo(np.int64).min, np.int64)
+    if len(real_steps):
+        s_start = np.sort(real_steps["start"].to_numpy(np.int64))
+        idx = np.searchsorted(s_start, arrival, side="right") - 1
+        step_start = np.where(idx >= 0, s_start[np.maximum(idx, 0)], step_start)
+    # the previous sync point is the end of the previous collective; only the first collective
+    # falls back to the start of its step (what ran before the profiled window is unknown)
+    start = np.where(prev_end > np.iinfo(np.int64).min, prev_end, step_start)
+    no_start = start == np.iinfo(np.int64).min
+    start = np.where(no_start, arrival, np.minimum(start, arrival))
+    out = pd.DataFrame(
+        {
+            "coll": rows["coll"].to_numpy(np.int64),
+            "rank": np.full(len(rows), rank, np.int32),
+            "window_start": start,
+            "arrival": arrival,
+        }
+    )
+    values = measure(start, arrival) if len(out) else {}
+    for col in ("compute_ns", "input_ns", "idle_ns"):
+        out[col] = values.get(col, np.zeros(len(out), np.int64))
+    out["comm_ns"] = values.get("comm_exposed_ns", np.zeros(len(out), np.int64))
+    return out.astype(WINDOW_COLUMNS)
+
+
+def min_wait_share(world: int) -> float:
+    """Share of everybody's wait a straggler must have caused in a job of ``world`` ranks.
+
+    Halfway between the fair share ``1/world`` and all of it: ``(1 + 1/world) / 2`` — 0.75 for
+    2 ranks, 0.625 for 4, 0.5625 for 8, about one half for large jobs.
+    """
+    w = max(world, 2)
+    return (1 + 1 / w) / 2
+
+
+def binomial_p_value(times_last: int, collectives: int, chance: float) -> float:
+    """P(X >= times_last) for X ~ Binomial(collectives, chance): last this often by luck."""
+    from scipy.stats import binom
+
+    if collectives <= 0 or times_last <= 0:
+        return 1.0
+    return float(binom.sf(times_last - 1, collectives, chance))
+
+
+def find_stragglers(
+    waits: pd.DataFrame,
+    windows: pd.DataFrame,
+    profiled_ns: pd.Series | None = None,
+) -> pd.DataFrame:
+    """Per rank: times last, wait caused, significance, cause; most significant first.
+
+    ``waits``: :func:`rankscope.analysis.collectives.collective_waits`; ``windows``: all ranks'
+    :func:`arrival_windows`; ``profiled_ns``: profiled time per rank (index rank), for the
+    materiality test (when absent, only significance and wait share count).
+    """
+    import pandas as pd
+
+    multi = waits[waits["n_ranks"] >= 2]
+    if len(multi) == 0:
+        return pd.DataFrame(
+            {c: pd.Series(dtype=d if d != "str" else object) for c, d in STRAGGLER_COLUMNS.items()}
+        )
+    # blame is split from arrival gaps, so its total (not the duration-capped waits) is the base
+    total_wait = float(multi["blame_ns"].sum())
+    extras = _own_extras(multi, windows)
+    median_profiled = (
+        float(profiled_ns.median()) if profiled_ns is not None and len(profiled_ns) else 0.0
+    )
+    rows: list[dict[str, Any]] = []
+    for rank, sub in multi.groupby("rank", sort=True):
+        n = len(sub)
+        k = int(sub["is_last"].sum())
+        chance = float((1.0 / sub["n_ranks"]).mean())
+        p = binomial_p_value(k, n, chance)
+        blame = float(sub["blame_ns"].sum())
+        mine = extras[(extras["rank"] == rank) & extras["is_last"]] if len(extras) else extras
+        late = float(mine["late_ns"].sum()) if len(mine) else 0.0
+        own = float(mine["own_ns"].clip(lower=0).sum()) if len(mine) else 0.0
+        parts = {
+            Cause.OWN_COMPUTE: float(mine["d_compute"].clip(lower=0).sum()) if len(mine) else 0.0,
+            Cause.INPUT: float(mine["d_input"].clip(lower=0).sum()) if len(mine) else 0.0,
+            Cause.HOST: float(mine["d_idle"].clip(lower=0).sum()) if len(mine) else 0.0,
+            Cause.PROPAGATED: float(mine["d_comm"].clip(lower=0).sum()) if len(mine) else 0.0,
+        }
+        if k == 0 or late <= 0:
+            cause = Cause.UNKNOWN
+        elif own < OWN_FRACTION * late:
+            cause = Cause.PROPAGATED
+        else:
+            cause = max(parts, key=lambda c: parts[c])
+            if parts[cause] <= 0:
+                cause = Cause.UNKNOWN
+        others = max(int(sub["n_ranks"].max()) - 1, 1)
+        share = blame / total_wait if total_wait > 0 else 0.0
+        material = median_profiled <= 0 or blame / others >= MIN_RUN_FRACTION * median_profiled
+        rows.append(
+            {
+                "rank": int(rank),
+                "collectives": n,
+                "times_last": k,
+                "expected_last": chance * n,
+                "p_value": p,
+                "score": min(max(-math.log10(p), 0.0), MAX_SCORE) if p > 0 else MAX_SCORE,
+                "confidence": 1.0 - p,
+                "wait_caused_s": blame / 1e9,
+                "wait_share": share,
+                "mean_lateness_s": float(sub["lateness_ns"].mean()) / 1e9,
+                "late_s": late / 1e9,
+                "own_extra_s": own / 1e9,
+                "compute_extra_s": parts[Cause.OWN_COMPUTE] / 1e9,
+                "input_extra_s": parts[Cause.INPUT] / 1e9,
+                "host_extra_s": parts[Cause.HOST] / 1e9,
+                "cause": str(cause),
+                "is_straggler": bool(
+                    p <= ALPHA
+                    and k >= MIN_LAST_FRACTION * n
+                    and share >= min_wait_share(others + 1)
+                    and material
+                    and k > 0
+                ),
+            }
+        )
+    out = pd.DataFrame(rows)
+    out = out.sort_values(
+        ["is_straggler", "score", "wait_caused_s"], ascending=[False, False, False]
+    )
+    return out.reset_index(drop=True).astype(
+        {k: v for k, v in STRAGGLER_COLUMNS.items() if v != "str"}
+    )
+
+
+def _own_extras(waits: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
+    """Per (collective, rank): lateness vs the median other rank, and how much of it came
+    from the rank's own extra work since its previous collective (vs the median other rank)."""
+    import numpy as np
+    import pandas as pd
+
+    if len(windows) == 0:
+        return pd.DataFrame(
+            columns=[
+                "coll",
+                "rank",
+                "is_last",
+                "late_ns",
+                "own_ns",
+                "d_compute",
+                "d_input",
+                "d_idle",
+                "d_comm",
+            ]
+        )
+    w = waits[["coll", "rank", "is_last", "arrival"]].merge(
+        windows.drop(columns=["arrival"]), on=["coll", "rank"], how="inner"
+    )
+    w["span"] = w["arrival"] - w["window_start"]
+    cols = {
+        "arrival": "late_ns",
+        "span": "own_ns",
+        "compute_ns": "d_compute",
+        "input_ns": "d_input",
+        "idle_ns": "d_idle",
+        "comm_ns": "d_comm",
+    }
+    for src, dst in cols.items():
+        vals = w[src].to_numpy(dtype=float)
+        g = w.groupby("coll")[src]
+        n = g.transform("size").to_numpy()
+        # median of the OTHER ranks: leave-one-out via sorting is costly; the median of all
+        # ranks is a close, robust stand-in when there are more than two ranks
+        med = g.transform("median").to_numpy(dtype=float)
+        other = (g.transform("sum").to_numpy(dtype=float) - vals) / np.maximum(n - 1, 1)
+        ref = np.where(n > 2, med, other)
+        w[dst] = vals - ref
+    return w[["coll", "rank", "is_last", *cols.values()]]

@@ -1,0 +1,75 @@
+"""Wait / transfer / lateness / blame per collective and rank, and the clock-free cross-check."""
+
+from __future__ import annotations
+
+import pandas as pd
+from analysis_frames import collectives
+from rankscope.analysis.collectives import collective_summary, collective_waits, wait_totals
+
+
+def _clock(unc: int) -> pd.DataFrame:
+    return pd.DataFrame({"rank": [0, 1, 2], "uncertainty_ns": [unc, unc, unc]})
+
+
+def test_wait_transfer_lateness_known_answer() -> None:
+    # ranks arrive at 0, 100, 400 µs; all end at 500 µs
+    us = 1000
+    c = collectives(
+        {0: [0], 1: [100 * us], 2: [400 * us]}, {0: [500 * us], 1: [500 * us], 2: [500 * us]}
+    )
+    w = collective_waits(c, _clock(0)).set_index("rank")
+    assert w["wait_ns"].tolist() == [400 * us, 300 * us, 0]
+    assert w["transfer_ns"].tolist() == [100 * us] * 3
+    assert w["lateness_ns"].tolist() == [0, 100 * us, 400 * us]
+    assert w["is_last"].tolist() == [False, False, True]
+    assert (w["last_rank"] == 2).all()
+    # the blame of all ranks adds up to the total wait; the last rank carries most of it
+    assert w["blame_ns"].tolist() == [0.0, 50.0 * us, 650.0 * us]
+    assert w["blame_ns"].sum() == w["wait_ns"].sum()
+    # clock-free: duration minus the shortest duration agrees with the aligned-clock wait
+    assert w["check_wait_ns"].tolist() == [400 * us, 300 * us, 0]
+    assert not w["clock_disagree"].any()
+
+
+def test_disagreement_beyond_clock_uncertainty_is_flagged() -> None:
+    us = 1000
+    # rank 1's clock is 2 ms behind: by the aligned clock it seems to arrive before rank 0 and
+    # wait 2.4 ms, but its duration (0.4 ms) says it waited about 0.3 ms
+    c = collectives(
+        {0: [0, 0], 1: [-2000 * us, 100 * us]}, {0: [500 * us, 500 * us], 1: [-1600 * us, 500 * us]}
+    )
+    c.loc[(c["coll"] == 0) & (c["rank"] == 0), "start"] = 0
+    w = collective_waits(c, _clock(10 * us))
+    bad = w[(w["coll"] == 0) & (w["rank"] == 1)].iloc[0]
+    assert bad["clock_disagree"]
+    # with a clock uncertainty as large as the error, nothing is flagged
+    assert not collective_waits(c, _clock(3000 * us))["clock_disagree"].any()
+    # collective 1 is consistent
+    assert not w[w["coll"] == 1]["clock_disagree"].any()
+
+
+def test_single_rank_collectives_have_no_wait_and_no_last() -> None:
+    c = collectives({0: [0, 10]}, {0: [5, 20]})
+    w = collective_waits(c)
+    assert (w["wait_ns"] == 0).all() and (w["last_rank"] == -1).all() and not w["is_last"].any()
+
+
+def test_totals_and_summary() -> None:
+    us = 1000
+    c = collectives(
+        {0: [0, 1000 * us], 1: [100 * us, 1000 * us]},
+        {0: [200 * us, 1100 * us], 1: [200 * us, 1100 * us]},
+    )
+    w = collective_waits(c)
+    t = wait_totals(w).set_index("rank")
+    assert t.loc[0, "comm_wait_ns"] == 100 * us and t.loc[1, "comm_wait_ns"] == 0
+    assert t.loc[0, "comm_dur_ns"] == 300 * us and t.loc[0, "collectives"] == 2
+    s = collective_summary(w)
+    assert (
+        s.loc[0, "op"] == "allreduce" and s.loc[0, "count"] == 2 and s.loc[0, "bytes"] == 2 * 4096
+    )
+
+
+def test_empty_table() -> None:
+    w = collective_waits(collectives({}, {}))
+    assert len(w) == 0 and "wait_ns" in w.columns

@@ -1,0 +1,209 @@
+"""Stragglers: significance, wait caused, cause; and no straggler for a balanced run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from analysis_frames import collectives
+from rankscope.analysis.collectives import collective_waits
+from rankscope.analysis.stragglers import Cause, binomial_p_value, find_stragglers
+
+MS = 1_000_000
+STEP = 100 * MS
+
+
+def _run(
+    late_rank: int, late_ms: float, kind: str, n_coll: int = 12, world: int = 4, seed: int = 0
+):
+    """Synthetic run: collectives every STEP; ``late_rank`` arrives ``late_ms`` late because of
+    ``kind`` ("compute", "input", "idle" or "propagated"); jitter of ±0.3 ms everywhere."""
+    rng = np.random.default_rng(seed)
+    arr: dict[int, list[int]] = {r: [] for r in range(world)}
+    end: dict[int, list[int]] = {r: [] for r in range(world)}
+    wins = []
+    for k in range(n_coll):
+        base = k * STEP
+        a = {r: base + 50 * MS + int(rng.uniform(-0.3, 0.3) * MS) for r in range(world)}
+        extra = int(late_ms * MS)
+        if late_rank >= 0:
+            a[late_rank] += extra
+        last = max(a.values())
+        for r in range(world):
+            arr[r].append(a[r])
+            end[r].append(last + 2 * MS)
+            wstart = base + 2 * MS if k else base
+            if kind == "propagated" and r == late_rank:
+                wstart += extra  # it left its previous sync point late: not its own work
+            span = a[r] - wstart
+            compute, inp, idle = span - 10 * MS, 5 * MS, 5 * MS
+            if r == late_rank and kind != "propagated":
+                compute -= extra  # the same baseline work, then the extra on one account
+                if kind == "compute":
+                    compute += extra
+                elif kind == "input":
+                    inp += extra
+                else:
+                    idle += extra
+            wins.append((k, r, wstart, a[r], compute, inp, idle, 0))
+    waits = collective_waits(collectives(arr, end))
+    windows = pd.DataFrame(
+        wins,
+        columns=[
+            "coll",
+            "rank",
+            "window_start",
+            "arrival",
+            "compute_ns",
+            "input_ns",
+            "idle_ns",
+            "comm_ns",
+        ],
+    )
+    profiled = pd.Series([n_coll * STEP] * world, index=range(world))
+    return find_stragglers(waits, windows, profiled)
+
+
+@pytest.mark.parametrize(
+    ("rank", "kind", "cause"),
+    [
+        (2, "compute", Cause.OWN_COMPUTE),
+        (1, "input", Cause.INPUT),
+        (3, "idle", Cause.HOST),
+        (0, "propagated", Cause.PROPAGATED),
+    ],
+)
+def test_late_rank_is_the_straggler_with_its_cause(rank: int, kind: str, cause: Cause) -> None:
+    s = _run(rank, 20, kind)
+    top = s.iloc[0]
+    assert top["rank"] == rank and top["is_straggler"]
+    assert top["times_last"] == 12 and top["cause"] == cause
+    assert top["wait_share"] > 0.9 and top["wait_caused_s"] == pytest.approx(
+        12 * 3 * 0.020, rel=0.05
+    )
+    assert top["confidence"] > 0.99 and top["score"] > 5
+    assert s["is_straggler"].sum() == 1
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_balanced_run_has_no_straggler(seed: int) -> None:
+    s = _run(-1, 0, "compute", seed=seed)
+    assert not s["is_straggler"].any()
+
+
+def test_small_lateness_is_not_material() -> None:
+    # always last, but only by 0.5 ms per 100 ms step: significant, yet not worth reporting
+    s = _run(2, 0.5, "compute")
+    assert s.iloc[0]["rank"] == 2 and s.iloc[0]["p_value"] < 0.01
+    assert not s["is_straggler"].any()
+
+
+def test_binomial_p_value() -> None:
+    assert binomial_p_value(3, 3, 0.25) == pytest.approx(1 / 64)
+    assert binomial_p_value(0, 10, 0.25) == 1.0
+
+
+def test_real_gloo_straggler_is_rank_2_by_its_own_compute(data_dir, tmp_path) -> None:
+    """tests/data/cpu_gloo_4rank_straggler: rank 2 sleeps 20 ms per step in record_function."""
+    from analysis_frames import merged
+    from rankscope.analysis.pipeline import SYNCHRONOUS, ClusterSpec, analyze
+
+    a = analyze(
+        merged(data_dir, "cpu_gloo_4rank_straggler", tmp_path), ClusterSpec(scheduler=SYNCHRONOUS)
+    )
+    assert a.straggler_ranks() == [2]
+    top = a.stragglers.iloc[0]
+    assert top["cause"] == Cause.OWN_COMPUTE and top["times_last"] == 3
+    assert top["compute_extra_s"] > 0.015
+
+
+def test_param_dlrm_result(data_dir, tmp_path) -> None:
+    """The written-down result of docs/analysis.md (HTA's potential stragglers: [2, 7]): rank 7 is
+    last most often (5 of 8, p ~ 0.001) but causes only a third of the wait: no straggler."""
+    from analysis_frames import merged
+    from rankscope.analysis.pipeline import SYNCHRONOUS, ClusterSpec, analyze
+
+    a = analyze(merged(data_dir, "param_dlrm_8rank", tmp_path), ClusterSpec(scheduler=SYNCHRONOUS))
+    assert a.straggler_ranks() == []
+    top = a.stragglers.iloc[0]
+    assert top["rank"] == 7 and top["times_last"] == 5 and top["collectives"] == 8
+    assert top["p_value"] < 0.01 and top["wait_share"] < 0.5
+
+
+# -- fresh runs of the example (real torchrun, 4 ranks, gloo) --------------------------------
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_ddp.py"
+STEPS = "12"
+
+
+def _fresh_run(tmp_path: Path, name: str, *script_args: str) -> Path:
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rankscope.orchestrator",
+            "run",
+            "--nproc-per-node",
+            "4",
+            "--out",
+            str(tmp_path),
+            "--name",
+            name,
+            "--repeat",
+            "0",
+            "--no-analyze",
+            str(EXAMPLE),
+            "--steps",
+            STEPS,
+            *script_args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = [p for p in tmp_path.iterdir() if p.is_dir() and f"-{name}-" in p.name]
+    assert (run / "trace.h5").exists()
+    return run
+
+
+def _stragglers(run: Path) -> pd.DataFrame:
+    from rankscope.analysis.pipeline import SYNCHRONOUS, ClusterSpec, analyze
+
+    return analyze(run, ClusterSpec(scheduler=SYNCHRONOUS)).stragglers
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("rank", "ms"), [(1, 50), (3, 40)])
+def test_fresh_run_straggler_is_found_with_own_compute(rank: int, ms: int, tmp_path: Path) -> None:
+    run = _fresh_run(
+        tmp_path, f"strag{rank}", "--straggler-rank", str(rank), "--straggler-ms", str(ms)
+    )
+    s = _stragglers(run)
+    top = s.iloc[0]
+    assert top["rank"] == rank and top["is_straggler"] and top["cause"] == Cause.OWN_COMPUTE
+    assert s["is_straggler"].sum() == 1
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_fresh_run_slow_input_is_found_with_cause_input(tmp_path: Path) -> None:
+    run = _fresh_run(tmp_path, "input", "--input-delay-ms", "40", "--input-delay-rank", "2")
+    s = _stragglers(run)
+    top = s.iloc[0]
+    assert top["rank"] == 2 and top["is_straggler"] and top["cause"] == Cause.INPUT
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("attempt", [1, 2])
+def test_fresh_balanced_run_has_no_straggler(attempt: int, tmp_path: Path) -> None:
+    run = _fresh_run(tmp_path, f"balanced{attempt}")
+    s = _stragglers(run)
+    assert not s["is_straggler"].any(), s.head(2).to_string()
