@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 DATA = Path(__file__).parent / "data"
+pytest_plugins = ["slurm_cluster"]  # the real local Slurm cluster fixture (tests/slurm_cluster.py)
 
 
 def _cuda_available() -> bool:

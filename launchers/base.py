@@ -1,0 +1,382 @@
+"""The launcher base: the life of a run, written once; backends fill a few hooks.
+
+:class:`Launcher` creates the run directory, writes ``run.json`` (pending → running/queued →
+final state, always atomically), collects what the ranks recorded about their own failures, and
+turns the backend's answer into a final state. A backend (``local`` = torchrun child process,
+``slurm`` = submitit job) only implements:
+
+* :meth:`Launcher._start` — start the job and return at once with a backend handle (any object);
+* :meth:`Launcher._poll` — non-blocking: ``None`` while the job runs, else a :class:`JobOutcome`;
+* :meth:`Launcher._cancel` — ask the job to stop (``interrupt=True``: the user pressed Ctrl-C);
+* optionally :meth:`Launcher._wait` (block efficiently), :meth:`Launcher._record_fields`
+  (extra ``run.json`` fields, e.g. the Slurm job id) and :meth:`Launcher._attach` (rebuild the
+  backend handle from ``run.json`` in another process, for ``rankscope status/cancel``).
+
+The launchers never import the analysis floor.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib
+import os
+import platform
+import secrets
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from rankscope import __version__
+from rankscope.errors import InputFileError, UsageError
+from rankscope.launchers import rundir
+from rankscope.launchers.rundir import RunState
+from rankscope.launchers.spec import LauncherKind, RunSpec, check_run_name
+
+#: Where each backend lives ("module:Class"), imported on demand.
+LAUNCHERS: dict[LauncherKind, str] = {
+    LauncherKind.LOCAL: "rankscope.launchers.local:LocalLauncher",
+    LauncherKind.SLURM: "rankscope.launchers.slurm:SlurmLauncher",
+}
+
+#: Seconds between two polls in the default :meth:`Launcher._wait`.
+POLL_INTERVAL_S = 1.0
+
+#: Key of the per-rank error record in ``ranks/NNNNN/meta.json`` (written by the runtime).
+META_ERROR_KEY = "error"
+
+#: Exit status used for runs stopped by Ctrl-C (128 + SIGINT), as shells do.
+EXIT_INTERRUPTED = 130
+
+
+def utc_now() -> str:
+    """Current UTC time as ISO-8601 with a ``Z`` suffix (``run.json`` timestamps)."""
+    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def make_run_id(name: str) -> str:
+    """``YYYYmmdd-HHMMSS-<name>-<4 hex>``: sorts by start time, unique across parallel runs."""
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
+    return f"{stamp}-{name}-{secrets.token_hex(2)}"
+
+
+def check_out_dir(out: Path) -> Path:
+    """Create ``out`` if needed and check it is a writable folder, else raise UsageError."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"output folder {out} cannot be created: {exc.strerror or exc}") from exc
+    if not out.is_dir():
+        raise UsageError(f"output folder {out} is not a folder")
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise UsageError(f"output folder {out} is not writable")
+    return out
+
+
+def create_run_dir(out: Path, name: str) -> Path:
+    """Create ``out/<run_id>`` with its ``ranks/`` and ``logs/`` folders; return its path."""
+    try:
+        check_run_name(name)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    check_out_dir(out)
+    for _ in range(10):
+        run_dir = out / make_run_id(name)
+        try:
+            run_dir.mkdir()
+        except FileExistsError:
+            continue
+        (run_dir / rundir.RANKS_DIR).mkdir()
+        (run_dir / rundir.LOGS_DIR).mkdir()
+        return run_dir.resolve()
+    raise UsageError(f"could not create a unique run folder in {out}")
+
+
+def load_run(run_dir: Path | str) -> dict[str, Any]:
+    """Read ``run_dir/run.json``; InputFileError naming the file when missing or invalid."""
+    path = Path(run_dir) / rundir.RUN_JSON
+    try:
+        data = rundir.read_json(path)
+    except FileNotFoundError as exc:
+        raise InputFileError(f"{path}: not found (is {run_dir} a rankscope run folder?)") from exc
+    except (OSError, ValueError) as exc:
+        raise InputFileError(f"{path}: not valid JSON ({exc})") from exc
+    if not isinstance(data, dict) or "state" not in data:
+        raise InputFileError(f"{path}: not a rankscope run.json (no 'state')")
+    return data
+
+
+def update_run(run_dir: Path, **changes: Any) -> dict[str, Any]:
+    """Merge ``changes`` into ``run.json`` and rewrite it atomically; return the new record."""
+    record = load_run(run_dir)
+    record.update(changes)
+    rundir.write_json_atomic(Path(run_dir) / rundir.RUN_JSON, record)
+    return record
+
+
+def read_rank_metas(run_dir: Path) -> dict[int, dict[str, Any]]:
+    """Every readable ``ranks/NNNNN/meta.json`` by rank (unreadable ones are skipped)."""
+    metas: dict[int, dict[str, Any]] = {}
+    ranks = Path(run_dir) / rundir.RANKS_DIR
+    if not ranks.is_dir():
+        return metas
+    for folder in sorted(ranks.iterdir()):
+        if not folder.name.isdigit():
+            continue
+        try:
+            meta = rundir.read_json(folder / rundir.META_JSON)
+        except (OSError, ValueError):
+            continue
+        if isinstance(meta, dict):
+            metas[int(folder.name)] = meta
+    return metas
+
+
+def rank_failures(run_dir: Path) -> list[dict[str, Any]]:
+    """Failures the ranks recorded themselves (uncaught exception in the user's script)."""
+    failures = []
+    for rank, meta in read_rank_metas(run_dir).items():
+        error = meta.get(META_ERROR_KEY)
+        if isinstance(error, dict) and not error.get("interrupted"):
+            failures.append(
+                {
+                    "rank": rank,
+                    "error": f"{error.get('type', 'Error')}: {error.get('message', '')}".strip(),
+                    "exit_code": error.get("exit_code", 1),
+                    "time_ns": error.get("time_ns"),
+                }
+            )
+    return failures
+
+
+def versions() -> dict[str, str | None]:
+    """Versions recorded in ``run.json`` (torch read from metadata: no torch import here)."""
+    from importlib import metadata
+
+    try:
+        torch_version: str | None = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch_version = None
+    return {"python": platform.python_version(), "torch": torch_version, "rankscope": __version__}
+
+
+@dataclass
+class JobOutcome:
+    """How a job ended, as the backend saw it."""
+
+    state: RunState
+    """Final state (completed, failed, interrupted, cancelled, timeout)."""
+    exit_code: int | None = None
+    """Exit status of the job (the launcher's process, or Slurm's), None if unknown."""
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    """Failures the backend saw (``rank``, ``error``, ``exit_code``), e.g. a rank killed by a signal."""
+    fields: dict[str, Any] = field(default_factory=dict)
+    """Extra ``run.json`` fields to record (e.g. Slurm's final job state)."""
+
+
+class RunHandle:
+    """A started (or re-attached) run: its folder, its state, and how to wait for or stop it."""
+
+    def __init__(self, launcher: Launcher, run_dir: Path, job: Any) -> None:
+        self.launcher = launcher
+        self.run_dir = Path(run_dir)
+        self.job = job
+        """The backend's own handle (a Popen, a submitit Job, …); None if it cannot be reached."""
+
+    def record(self) -> dict[str, Any]:
+        """The current ``run.json``."""
+        return load_run(self.run_dir)
+
+    def state(self) -> RunState:
+        """Current state: from ``run.json``, refreshed from the backend while unfinished."""
+        state = RunState(self.record()["state"])
+        if state.finished or self.job is None:
+            return state
+        outcome = self.launcher._poll(self.job)
+        if outcome is None:
+            return state
+        return self.launcher._finish(self, outcome)
+
+    def wait(self, timeout: float | None = None) -> RunState:
+        """Block until the job ends (or ``timeout`` seconds pass); return the state.
+
+        Ctrl-C while waiting stops the job (state ``interrupted``) and re-raises
+        KeyboardInterrupt once ``run.json`` is final.
+        """
+        return self.launcher.wait(self, timeout)
+
+    def cancel(self) -> RunState:
+        """Stop the job (state ``cancelled``)."""
+        return self.launcher.cancel(self)
+
+    @property
+    def exit_code(self) -> int | None:
+        """Exit status recorded in ``run.json`` (None while running)."""
+        code = self.record().get("exit_code")
+        return None if code is None else int(code)
+
+
+class Launcher(ABC):
+    """Shared life of a run; subclasses fill :meth:`_start`, :meth:`_poll` and :meth:`_cancel`."""
+
+    kind: ClassVar[LauncherKind]
+    """Which backend this is (recorded in ``run.json``)."""
+    started_state: ClassVar[RunState] = RunState.RUNNING
+    """State right after :meth:`_start` returns (``queued`` for a batch scheduler)."""
+
+    # ----------------------------------------------------------------- hooks for backends
+    @abstractmethod
+    def _start(self, spec: RunSpec, run_dir: Path) -> Any:
+        """Start the job and return its backend handle at once (do not wait for it)."""
+
+    @abstractmethod
+    def _poll(self, job: Any) -> JobOutcome | None:
+        """``None`` while the job is pending or running, else how it ended. Must not block."""
+
+    @abstractmethod
+    def _cancel(self, job: Any, *, interrupt: bool) -> JobOutcome:
+        """Stop the job (``interrupt``: Ctrl-C, let ranks flush) and return how it ended."""
+
+    def _wait(self, job: Any, timeout: float | None) -> JobOutcome | None:
+        """Block until the job ends or ``timeout`` seconds pass (None); default polls."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            outcome = self._poll(job)
+            if outcome is not None:
+                return outcome
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
+            time.sleep(POLL_INTERVAL_S)
+
+    def _record_fields(self, job: Any) -> dict[str, Any]:
+        """Extra ``run.json`` fields once the job has started (e.g. ``{"slurm": {...}}``)."""
+        return {}
+
+    def _attach(self, run_dir: Path, record: dict[str, Any]) -> Any:
+        """Rebuild the backend handle from ``run.json`` in another process (None if impossible)."""
+        return None
+
+    # ----------------------------------------------------------------- shared logic
+    def launch(self, spec: RunSpec) -> RunHandle:
+        """Create the run directory, write ``run.json`` and start the job."""
+        run_dir = create_run_dir(spec.out, spec.name)
+        record: dict[str, Any] = {
+            "rankscope_version": __version__,
+            "run_id": run_dir.name,
+            **spec.to_record(),
+            "launcher": str(self.kind),
+            "run_dir": str(run_dir),
+            "cwd": str(Path.cwd()),
+            "host": platform.node(),
+            "versions": versions(),
+            "state": str(RunState.PENDING),
+            "exit_code": None,
+            "started_at": utc_now(),
+            "ended_at": None,
+            "failures": [],
+        }
+        rundir.write_json_atomic(run_dir / rundir.RUN_JSON, record)
+        try:
+            job = self._start(spec, run_dir)
+        except BaseException as exc:
+            update_run(
+                run_dir,
+                state=str(RunState.FAILED),
+                ended_at=utc_now(),
+                failures=[{"rank": None, "error": f"launch failed: {exc}", "exit_code": None}],
+            )
+            raise
+        update_run(run_dir, state=str(self.started_state), **self._record_fields(job))
+        return RunHandle(self, run_dir, job)
+
+    def attach(self, run_dir: Path | str) -> RunHandle:
+        """A handle on an existing run (e.g. for ``rankscope status`` in another process)."""
+        run_dir = Path(run_dir)
+        record = load_run(run_dir)
+        job = None if RunState(record["state"]).finished else self._attach(run_dir, record)
+        return RunHandle(self, run_dir, job)
+
+    def wait(self, handle: RunHandle, timeout: float | None = None) -> RunState:
+        """Wait for the job; on Ctrl-C stop it, record ``interrupted`` and re-raise."""
+        current = RunState(handle.record()["state"])
+        if current.finished:
+            return current
+        if handle.job is None:
+            raise UsageError(f"run {handle.run_dir} cannot be reached from this process")
+        try:
+            outcome = self._wait(handle.job, timeout)
+        except KeyboardInterrupt:
+            outcome = self._cancel(handle.job, interrupt=True)
+            outcome.state = RunState.INTERRUPTED
+            if outcome.exit_code is None:
+                outcome.exit_code = EXIT_INTERRUPTED
+            self._finish(handle, outcome)
+            raise
+        if outcome is None:
+            return current
+        return self._finish(handle, outcome)
+
+    def cancel(self, handle: RunHandle) -> RunState:
+        """Stop the job and record ``cancelled``."""
+        current = RunState(handle.record()["state"])
+        if current.finished:
+            return current
+        if handle.job is None:
+            raise UsageError(f"run {handle.run_dir} cannot be reached from this process")
+        outcome = self._cancel(handle.job, interrupt=False)
+        outcome.state = RunState.CANCELLED
+        return self._finish(handle, outcome)
+
+    def _finish(self, handle: RunHandle, outcome: JobOutcome) -> RunState:
+        """Record the final state, exit code and failures (the ranks' own and the backend's)."""
+        failures = rank_failures(handle.run_dir)
+        seen = {f["rank"] for f in failures}
+        roots = {f.get("rank") for f in outcome.failures if f.get("root_cause")}
+        failures += [f for f in outcome.failures if f.get("rank") not in seen]
+        for f in failures:
+            if f.get("rank") in roots:
+                f["root_cause"] = True
+        # the backend's root cause first, then by time: the first rank to fail is usually the
+        # cause, the others its victims (e.g. "connection closed by peer")
+        failures.sort(
+            key=lambda f: (
+                not f.get("root_cause"),
+                f.get("time_ns") is None,
+                f.get("time_ns") or 0,
+                f.get("rank") if f.get("rank") is not None else -1,
+            )
+        )
+        state = outcome.state
+        if state == RunState.COMPLETED and failures:
+            state = RunState.FAILED
+        update_run(
+            handle.run_dir,
+            state=str(state),
+            exit_code=outcome.exit_code,
+            ended_at=utc_now(),
+            failures=failures,
+            **outcome.fields,
+        )
+        return state
+
+
+def launcher_for(kind: LauncherKind | str) -> Launcher:
+    """An instance of the backend for ``kind`` (imported on demand)."""
+    kind = LauncherKind(kind)
+    if kind not in LAUNCHERS:
+        raise UsageError(f"runs started by an {kind} launcher cannot be followed by rankscope")
+    module_name, _, class_name = LAUNCHERS[kind].partition(":")
+    cls = getattr(importlib.import_module(module_name), class_name)
+    launcher: Launcher = cls()
+    return launcher
+
+
+def open_run(run_dir: Path | str) -> RunHandle:
+    """A handle on an existing run, with the backend named in its ``run.json``."""
+    record = load_run(run_dir)
+    try:
+        kind = LauncherKind(record.get("launcher", LauncherKind.LOCAL))
+    except ValueError as exc:
+        raise InputFileError(f"{Path(run_dir) / rundir.RUN_JSON}: unknown launcher") from exc
+    return launcher_for(kind).attach(run_dir)

@@ -1,0 +1,190 @@
+"""Local backend: torchrun as a child process on this machine.
+
+Every rank runs ``python -m rankscope.launchers.rank SCRIPT ARGS…`` under
+``python -m torch.distributed.run <torchrun flags> -m …``. torchrun runs in its own process group
+(so Ctrl-C reaches rankscope first and is forwarded in order: SIGINT, then SIGTERM, then SIGKILL
+after grace periods). Its output goes both to the terminal and to ``RUN/logs/torchrun.log``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, ClassVar
+
+from rankscope.launchers import rundir
+from rankscope.launchers.base import EXIT_INTERRUPTED, JobOutcome, Launcher
+from rankscope.launchers.rundir import RunState
+from rankscope.launchers.spec import LauncherKind, RunSpec
+
+#: Log of torchrun's combined stdout/stderr inside ``RUN/logs/``.
+TORCHRUN_LOG = "torchrun.log"
+#: The per-rank entry module every rank runs.
+RANK_MODULE = "rankscope.launchers.rank"
+#: Seconds the ranks get to flush after SIGINT before SIGTERM, and after SIGTERM before SIGKILL.
+INTERRUPT_GRACE_S = 20.0
+TERMINATE_GRACE_S = 10.0
+
+#: Heading of torchrun's summary entry for the first failure it observed.
+ROOT_CAUSE_MARKER = "Root Cause (first observed failure)"
+#: torchrun's failure summary: "rank : 2 (local_rank: 2)" then "exitcode : -9 (pid: 123)".
+_FAILURE_RE = re.compile(
+    r"rank\s*:\s*(?P<rank>\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(?P<code>-?\d+)"
+    r"(?:[^\n]*\n){0,2}?\s*traceback\s*:\s*(?P<tb>[^\n]*)",
+)
+
+
+def rank_command(spec: RunSpec) -> list[str]:
+    """The full command line: torchrun with its flags, the rank module, script and arguments."""
+    module_flag = ["--module"] if spec.module else []
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        *spec.torchrun_args,
+        "-m",
+        RANK_MODULE,
+        *module_flag,
+        spec.script,
+        *spec.script_args,
+    ]
+
+
+def rank_env(spec: RunSpec, run_dir: Path) -> dict[str, str]:
+    """Environment of the job: the run directory and profiler settings for every rank."""
+    env = dict(os.environ)
+    env.update(spec.env)
+    env[rundir.ENV_RUN_DIR] = str(run_dir)
+    env[rundir.ENV_PROFILER] = spec.profiler.to_json()
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def torchrun_failures(log_text: str) -> list[dict[str, Any]]:
+    """Failed ranks from torchrun's end-of-run summary (e.g. killed by a signal)."""
+    failures = []
+    for m in _FAILURE_RE.finditer(log_text):
+        code = int(m["code"])
+        tb = m["tb"].strip()
+        if code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            error = f"killed by {name}"
+        else:
+            error = tb if tb and not tb.startswith("To enable traceback") else f"exit code {code}"
+        failures.append({"rank": int(m["rank"]), "error": error, "exit_code": code})
+    _, marker, root = log_text.rpartition(ROOT_CAUSE_MARKER)
+    first = _FAILURE_RE.search(root) if marker else None
+    for f in failures:
+        if first is not None and f["rank"] == int(first["rank"]):
+            f["root_cause"] = True
+    return failures
+
+
+@dataclass
+class LocalJob:
+    """The torchrun child process and the thread copying its output."""
+
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    pump: threading.Thread
+    echo: IO[bytes] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _pump(src: IO[bytes], log: Path, echo: IO[bytes] | None) -> None:
+    with log.open("ab") as fh:
+        for line in iter(src.readline, b""):
+            fh.write(line)
+            fh.flush()
+            if echo is not None:
+                try:
+                    echo.write(line)
+                    echo.flush()
+                except (OSError, ValueError):
+                    echo = None
+    src.close()
+
+
+class LocalLauncher(Launcher):
+    """torchrun on this machine, in its own process group."""
+
+    kind: ClassVar[LauncherKind] = LauncherKind.LOCAL
+
+    def __init__(self, *, echo: bool = True) -> None:
+        self.echo = echo
+        """Copy the job's output to this process's stdout (besides the log file)."""
+
+    def _start(self, spec: RunSpec, run_dir: Path) -> LocalJob:
+        log_path = run_dir / rundir.LOGS_DIR / TORCHRUN_LOG
+        proc = subprocess.Popen(
+            rank_command(spec),
+            env=rank_env(spec, run_dir),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        if proc.stdout is None:  # cannot happen with stdout=PIPE; keeps the type checker honest
+            raise RuntimeError("torchrun started without an output pipe")
+        echo = getattr(sys.stdout, "buffer", None) if self.echo else None
+        pump = threading.Thread(target=_pump, args=(proc.stdout, log_path, echo), daemon=True)
+        pump.start()
+        return LocalJob(proc=proc, log_path=log_path, pump=pump, echo=echo)
+
+    def _record_fields(self, job: LocalJob) -> dict[str, Any]:
+        return {"local": {"pid": job.proc.pid, "log": str(job.log_path)}}
+
+    def _outcome(self, job: LocalJob, code: int) -> JobOutcome:
+        job.pump.join(timeout=10)
+        try:
+            text = job.log_path.read_text(errors="replace")
+        except OSError:
+            text = ""
+        state = RunState.COMPLETED if code == 0 else RunState.FAILED
+        failures = torchrun_failures(text) if code != 0 else []
+        return JobOutcome(state=state, exit_code=code, failures=failures)
+
+    def _poll(self, job: LocalJob) -> JobOutcome | None:
+        code = job.proc.poll()
+        return None if code is None else self._outcome(job, code)
+
+    def _wait(self, job: LocalJob, timeout: float | None) -> JobOutcome | None:
+        try:
+            code = job.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        return self._outcome(job, code)
+
+    def _signal(self, job: LocalJob, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(job.proc.pid, sig)
+
+    def _cancel(self, job: LocalJob, *, interrupt: bool) -> JobOutcome:
+        """SIGINT (ranks flush), then SIGTERM, then SIGKILL, each after a grace period."""
+        steps = [
+            (signal.SIGINT if interrupt else signal.SIGTERM, INTERRUPT_GRACE_S),
+            (signal.SIGTERM, TERMINATE_GRACE_S),
+            (signal.SIGKILL, TERMINATE_GRACE_S),
+        ]
+        code: int | None = None
+        for sig, grace in steps:
+            self._signal(job, sig)
+            try:
+                code = job.proc.wait(timeout=grace)
+                break
+            except (subprocess.TimeoutExpired, KeyboardInterrupt):  # 2nd Ctrl-C: escalate now
+                continue
+        outcome = self._outcome(job, code if code is not None else -9)
+        outcome.state = RunState.INTERRUPTED if interrupt else RunState.CANCELLED
+        outcome.exit_code = EXIT_INTERRUPTED if interrupt else outcome.exit_code
+        return outcome

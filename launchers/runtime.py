@@ -1,0 +1,620 @@
+"""The per-rank runtime: profiler windows, step hooks and clock-sync inside every rank.
+
+:func:`start` is called by :mod:`rankscope.launchers.rank` before the user's script runs. It
+
+* starts ``torch.profiler.profile`` with the schedule from :data:`rundir.ENV_PROFILER`
+  (activities CPU, plus CUDA when available);
+* steps it from a global optimizer-step post hook — once per iteration even with several
+  optimizers (only the first optimizer that steps drives it) — or from :func:`step`
+  (``rankscope.step()``) for loops without an optimizer; once :func:`step` is called the hook
+  stops stepping;
+* wraps ``torch.distributed.init_process_group`` so that, right after it returns, the clock-sync
+  group is created and a first exchange runs (:mod:`rankscope.launchers.clocksync`);
+* writes each finished window at once as ``ranks/NNNNN/window-KKK.json.gz`` (temporary file,
+  gzip, rename), runs a clock-sync exchange, and rewrites ``meta.json``;
+* on exit stops the profiler so a window in progress is flushed, and records an uncaught
+  exception (type and one-line message) in ``meta.json`` for the launcher.
+
+Outside a rankscope run (no :data:`rundir.ENV_RUN_DIR`), :func:`step` is a no-op.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import functools
+import gzip
+import os
+import platform
+import queue
+import re
+import signal
+import sys
+import threading
+import time
+import traceback
+import weakref
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from rankscope import __version__
+from rankscope.launchers import clocksync, rundir
+from rankscope.launchers.spec import LauncherKind, ProfilerSettings
+
+#: gzip level of window files: 3 is ~3x faster than 9 for ~10% larger Kineto JSON.
+GZIP_LEVEL = 3
+#: Seconds the end of a rank waits for queued windows to be written.
+WRITER_TIMEOUT_S = 300.0
+#: Prefix of the temporary Chrome-trace export next to the window files.
+EXPORT_TMP_PREFIX = ".export-"
+#: Key under which the rank's facts are added to every Kineto trace (``prof.add_metadata_json``).
+TRACE_METADATA_KEY = "rankscope"
+#: Index of a window file name (rundir.WINDOW_FORMAT).
+WINDOW_INDEX_RE = re.compile(r"window-(\d+)\.json\.gz")
+#: torchrun's count of restarts of the worker group (0 in the first attempt).
+TORCHRUN_RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"
+#: torchrun tells each worker where to write its error file (read for its failure summary).
+TORCHELASTIC_ERROR_ENV = "TORCHELASTIC_ERROR_FILE"
+#: Longest error message kept in meta.json, in characters.
+MAX_ERROR_CHARS = 500
+
+_runtime: RankRuntime | None = None
+
+
+class Terminated(SystemExit):
+    """Raised in the main thread on SIGTERM (the launcher stopping this rank), not a failure."""
+
+
+def _env_int(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+#: Signals whose Python handlers are held back while the profiler changes state.
+DEFERRED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Hold back Ctrl-C/SIGTERM handlers for the duration; run them (raise) right after.
+
+    Only Python-level handlers are swapped (``signal.signal`` works in the main thread only;
+    elsewhere, or with SIG_DFL/SIG_IGN, nothing changes).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+
+    def defer(signum: int, frame: FrameType | None) -> None:
+        pending.append(signum)
+
+    saved = {sig: signal.getsignal(sig) for sig in DEFERRED_SIGNALS}
+    for sig, handler in saved.items():
+        if callable(handler):
+            signal.signal(sig, defer)
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            if callable(handler):
+                signal.signal(sig, handler)
+        for signum in pending:
+            held = saved[signal.Signals(signum)]
+            if callable(held):
+                held(signum, None)
+
+
+class WindowWriter:
+    """One background thread that compresses and writes finished windows in order.
+
+    Exporting must happen in ``on_trace_ready`` (the profiler's data lives until the next
+    window), but gzip and two fsync'd writes need not hold up the training step that ends the
+    window: they cost ~10 ms of I/O wait per window here. A window queued but not yet written
+    when the process is SIGKILLed is lost (its exported JSON stays as a dot-file); every other
+    exit path waits for the queue in :meth:`finish`.
+    """
+
+    def __init__(self, write: Callable[[Path, dict[str, Any]], None]) -> None:
+        self._write = write
+        self._queue: queue.Queue[tuple[Path, dict[str, Any]] | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, tmp: Path, window: dict[str, Any]) -> None:
+        """Queue an exported window (``tmp``) for compression and writing."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="rankscope-writer", daemon=True)
+            self._thread.start()
+        self._queue.put((tmp, window))
+
+    def finish(self, timeout_s: float = WRITER_TIMEOUT_S) -> None:
+        """Write everything queued, then stop the thread (waits at most ``timeout_s`` s)."""
+        if self._thread is None:
+            return
+        self._queue.put(None)
+        self._thread.join(timeout_s)
+        self._thread = None
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            self._write(*item)
+
+
+class RankRuntime:
+    """State of the profiler in one rank (one instance per process, see :func:`start`)."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        settings: ProfilerSettings,
+        script: str = "",
+        script_args: list[str] | None = None,
+    ) -> None:
+        self.run_dir = run_dir
+        self.settings = settings
+        self.script = script
+        self.script_args = list(script_args or [])
+        self.rank = _env_int("RANK", 0)
+        self.local_rank = _env_int("LOCAL_RANK", 0)
+        self.world_size = _env_int("WORLD_SIZE", 1)
+        self.local_world_size = _env_int("LOCAL_WORLD_SIZE", 1)
+        self.dir = rundir.rank_dir(run_dir, self.rank)
+        self.prof: Any = None
+        self.window = 0
+        self.manual = False
+        self.recording = False
+        self.exiting = False
+        self.external = False
+        self.sync: clocksync.ClockSync | None = None
+        self._recording_actions: tuple[Any, ...] = ()
+        self._save_action: Any = None
+        self._step_depth = 0
+        self._step_due = False
+        self._lead_settled = False
+        self._after_lead: weakref.ref[Any] | None = None
+        self._lead_optimizer: weakref.ref[Any] | None = None
+        self.lock = threading.RLock()
+        """Guards ``meta`` and meta.json between the main thread and the writer thread."""
+        self.writer = WindowWriter(self._write_window)
+        self.meta: dict[str, Any] = {
+            "rank": self.rank,
+            "local_rank": self.local_rank,
+            "world_size": self.world_size,
+            "local_world_size": self.local_world_size,
+            "host": platform.node(),
+            "pid": os.getpid(),
+            "device": "cpu",
+            "backend": None,
+            "versions": {"python": platform.python_version(), "rankscope": __version__},
+            "run_id": run_dir.name,
+            "profiler": settings.to_dict(),
+            "started_ns": time.time_ns(),
+            "ended_ns": None,
+            "steps": 0,
+            "windows": [],
+            "clock": {
+                "domain": clocksync.clock_domain(),
+                "leader_rank": None,
+                "reference_rank": clocksync.REFERENCE_RANK,
+                "samples": [],
+            },
+        }
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        """Describe the rank, hook torch, and start the profiler."""
+        import torch
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+        from torch.profiler import ProfilerAction, ProfilerActivity, profile, schedule
+
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._continue_previous_attempt()
+        cuda = torch.cuda.is_available()
+        versions = self.meta["versions"]
+        versions.update(torch=torch.__version__, nccl=None, cuda=torch.version.cuda, driver=None)
+        if cuda:
+            self.meta["device"] = torch.cuda.get_device_name(
+                self.local_rank % max(1, torch.cuda.device_count())
+            )
+            try:
+                versions["nccl"] = ".".join(str(x) for x in torch.cuda.nccl.version())
+            except Exception:  # NCCL missing from this build
+                versions["nccl"] = None
+        self.write_meta()
+
+        self._recording_actions = (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
+        self._save_action = ProfilerAction.RECORD_AND_SAVE
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        s = self.settings
+        self.prof = profile(
+            activities=activities,
+            schedule=schedule(
+                wait=s.wait,
+                warmup=s.warmup,
+                active=s.active,
+                repeat=s.repeat,
+                skip_first=s.skip_first,
+            ),
+            on_trace_ready=self._on_trace_ready,
+            record_shapes=s.record_shapes,
+            profile_memory=s.profile_memory,
+            with_stack=s.with_stack,
+        )
+        register_optimizer_step_post_hook(self._on_optimizer_step)
+        self._wrap_init_process_group()
+        self.prof.start()
+        self._tag_window()
+        atexit.register(self.close)
+        if self.rank == 0:
+            self._describe_external_run()
+
+    def _describe_external_run(self) -> None:
+        """Under the user's own launcher there is no run.json yet: rank 0 writes one."""
+        from rankscope.launchers import base
+
+        path = self.run_dir / rundir.RUN_JSON
+        if path.exists():
+            return
+        self.external = True
+        rundir.write_json_atomic(
+            path,
+            {
+                "rankscope_version": __version__,
+                "run_id": self.run_dir.name,
+                "name": self.run_dir.name,
+                "launcher": str(LauncherKind.EXTERNAL),
+                "command": [sys.executable, *sys.orig_argv[1:]],
+                "torchrun_args": [],
+                "script": self.script,
+                "script_args": list(self.script_args),
+                "world_size": self.world_size,
+                "nnodes": None,
+                "nproc_per_node": self.local_world_size,
+                "profiler": self.settings.to_dict(),
+                "versions": base.versions(),
+                "state": str(rundir.RunState.RUNNING),
+                "exit_code": None,
+                "started_at": base.utc_now(),
+                "ended_at": None,
+                "failures": [],
+            },
+        )
+
+    def _finish_external_run(self) -> None:
+        """Rank 0 records the end of an external run (as rank 0 saw it)."""
+        from rankscope.launchers import base
+
+        error = self.meta.get("error")
+        if error is None:
+            state, code = rundir.RunState.COMPLETED, 0
+        elif error.get("interrupted"):
+            state, code = rundir.RunState.INTERRUPTED, error.get("exit_code")
+        else:
+            state, code = rundir.RunState.FAILED, error.get("exit_code")
+        try:
+            base.update_run(self.run_dir, state=str(state), exit_code=code, ended_at=base.utc_now())
+        except Exception as exc:
+            print(f"rankscope: cannot update run.json: {exc}", file=sys.stderr)
+
+    def _continue_previous_attempt(self) -> None:
+        """After a torchrun restart (``--max-restarts``), keep the earlier attempts' windows.
+
+        Window numbers continue where the previous attempt stopped, so no file is overwritten;
+        each window records its ``attempt`` (profiler steps restart from 0 in every attempt).
+        """
+        self.meta["attempt"] = _env_int(TORCHRUN_RESTART_ENV, 0)
+        try:
+            previous = rundir.read_json(self.dir / rundir.META_JSON)
+        except (OSError, ValueError):
+            return
+        if not isinstance(previous, dict):
+            return
+        self.meta["windows"] = list(previous.get("windows", []))
+        self.meta["clock"]["samples"] = list(previous.get("clock", {}).get("samples", []))
+        self.meta["previous_errors"] = [*previous.get("previous_errors", [])]
+        if previous.get("error"):
+            self.meta["previous_errors"].append(previous["error"])
+        existing = [
+            int(p.name[7:10]) for p in self.dir.glob(rundir.WINDOW_GLOB) if p.name[7:10].isdigit()
+        ]
+        self.window = (
+            max([w.get("index", -1) for w in self.meta["windows"]] + existing, default=-1) + 1
+        )
+
+    def close(self) -> None:
+        """Stop the profiler (flushing a window in progress) and write the final meta.json."""
+        if self.prof is not None and not self.exiting:
+            self.exiting = True
+            try:
+                self.prof.stop()
+            except Exception as exc:  # never mask the user's own error
+                self.meta["flush_error"] = f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
+        self.writer.finish()
+        if self.sync is not None:
+            self.sync.close()
+        self.meta["ended_ns"] = time.time_ns()
+        self.write_meta()
+        if self.external:
+            self.external = False
+            self._finish_external_run()
+
+    def record_error(self, exc: BaseException) -> None:
+        """Record an uncaught exception of the user's script (read by the launcher)."""
+        interrupted = isinstance(exc, KeyboardInterrupt | Terminated)
+        message = str(exc).strip().splitlines()
+        tb = traceback.format_exception(exc)
+        self.meta["error"] = {
+            "rank": self.rank,
+            "type": type(exc).__name__,
+            "message": (message[0] if message else "")[:MAX_ERROR_CHARS],
+            "exit_code": exc.code if isinstance(exc, SystemExit) else (130 if interrupted else 1),
+            "interrupted": interrupted,
+            "time_ns": time.time_ns(),
+            "signal": "SIGINT"
+            if isinstance(exc, KeyboardInterrupt)
+            else ("SIGTERM" if isinstance(exc, Terminated) else None),
+            "traceback": "".join(tb[-3:])[-2000:],
+        }
+        self.write_meta()
+        if not interrupted:
+            self._write_torchelastic_error(exc, "".join(tb))
+
+    def _write_torchelastic_error(self, exc: BaseException, tb: str) -> None:
+        """Also tell torchrun (its error file), so its summary names the right root cause."""
+        path = os.environ.get(TORCHELASTIC_ERROR_ENV)
+        if not path:
+            return
+
+        record = {
+            "message": {
+                "message": f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS],
+                "extraInfo": {"py_callstack": tb, "timestamp": str(int(time.time()))},
+            }
+        }
+        with contextlib.suppress(OSError):
+            rundir.write_json_atomic(Path(path), record)
+
+    def write_meta(self) -> None:
+        """Rewrite ``meta.json`` atomically (after every window and at the end)."""
+        try:
+            with self.lock:
+                rundir.write_json_atomic(self.dir / rundir.META_JSON, self.meta)
+        except OSError as exc:
+            print(f"rankscope: rank {self.rank}: cannot write meta.json: {exc}", file=sys.stderr)
+
+    # ------------------------------------------------------------------ stepping
+    def step(self) -> None:
+        """Advance the profiler by one step (explicit ``rankscope.step()``)."""
+        self.manual = True
+        self._advance()
+
+    def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        """Global optimizer-step post hook: exactly one profiler step per training iteration.
+
+        * Several optimizers per iteration: one *lead* optimizer drives the profiler. The first
+          optimizer that steps leads; if another one steps after it before it steps again (GAN,
+          per-module optimizers), that later one closes the iteration and takes the lead, once.
+        * torch calls post hooks INSIDE the ``Optimizer.step#…`` profiler range, so stepping the
+          profiler here would end ``ProfilerStep#N`` inside that range (crossing ranges, an op
+          cut off at a window's end). So the hook marks the step as due, and a thin wrapper
+          around the optimizer class's ``step`` advances the profiler when the range has closed,
+          as a hand-written loop would.
+        """
+        if self.manual or self.prof is None:
+            return
+        lead = self._lead_optimizer() if self._lead_optimizer is not None else None
+        if lead is None:  # first optimizer step of the run (or the lead was garbage-collected)
+            self._lead_optimizer = weakref.ref(optimizer)
+            self._lead_settled = False
+            self._after_lead = None
+            self._wrap_optimizer_step(type(optimizer))
+        elif optimizer is not lead:
+            self._after_lead = weakref.ref(optimizer)
+            return
+        else:
+            later = self._after_lead() if self._after_lead is not None else None
+            self._after_lead = None
+            settled, self._lead_settled = self._lead_settled, True
+            if later is not None and not settled:
+                # `later` stepped after the lead within the iteration: it closes iterations
+                self._lead_optimizer = weakref.ref(later)
+                self._wrap_optimizer_step(type(later))
+                return
+        if self._step_depth > 0:
+            self._step_due = True  # the wrapper advances when the outermost step returns
+        else:
+            self._advance()
+
+    def _wrap_optimizer_step(self, cls: type) -> None:
+        """Wrap ``cls.step`` so the profiler advances after torch's ``Optimizer.step`` range."""
+        inner = cls.step  # type: ignore[attr-defined]
+        if getattr(inner, "_rankscope_outer", False):
+            return
+        runtime = self
+
+        @functools.wraps(inner)
+        def step(*args: Any, **kwargs: Any) -> Any:
+            runtime._step_depth += 1
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                runtime._step_depth -= 1
+                if runtime._step_depth == 0 and runtime._step_due:
+                    runtime._step_due = False
+                    runtime._advance()
+
+        step._rankscope_outer = True  # type: ignore[attr-defined]
+        step.hooked = True  # type: ignore[attr-defined]  # torch's mark: do not wrap again
+        cls.step = step  # type: ignore[attr-defined]
+
+    def _advance(self) -> None:
+        if self.prof is None or self.exiting:
+            return
+        current = self.prof.current_action
+        if current == self._save_action or self.prof.schedule(self.prof.step_num + 1) != current:
+            # the profiler changes state (a window starts or ends, the trace is exported): a
+            # Ctrl-C/SIGTERM in the middle would leave it half-way; let it land just after
+            with signals_deferred():
+                self.prof.step()
+        else:
+            self.prof.step()
+        self.meta["steps"] += 1
+        self._tag_window()
+
+    def _tag_window(self) -> None:
+        """At the first recorded step of a window, add the rank's facts to the trace."""
+        recording = self.prof.current_action in self._recording_actions
+        if recording and not self.recording:
+            import json
+
+            facts = {
+                k: self.meta[k]
+                for k in ("rank", "local_rank", "world_size", "host", "pid", "device")
+            }
+            facts["clock_domain"] = self.meta["clock"]["domain"]
+            facts["run_id"] = self.meta["run_id"]
+            facts["window"] = self.window
+            with contextlib.suppress(Exception):  # a nicety: never break the job for it
+                self.prof.add_metadata_json(TRACE_METADATA_KEY, json.dumps(facts))
+        self.recording = recording
+
+    # ------------------------------------------------------------------ windows
+    def _on_trace_ready(self, prof: Any) -> None:
+        """A window ended: export it (the profiler's data is only valid now), hand the
+        compression and the fsync'd writes to the writer thread, then run a clock sync."""
+        index = self.window
+        self.window += 1
+        self.recording = False
+        last_step = prof.step_num - (0 if self.exiting else 1)
+        window = {
+            "index": index,
+            "file": rundir.WINDOW_FORMAT.format(window=index),
+            "first_step": max(0, last_step - self.settings.active + 1),
+            "last_step": last_step,
+            "complete": not self.exiting,
+            "attempt": self.meta["attempt"],
+        }
+        tmp = self.dir / f"{EXPORT_TMP_PREFIX}{index:03d}.json"
+        try:
+            prof.export_chrome_trace(str(tmp))
+        except Exception as exc:
+            tmp.unlink(missing_ok=True)
+            print(
+                f"rankscope: rank {self.rank}: window {index} not exported: {exc}", file=sys.stderr
+            )
+        else:
+            self.writer.submit(tmp, window)
+        if not self.exiting:
+            self._sync(f"window-{index:03d}")
+            self.write_meta()
+
+    def _write_window(self, tmp: Path, window: dict[str, Any]) -> None:
+        """In the writer thread: gzip the exported trace, write it atomically, record it."""
+        try:
+            raw = tmp.read_bytes()
+            data = gzip.compress(raw, compresslevel=GZIP_LEVEL)
+            rundir.write_bytes_atomic(self.dir / window["file"], data)
+        except Exception as exc:
+            print(
+                f"rankscope: rank {self.rank}: window {window['index']} not written: {exc}",
+                file=sys.stderr,
+            )
+            return
+        finally:
+            tmp.unlink(missing_ok=True)
+        window.update(
+            events=raw.count(b'"ph":'),
+            bytes=len(data),
+            json_bytes=len(raw),
+            written_ns=time.time_ns(),
+        )
+        with self.lock:
+            self.meta["windows"].append(window)
+        self.write_meta()
+
+    # ------------------------------------------------------------------ distributed
+    def _wrap_init_process_group(self) -> None:
+        import torch.distributed as dist
+
+        if not dist.is_available():
+            return
+        from torch.distributed import distributed_c10d
+
+        original = distributed_c10d.init_process_group
+        if getattr(original, "_rankscope_wrapped", False):
+            return
+
+        @functools.wraps(original)
+        def init_process_group(*args: Any, **kwargs: Any) -> Any:
+            result = original(*args, **kwargs)
+            self._after_init()
+            return result
+
+        init_process_group._rankscope_wrapped = True  # type: ignore[attr-defined]
+        distributed_c10d.init_process_group = init_process_group
+        dist.init_process_group = init_process_group
+
+    def _after_init(self) -> None:
+        """Right after the user's ``init_process_group``: describe the group, first sync."""
+        import torch.distributed as dist
+
+        try:
+            self.rank = dist.get_rank()
+            self.world_size = dist.get_world_size()
+            self.meta.update(
+                rank=self.rank, world_size=self.world_size, backend=str(dist.get_backend())
+            )
+            self.sync = clocksync.setup()
+            self.meta["clock"].update(self.sync.describe())
+        except Exception as exc:
+            self.meta["clock"]["error"] = f"setup: {type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
+            self.sync = None
+        self._sync("init")
+        self.write_meta()
+
+    def _sync(self, phase: str) -> None:
+        """One clock-sync exchange (collective); after a failure, syncing stops for good."""
+        if self.sync is None or self.sync.failed is not None:
+            return
+        try:
+            samples = clocksync.exchange(self.sync, phase)
+        except Exception as exc:
+            self.sync.failed = f"{phase}: {type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
+            self.meta["clock"]["error"] = self.sync.failed
+            return
+        self.meta["clock"]["samples"].extend(samples)
+
+
+def start(script: str = "", script_args: list[str] | None = None) -> RankRuntime | None:
+    """Start the runtime in this rank if it runs under rankscope (idempotent).
+
+    ``script``/``script_args`` (what the rank will run) are recorded in the run.json that rank 0
+    writes when the user's own launcher started the ranks.
+    """
+    global _runtime
+    if _runtime is not None:
+        return _runtime
+    run_dir = os.environ.get(rundir.ENV_RUN_DIR)
+    if not run_dir:
+        return None
+    text = os.environ.get(rundir.ENV_PROFILER)
+    settings = ProfilerSettings.from_json(text) if text else ProfilerSettings()
+    runtime = RankRuntime(Path(run_dir), settings, script, script_args)
+    runtime.start()
+    _runtime = runtime
+    return runtime
+
+
+def current() -> RankRuntime | None:
+    """The runtime of this process (None outside a rankscope run)."""
+    return _runtime
+
+
+def step() -> None:
+    """``rankscope.step()``: advance the profiler by one step; a no-op outside a rankscope run."""
+    if _runtime is not None:
+        _runtime.step()

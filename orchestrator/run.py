@@ -1,0 +1,481 @@
+"""``rankscope run``: profile a torchrun job on every rank with one command.
+
+    rankscope run [torchrun flags] [rankscope flags] SCRIPT [script args…]
+
+torchrun's own flags pass through unchanged; rankscope's flags (profiler schedule, ``--out``,
+``--name`` …) may be mixed with them, but everything after SCRIPT belongs to the script, even
+when it looks like a flag (``--lr 3e-4``). The command validates everything before launching
+(exit 2, one line, nothing created), runs the job, prints a summary, then merges and analyses
+the run when those steps are installed (``--no-merge`` / ``--no-analyze`` skip them). The exit
+status is the job's (130 after Ctrl-C), whatever the merge or analysis do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from rankscope.errors import UsageError
+
+#: torchrun flags that take no value (all its other flags take exactly one).
+TORCHRUN_SWITCHES = frozenset(
+    {
+        "--standalone",
+        "-m",
+        "--module",
+        "--no-python",
+        "--no_python",
+        "--run-path",
+        "--run_path",
+        "--virtual-local-rank",
+        "--virtual_local_rank",
+    }
+)
+#: torchrun flags that choose a rendezvous: when none is given (and one node), add --standalone.
+RENDEZVOUS_FLAGS = frozenset(
+    {
+        "--standalone",
+        "--rdzv-backend",
+        "--rdzv_backend",
+        "--rdzv-endpoint",
+        "--rdzv_endpoint",
+        "--rdzv-id",
+        "--rdzv_id",
+        "--rdzv-conf",
+        "--rdzv_conf",
+        "--master-addr",
+        "--master_addr",
+        "--master-port",
+        "--master_port",
+    }
+)
+#: torchrun flags that select a module instead of a script path.
+MODULE_FLAGS = frozenset({"-m", "--module"})
+#: torchrun flags rankscope cannot honour (it always runs a Python rank module).
+REJECTED_FLAGS = {
+    "--no-python": "cannot profile a non-Python program (--no-python)",
+    "--no_python": "cannot profile a non-Python program (--no_python)",
+}
+#: torchrun flags that rankscope drops because the rank module already runs the script by path.
+DROPPED_FLAGS = frozenset({"--run-path", "--run_path"})
+
+USAGE = "rankscope run [torchrun flags] [rankscope flags] SCRIPT [script args ...]"
+DESCRIPTION = (
+    "Run SCRIPT under torchrun with a profiler in every rank. torchrun's flags "
+    "(--nproc-per-node, --nnodes, --standalone, --rdzv-*, --master-port, --max-restarts ...) pass "
+    "through unchanged; with one node and no rendezvous flag, --standalone is added (a free port). "
+    "Everything after SCRIPT goes to the script. To keep your own launcher line instead, insert "
+    "the rank module: `RANKSCOPE_RUN_DIR=DIR torchrun ... -m rankscope.launchers.rank train.py ...`."
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports mistakes as a one-line UsageError instead of exiting."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def add_profiler_arguments(parser: argparse.ArgumentParser) -> None:
+    """The profiler schedule and options (defaults from ProfilerSettings)."""
+    from rankscope.launchers.spec import ProfilerSettings
+
+    d = ProfilerSettings()
+    g = parser.add_argument_group("profiler (one step = one optimizer step or rankscope.step())")
+    g.add_argument(
+        "--wait", type=int, default=d.wait, metavar="N", help=f"idle steps per cycle ({d.wait})"
+    )
+    g.add_argument(
+        "--warmup", type=int, default=d.warmup, metavar="N", help=f"warm-up steps ({d.warmup})"
+    )
+    g.add_argument(
+        "--active",
+        type=int,
+        default=d.active,
+        metavar="N",
+        help=f"recorded steps per window ({d.active})",
+    )
+    g.add_argument(
+        "--repeat",
+        type=int,
+        default=d.repeat,
+        metavar="N",
+        help=f"windows, 0 = until the end ({d.repeat})",
+    )
+    g.add_argument(
+        "--skip-first",
+        type=int,
+        default=d.skip_first,
+        metavar="N",
+        help="steps skipped once at the start (0)",
+    )
+    g.add_argument("--record-shapes", action="store_true", help="record operator input shapes")
+    g.add_argument("--profile-memory", action="store_true", help="record allocations")
+    g.add_argument("--with-stack", action="store_true", help="record call stacks")
+
+
+def add_output_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where results go and what happens after the job."""
+    from rankscope.launchers.spec import DEFAULT_OUT
+
+    g = parser.add_argument_group("output")
+    g.add_argument(
+        "--out",
+        type=Path,
+        default=DEFAULT_OUT,
+        metavar="DIR",
+        help=f"parent folder of run folders ({DEFAULT_OUT})",
+    )
+    g.add_argument("--name", default=None, help="run name, part of the folder name (script name)")
+    g.add_argument("--no-merge", action="store_true", help="do not merge the traces after the run")
+    g.add_argument(
+        "--no-analyze", action="store_true", help="do not print the analysis after the run"
+    )
+
+
+def add_slurm_arguments(parser: argparse.ArgumentParser) -> None:
+    """Slurm flags (``--slurm``, nodes, partition, time …): the Slurm launcher's region.
+
+    Everything added here is a rankscope flag (it must come before SCRIPT); switches need
+    ``nargs=0`` actions (``store_true``) so the splitter knows they take no value.
+    """
+    from rankscope.launchers.slurm import add_slurm_arguments as add_flags
+
+    add_flags(parser)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """rankscope's own flags of ``rankscope run`` (torchrun's are validated by torchrun's parser)."""
+    parser = _Parser(prog="rankscope run", usage=USAGE, description=DESCRIPTION, add_help=False)
+    parser.add_argument("-h", "--help", action="store_true", help="show this help and exit")
+    add_profiler_arguments(parser)
+    add_output_arguments(parser)
+    add_slurm_arguments(parser)
+    return parser
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """``run`` parses its own arguments (see :func:`main`); nothing to add here."""
+
+
+def split_argv(
+    argv: Sequence[str], parser: argparse.ArgumentParser
+) -> tuple[list[str], list[str], str | None, list[str]]:
+    """Split ``argv`` into (rankscope flags, torchrun flags, script, script args).
+
+    The script is the first token that is neither a flag nor the value of the flag before it;
+    flag arity comes from our parser and :data:`TORCHRUN_SWITCHES`.
+    """
+    ours = parser._option_string_actions
+    mine: list[str] = []
+    torchrun: list[str] = []
+    i = 0
+    argv = list(argv)
+    while i < len(argv):
+        tok = argv[i]
+        if tok == "--":
+            i += 1
+            break
+        if not tok.startswith("-") or tok == "-":
+            break
+        flag, has_value, _ = tok.partition("=")
+        target = mine if flag in ours else torchrun
+        takes_value = ours[flag].nargs != 0 if flag in ours else flag not in TORCHRUN_SWITCHES
+        target.append(tok)
+        i += 1
+        if takes_value and not has_value:
+            if i >= len(argv):
+                raise UsageError(f"{flag} needs a value")
+            target.append(argv[i])
+            i += 1
+    if i >= len(argv):
+        return mine, torchrun, None, []
+    return mine, torchrun, argv[i], argv[i + 1 :]
+
+
+def _flag_names(tokens: Sequence[str]) -> list[str]:
+    return [t.partition("=")[0] for t in tokens if t.startswith("-")]
+
+
+def parse_torchrun_args(tokens: list[str]) -> argparse.Namespace:
+    """Validate torchrun's flags with torchrun's own parser (imports torch: slow)."""
+    from torch.distributed.run import get_args_parser
+
+    tr = get_args_parser()
+
+    def fail(message: str) -> NoReturn:
+        raise UsageError(f"torchrun: {message}")
+
+    tr.error = fail  # type: ignore[method-assign]
+    return tr.parse_args([*tokens, "rankscope-placeholder.py"])
+
+
+def _count(value: str, label: str) -> int | None:
+    """An int flag value of torchrun (None when torchrun resolves it itself, e.g. ``auto``)."""
+    text = str(value)
+    if ":" in text:
+        lo, _, hi = text.partition(":")
+        text = lo if lo == hi else ""
+    if text.isdigit():
+        return int(text)
+    if text == "cpu":
+        return os.cpu_count() or 1
+    if text in ("gpu", "auto"):
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.device_count()
+        if text == "auto":
+            return os.cpu_count() or 1
+        return None
+    if not text:
+        return None
+    raise UsageError(f"{label}: not a number: {value!r}")
+
+
+def build_spec(
+    argv: Sequence[str], parser: argparse.ArgumentParser
+) -> tuple[Any, argparse.Namespace]:
+    """Validate ``argv`` completely and build the RunSpec (UsageError on any mistake)."""
+    from rankscope.launchers.base import check_out_dir
+    from rankscope.launchers.spec import ProfilerSettings, RunSpec, check_run_name
+
+    mine, torchrun, script, script_args = split_argv(argv, parser)
+    args = parser.parse_args(mine)
+    if args.help:
+        return None, args
+    if script is None:
+        raise UsageError("no training script given (usage: " + USAGE + ")")
+    flags = _flag_names(torchrun)
+    for flag in flags:
+        if flag in REJECTED_FLAGS:
+            raise UsageError(REJECTED_FLAGS[flag])
+    module = any(f in MODULE_FLAGS for f in flags)
+    if not module and not Path(script).is_file():
+        raise UsageError(f"script not found: {script}")
+    try:
+        profiler = ProfilerSettings(
+            wait=args.wait,
+            warmup=args.warmup,
+            active=args.active,
+            repeat=args.repeat,
+            skip_first=args.skip_first,
+            record_shapes=args.record_shapes,
+            profile_memory=args.profile_memory,
+            with_stack=args.with_stack,
+        )
+        if args.name is not None:
+            check_run_name(args.name)  # before torch loads: cheap mistakes fail fast
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    check_out_dir(args.out)
+
+    kept = [t for t in torchrun if t.partition("=")[0] not in MODULE_FLAGS | DROPPED_FLAGS]
+    tr = parse_torchrun_args(kept)
+    nnodes = _count(tr.nnodes, "--nnodes")
+    if nnodes == 1 and not any(f in RENDEZVOUS_FLAGS for f in flags):
+        kept = ["--standalone", *kept]
+    try:
+        spec = RunSpec(
+            script=script,
+            script_args=list(script_args),
+            torchrun_args=kept,
+            profiler=profiler,
+            out=args.out,
+            name=args.name or "",
+            launcher=launcher_kind(args),
+            module=module,
+            command=["rankscope", "run", *argv],
+            nnodes=nnodes,
+            nproc_per_node=_count(tr.nproc_per_node, "--nproc-per-node"),
+            options=backend_options(args),
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    return spec, args
+
+
+def launcher_kind(args: argparse.Namespace) -> Any:
+    """Which backend the flags ask for (``--slurm`` → Slurm)."""
+    from rankscope.launchers.spec import LauncherKind
+
+    return LauncherKind.SLURM if getattr(args, "slurm", False) else LauncherKind.LOCAL
+
+
+def backend_options(args: argparse.Namespace) -> dict[str, Any]:
+    """Backend-specific options recorded in the spec (the Slurm launcher's region)."""
+    from rankscope.launchers.slurm import slurm_options_from_args
+
+    return slurm_options_from_args(args)
+
+
+# --------------------------------------------------------------------------- summary
+def _human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def _duration_s(record: dict[str, Any]) -> float | None:
+    """Seconds between ``started_at`` and ``ended_at`` of run.json."""
+    try:
+        start = dt.datetime.fromisoformat(record["started_at"].replace("Z", "+00:00"))
+        end = dt.datetime.fromisoformat(record["ended_at"].replace("Z", "+00:00"))
+    except (KeyError, AttributeError, TypeError, ValueError):
+        return None
+    return (end - start).total_seconds()
+
+
+def run_summary(run_dir: Path) -> dict[str, Any]:
+    """Figures of a run: per rank windows/events/bytes/samples, totals, duration in s."""
+    from rankscope.launchers.base import load_run, read_rank_metas
+
+    record = load_run(run_dir)
+    metas = read_rank_metas(run_dir)
+    ranks = []
+    for rank, meta in sorted(metas.items()):
+        windows = meta.get("windows", [])
+        error = meta.get("error")
+        ranks.append(
+            {
+                "rank": rank,
+                "host": meta.get("host"),
+                "windows": len(windows),
+                "events": sum(int(w.get("events", 0)) for w in windows),
+                "bytes": sum(int(w.get("bytes", 0)) for w in windows),
+                "clock_samples": len(meta.get("clock", {}).get("samples", [])),
+                "clock_leader": meta.get("clock", {}).get("leader_rank"),
+                "error": None if not error else f"{error.get('type')}: {error.get('message')}",
+            }
+        )
+    return {
+        "run_dir": str(run_dir),
+        "state": record.get("state"),
+        "exit_code": record.get("exit_code"),
+        "duration_s": _duration_s(record),
+        "world_size": record.get("world_size"),
+        "ranks": ranks,
+        "windows": sum(r["windows"] for r in ranks),
+        "events": sum(r["events"] for r in ranks),
+        "bytes": sum(r["bytes"] for r in ranks),
+        "failures": record.get("failures", []),
+    }
+
+
+def print_summary(run_dir: Path) -> dict[str, Any]:
+    """Print the end-of-run table (rich) and return the figures."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    s = run_summary(run_dir)
+    console = Console(stderr=False, highlight=False)
+    table = Table(title=f"rankscope run: {s['state']}", title_justify="left")
+    for col in ("rank", "host", "windows", "events", "bytes", "clock"):
+        table.add_column(col, justify="left" if col == "host" else "right")
+    for r in s["ranks"]:
+        if r["clock_samples"]:
+            clock = f"{r['clock_samples']} samples"
+        elif r["clock_leader"] is None:
+            clock = "-"  # no init_process_group: nothing to align
+        elif r["rank"] == r["clock_leader"]:
+            clock = "reference"
+        else:
+            clock = f"via rank {r['clock_leader']}"
+        table.add_row(
+            str(r["rank"]),
+            str(r["host"]),
+            str(r["windows"]),
+            f"{r['events']:,}",
+            _human_bytes(r["bytes"]),
+            clock,
+        )
+    duration = s["duration_s"]
+    table.caption = (
+        f"{len(s['ranks'])} ranks, {s['windows']} windows, {s['events']:,} events, "
+        f"{_human_bytes(s['bytes'])}, {'?' if duration is None else f'{duration:.1f} s'}"
+    )
+    table.caption_justify = "left"
+    console.print(table)
+    for i, f in enumerate(s["failures"]):
+        who = "launcher" if f.get("rank") is None else f"rank {f['rank']}"
+        label = "failed first" if i == 0 and len(s["failures"]) > 1 else "failed"
+        console.print(f"[red]{who} {label}[/red]: {escape(str(f.get('error')))}")
+    console.print(f"run directory: {run_dir}")
+    return s
+
+
+def after_run(run_dir: Path, *, merge: bool, analyze: bool) -> None:
+    """Merge and analyse the run when those steps exist; their failures never touch the run."""
+    steps = []
+    if merge:
+        steps.append(("rankscope.orchestrator.merge", "merge_run_dir"))
+    if analyze:
+        steps.append(("rankscope.orchestrator.analyze", "print_run_summary"))
+    for module_name, func_name in steps:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name == module_name:
+                continue
+            print(f"rankscope run: warning: cannot import {module_name}: {exc}", file=sys.stderr)
+            continue
+        func = getattr(module, func_name, None)
+        if func is None:
+            continue
+        try:
+            func(run_dir)
+        except Exception as exc:
+            print(
+                f"rankscope run: warning: {func_name} failed ({type(exc).__name__}: {exc}); "
+                f"the traces in {run_dir} are kept",
+                file=sys.stderr,
+            )
+            if func_name == "merge_run_dir":
+                break  # nothing to analyse without a store
+
+
+def main(args: argparse.Namespace) -> int:
+    """Validate, launch, wait (Ctrl-C → interrupted, 130), summarise, merge, analyse."""
+    from rankscope.launchers.base import EXIT_INTERRUPTED, launcher_for
+    from rankscope.launchers.rundir import RunState
+
+    parser = build_parser()
+    spec, opts = build_spec(list(args.argv), parser)
+    if spec is None:
+        parser.print_help()
+        return 0
+    launcher = launcher_for(spec.launcher)
+    handle = launcher.launch(spec)
+    print(f"rankscope run: {handle.run_dir}", flush=True)
+    try:
+        state = handle.wait()
+    except KeyboardInterrupt:
+        state = RunState.INTERRUPTED
+    if not state.finished:
+        return 0  # a batch job still queued or running (Slurm); `rankscope status` follows it
+    summary = print_summary(handle.run_dir)
+    if summary["windows"]:
+        # a Slurm run's merge job has written the store already (--follow waits for it)
+        from rankscope.launchers.rundir import STORE_NAME
+
+        merged = (handle.run_dir / STORE_NAME).exists()
+        after_run(
+            handle.run_dir, merge=not opts.no_merge and not merged, analyze=not opts.no_analyze
+        )
+    if state == RunState.INTERRUPTED:
+        return EXIT_INTERRUPTED
+    code = handle.exit_code
+    if state == RunState.COMPLETED:
+        return 0
+    if code is None or code == 0:
+        return 1
+    return 128 - code if code < 0 else code  # killed by a signal: 128 + its number, as shells do

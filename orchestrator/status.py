@@ -1,0 +1,170 @@
+"""``rankscope status RUN``: the state of a run, local or Slurm, from any shell.
+
+Reads ``RUN/run.json``; for a Slurm run it also asks Slurm (``sacct``, then ``squeue``) and
+writes what changed back to ``run.json`` (queued → running → completed/failed/cancelled/timeout),
+so it works after the submitting process has exited. Prints the run, one row per Slurm task
+(node, host, state, exit code), the merge job, the store, and the failures with their ranks.
+``--json`` prints the refreshed ``run.json`` instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``rankscope status``."""
+    parser.add_argument("run_dir", type=Path, metavar="RUN", help="run directory (holds run.json)")
+    parser.add_argument("--json", action="store_true", help="print the refreshed run.json")
+
+
+def _pid_alive(pid: Any) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (TypeError, ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def refresh(run_dir: Path) -> tuple[dict[str, Any], str | None]:
+    """Ask the backend for news, record them in ``run.json``; return the record and a note.
+
+    The note says why the backend could not be asked (Slurm down): the record is then shown
+    as last written.
+    """
+    from rankscope.launchers.base import load_run, open_run
+    from rankscope.launchers.spec import LauncherKind
+
+    record = load_run(run_dir)
+    note = None
+    if record.get("launcher") == LauncherKind.SLURM:
+        from rankscope.launchers.slurm import SlurmError, SlurmLauncher
+
+        try:
+            SlurmLauncher(echo=False).attach(run_dir).state()
+        except SlurmError as exc:
+            note = f"{exc} (showing run.json as last written)"
+    else:
+        open_run(run_dir).state()
+    return load_run(run_dir), note
+
+
+def describe(run_dir: Path, record: dict[str, Any]) -> dict[str, Any]:
+    """The figures ``status`` prints (also handy for tests): state, tasks, merge, failures."""
+    from rankscope.launchers import rundir
+    from rankscope.launchers.spec import LauncherKind
+
+    out: dict[str, Any] = {
+        "run_dir": str(run_dir),
+        "launcher": record.get("launcher"),
+        "state": record.get("state"),
+        "exit_code": record.get("exit_code"),
+        "world_size": record.get("world_size"),
+        "started_at": record.get("started_at"),
+        "ended_at": record.get("ended_at"),
+        "failures": record.get("failures") or [],
+        "store": str(run_dir / rundir.STORE_NAME)
+        if (run_dir / rundir.STORE_NAME).exists()
+        else None,
+        "tasks": [],
+        "notes": [],
+    }
+    if record.get("launcher") == LauncherKind.SLURM:
+        from rankscope.launchers.slurm import SlurmError, _slurm_env, merge_state, task_states
+
+        slurm = record.get("slurm") or {}
+        out["job_id"] = slurm.get("job_id")
+        out["slurm_state"] = slurm.get("state")
+        out["slurm_reason"] = (
+            (slurm.get("reason") or None) if slurm.get("state") == "PENDING" else None
+        )
+        out["merge_job_id"] = slurm.get("merge_job_id")
+        out["tasks"] = task_states(run_dir, record)
+        try:
+            state = merge_state(
+                {**record, "run_dir": str(run_dir)}, _slurm_env(slurm.get("slurm_conf"))
+            )
+        except SlurmError as exc:
+            state = None
+            out["notes"].append(f"cannot ask Slurm about the merge job: {exc}")
+        out["merge_state"] = None if state is None else str(state)
+    else:
+        pid = (record.get("local") or {}).get("pid")
+        finished = record.get("state") not in ("pending", "queued", "running")
+        if not finished and pid is not None and not _pid_alive(pid):
+            out["notes"].append(
+                f"torchrun (pid {pid}) is gone but the run was never finished: the launcher died"
+            )
+    return out
+
+
+def print_status(info: dict[str, Any]) -> None:
+    """Print ``describe``'s figures with rich."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = Console(highlight=False, soft_wrap=True)
+    colour = {
+        "completed": "green",
+        "running": "cyan",
+        "queued": "yellow",
+        "pending": "yellow",
+        "failed": "red",
+        "timeout": "red",
+        "cancelled": "magenta",
+        "interrupted": "magenta",
+    }
+    state = str(info["state"])
+    head = f"[bold]{escape(info['run_dir'])}[/bold]: [{colour.get(state, 'white')}]{state}[/]"
+    if info.get("job_id"):
+        reason = f", waiting: {info['slurm_reason']}" if info.get("slurm_reason") else ""
+        head += f"  (Slurm job {info['job_id']}: {info.get('slurm_state') or '?'}{escape(reason)})"
+    if info.get("exit_code") is not None:
+        head += f"  exit code {info['exit_code']}"
+    console.print(head)
+    console.print(
+        f"launcher {info['launcher']}, {info.get('world_size') or '?'} ranks, "
+        f"started {info.get('started_at') or '-'}, ended {info.get('ended_at') or '-'}"
+    )
+    if info["tasks"]:
+        table = Table(title="tasks (one per node)", title_justify="left")
+        for col in ("node", "host", "state", "exit code"):
+            table.add_column(col, justify="left" if col in ("host", "state") else "right")
+        for t in info["tasks"]:
+            table.add_row(
+                str(t["node"]),
+                str(t.get("host") or "-"),
+                f"[{colour.get(t['state'], 'white')}]{t['state']}[/]",
+                "-" if t.get("exit_code") is None else str(t["exit_code"]),
+            )
+        console.print(table)
+    if info.get("merge_job_id"):
+        console.print(f"merge job {info['merge_job_id']}: {info.get('merge_state') or '?'}")
+    console.print(f"store: {info['store'] or '(not merged yet)'}")
+    for f in info["failures"]:
+        who = "launcher" if f.get("rank") is None else f"rank {f['rank']}"
+        mark = " (root cause)" if f.get("root_cause") else ""
+        console.print(f"[red]{who} failed{mark}[/red]: {escape(str(f.get('error')))}")
+    for note in info["notes"]:
+        console.print(f"[yellow]note[/yellow]: {escape(note)}")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Refresh and print the state of one run (exit 0; 1 if ``run.json`` is unusable)."""
+    run_dir = Path(args.run_dir).resolve()
+    record, note = refresh(run_dir)
+    if args.json:
+        print(json.dumps(record, indent=1))
+        return 0
+    info = describe(run_dir, record)
+    if note:
+        info["notes"].insert(0, note)
+    print_status(info)
+    return 0
