@@ -76,7 +76,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``rankscope`` console script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    args = parser.parse_args(argv)
+    if argv and argv[0] in RAW_COMMANDS and argv[0] in COMMANDS:
+        # argparse's REMAINDER drops a remainder that starts with a flag (`run --nproc-per-node 4`),
+        # so raw commands get their argument list verbatim.
+        module = importlib.import_module(COMMANDS[argv[0]][0])
+        args = argparse.Namespace(command=argv[0], argv=argv[1:], _module=module)
+    else:
+        args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return 2

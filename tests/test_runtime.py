@@ -1,0 +1,304 @@
+"""The per-rank runtime and the pieces around it: stepping rules, windows, errors, spec, argv.
+
+Runtime tests run the real rank module (``python -m rankscope.launchers.rank``) on tiny scripts
+in one process without torchrun: the profiler, the hooks and the files are the real ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import rankscope
+from rankscope.errors import UsageError
+from rankscope.launchers import clocksync, rundir
+from rankscope.launchers.base import create_run_dir, load_run
+from rankscope.launchers.spec import ProfilerSettings, RunSpec
+from rankscope.orchestrator import run as run_cmd
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_rank(
+    tmp_path: Path, body: str, *options: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """Run ``body`` as a script under the rank module; return the process and the run dir."""
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(body))
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rankscope.launchers.rank",
+            "--run-dir",
+            str(run_dir),
+            *options,
+            str(script),
+            "--flag",
+            "x",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, **(env or {})},
+    )
+    return proc, run_dir
+
+
+def meta(run_dir: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((rundir.rank_dir(run_dir, 0) / rundir.META_JSON).read_text())
+    return data
+
+
+def profiler_steps(run_dir: Path, window: int) -> list[str]:
+    trace = json.loads(gzip.decompress(rundir.window_path(run_dir, 0, window).read_bytes()))
+    return sorted(
+        {
+            e["name"]
+            for e in trace["traceEvents"]
+            if str(e.get("name", "")).startswith("ProfilerStep#")
+        },
+        key=lambda n: int(n.split("#")[1]),
+    )
+
+
+TWO_OPTIMIZERS = """
+    import sys
+    import torch
+    assert sys.argv[1:] == ["--flag", "x"], sys.argv
+    assert __name__ == "__main__"
+    a, b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+    opt_a = torch.optim.SGD(a.parameters(), lr=0.1)
+    opt_b = torch.optim.Adam(b.parameters(), lr=0.1)
+    for _ in range(10):
+        loss = a(torch.randn(4, 8)).sum() + b(torch.randn(4, 8)).sum()
+        loss.backward()
+        opt_a.step()
+        opt_b.step()  # same iteration: must not advance the profiler again
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_several_optimizers_step_once_per_iteration(tmp_path: Path) -> None:
+    proc, run_dir = run_rank(tmp_path, TWO_OPTIMIZERS, "--repeat", "2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = meta(run_dir)
+    assert m["steps"] == 10
+    assert [w["file"] for w in m["windows"]] == ["window-000.json.gz", "window-001.json.gz"]
+    assert profiler_steps(run_dir, 0) == ["ProfilerStep#2", "ProfilerStep#3", "ProfilerStep#4"]
+    assert profiler_steps(run_dir, 1) == ["ProfilerStep#7", "ProfilerStep#8", "ProfilerStep#9"]
+    for window in (0, 1):  # the iteration ends after the LAST optimizer: both inside one step
+        trace = json.loads(gzip.decompress(rundir.window_path(run_dir, 0, window).read_bytes()))
+        spans = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+        steps = [
+            (e["ts"], e["ts"] + e["dur"]) for e in spans if e["name"].startswith("ProfilerStep#")
+        ]
+        for name in ("Optimizer.step#SGD.step", "Optimizer.step#Adam.step"):
+            ranges = [(e["ts"], e["ts"] + e["dur"]) for e in spans if e["name"] == name]
+            assert len(ranges) == 3
+            assert all(any(lo <= a and b <= hi for lo, hi in steps) for a, b in ranges), name
+    run = load_run(run_dir)  # no rankscope process: rank 0 described the run itself
+    assert run["launcher"] == "external" and run["state"] == "completed" and run["exit_code"] == 0
+    assert run["script_args"] == ["--flag", "x"] and run["profiler"]["repeat"] == 2
+
+
+MANUAL_STEPS = """
+    import torch
+    import rankscope
+    model = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(6):
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()        # ignored once rankscope.step() drives the profiler
+        rankscope.step()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_rankscope_step_drives_the_profiler(tmp_path: Path) -> None:
+    proc, run_dir = run_rank(tmp_path, MANUAL_STEPS)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = meta(run_dir)
+    # not 12: once rankscope.step() is called the optimizer hook stands down; only the very first
+    # optimizer step (before rankscope.step() was ever called) counted
+    assert m["steps"] == 7
+    assert profiler_steps(run_dir, 0) == ["ProfilerStep#2", "ProfilerStep#3", "ProfilerStep#4"]
+
+
+RAISES_MID_WINDOW = """
+    import rankscope
+    import torch
+    for i in range(10):
+        torch.randn(16, 16) @ torch.randn(16, 16)
+        if i == 3:
+            raise ValueError("bad batch 3\\nsecond line")
+        rankscope.step()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_uncaught_error_is_recorded_and_window_in_progress_flushed(tmp_path: Path) -> None:
+    proc, run_dir = run_rank(
+        tmp_path, RAISES_MID_WINDOW, "--wait", "0", "--warmup", "0", "--active", "5"
+    )
+    assert proc.returncode == 1
+    assert "ValueError: bad batch 3" in proc.stderr  # re-raised: the user's traceback is intact
+    m = meta(run_dir)
+    assert m["error"]["type"] == "ValueError" and m["error"]["message"] == "bad batch 3"
+    assert m["error"]["interrupted"] is False
+    (window,) = m["windows"]
+    assert window["complete"] is False and window["first_step"] == 0 and window["last_step"] == 3
+    assert profiler_steps(run_dir, 0) == [
+        "ProfilerStep#0",
+        "ProfilerStep#1",
+        "ProfilerStep#2",
+        "ProfilerStep#3",
+    ]
+    assert load_run(run_dir)["state"] == "failed"
+
+
+FAILS_IN_FIRST_ATTEMPT = """
+    import os
+    import rankscope
+    for i in range(6):
+        if i == 5 and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+            raise RuntimeError("first attempt dies")
+        rankscope.step()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_restarted_attempt_keeps_earlier_windows(tmp_path: Path) -> None:
+    """torchrun --max-restarts reruns the ranks in the same run folder: nothing is overwritten."""
+    first, run_dir = run_rank(
+        tmp_path, FAILS_IN_FIRST_ATTEMPT, env={"TORCHELASTIC_RESTART_COUNT": "0"}
+    )
+    assert first.returncode == 1
+    second, _ = run_rank(tmp_path, FAILS_IN_FIRST_ATTEMPT, env={"TORCHELASTIC_RESTART_COUNT": "1"})
+    assert second.returncode == 0, second.stderr[-3000:]
+    m = meta(run_dir)
+    assert m["attempt"] == 1 and "error" not in m
+    assert [(w["index"], w["attempt"], w["first_step"]) for w in m["windows"]] == [
+        (0, 0, 2),
+        (1, 1, 2),
+    ]
+    assert profiler_steps(run_dir, 0) == profiler_steps(run_dir, 1)  # both attempts' files kept
+    assert m["previous_errors"][0]["message"] == "first attempt dies"
+
+
+def test_step_outside_a_run_is_a_no_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(rundir.ENV_RUN_DIR, raising=False)
+    from rankscope.launchers import runtime
+
+    assert runtime.start() is None
+    rankscope.step()  # nothing happens, nothing raised
+    assert runtime.current() is None
+
+
+# ----------------------------------------------------------------------------- spec
+def test_profiler_settings_validation_and_json() -> None:
+    s = ProfilerSettings(wait=2, warmup=0, active=4, repeat=0, record_shapes=True)
+    assert ProfilerSettings.from_json(s.to_json()) == s
+    assert ProfilerSettings(wait=1, warmup=1, active=3, repeat=2).expected_windows(20) == 2
+    assert ProfilerSettings(wait=1, warmup=1, active=3, repeat=0).expected_windows(20) == 4
+    assert ProfilerSettings(skip_first=3).expected_windows(7) == 0
+    with pytest.raises(ValueError, match="--active"):
+        ProfilerSettings(active=0)
+    for field in ("wait", "warmup", "repeat", "skip_first"):
+        with pytest.raises(ValueError, match="--" + field.replace("_", "-")):
+            ProfilerSettings(**{field: -1})
+
+
+def test_run_spec_names(tmp_path: Path) -> None:
+    spec = RunSpec(script="examples/train_ddp.py", nproc_per_node=4, nnodes=2)
+    assert spec.name == "train_ddp" and spec.world_size == 8
+    assert RunSpec(script="pkg.train", module=True).name == "train"
+    for bad in ("a/b", "..", "", " ", ".hidden"):
+        with pytest.raises(ValueError):
+            RunSpec(script="x.py", name=bad or " ")
+    with pytest.raises(UsageError):
+        create_run_dir(tmp_path, "a/../b")
+    run_dir = create_run_dir(tmp_path, "demo")
+    assert run_dir.parent == tmp_path.resolve() and "-demo-" in run_dir.name
+    assert (run_dir / rundir.RANKS_DIR).is_dir() and (run_dir / rundir.LOGS_DIR).is_dir()
+    assert create_run_dir(tmp_path, "demo") != run_dir  # unique even within one second
+
+
+# ----------------------------------------------------------------------------- clock samples
+def test_offset_and_rtt_follow_the_contract() -> None:
+    # leader 500 ms ahead of the reference, 100 µs each way, 20 µs turnaround
+    t1 = 1_000_500_000_000
+    t2 = t1 - 500_000_000 + 100_000
+    t3 = t2 + 20_000
+    t4 = t3 + 500_000_000 + 100_000
+    sample = {"phase": "init", "t1": t1, "t2": t2, "t3": t3, "t4": t4}
+    assert clocksync.offset_ns(sample) == -500_000_000
+    assert clocksync.rtt_ns(sample) == 200_000
+
+
+def test_clock_domain_and_leaders() -> None:
+    domain = clocksync.clock_domain()
+    host, boot, diff_ms = domain.rsplit("/", 2)
+    assert (
+        host
+        and boot
+        and abs(int(diff_ms) * 1_000_000 - clocksync.realtime_minus_monotonic_ns()) < 2_000_000
+    )
+    sync = clocksync.ClockSync(rank=3, domain="b", domains=["a", "a", "b", "b", "c"], group=None)
+    assert sync.leaders == {"a": 0, "b": 2, "c": 4}
+    assert sync.leader_rank == 2 and sync.syncing_leaders == [2, 4] and not sync.records_samples
+
+
+# ----------------------------------------------------------------------------- argv split
+def test_split_argv_keeps_script_flags_for_the_script() -> None:
+    parser = run_cmd.build_parser()
+    mine, torchrun, script, rest = run_cmd.split_argv(
+        ["--nproc-per-node", "4", "--active", "2", "--standalone", "--out=x", "--max_restarts", "0",
+         "train.py", "--lr", "3e-4", "--active", "9"],
+        parser,
+    )  # fmt: skip
+    assert mine == ["--active", "2", "--out=x"]
+    assert torchrun == ["--nproc-per-node", "4", "--standalone", "--max_restarts", "0"]
+    assert script == "train.py" and rest == ["--lr", "3e-4", "--active", "9"]
+
+
+def test_torchrun_switches_match_torchrun() -> None:
+    """The splitter's list of value-less torchrun flags is torchrun's own."""
+    from torch.distributed.run import get_args_parser
+
+    switches = {
+        opt
+        for action in get_args_parser()._actions
+        if action.nargs == 0 and not isinstance(action, argparse._HelpAction)
+        for opt in action.option_strings
+    }
+    assert switches == set(run_cmd.TORCHRUN_SWITCHES)
+
+
+def test_ctrl_c_during_a_profiler_transition_lands_after_it() -> None:
+    """A signal inside ``signals_deferred`` runs its handler only once the block is done."""
+    from rankscope.launchers.runtime import signals_deferred
+
+    finished = False
+    with pytest.raises(KeyboardInterrupt), signals_deferred():
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(1000):  # gives Python many chances to run a handler
+            sum(range(100))
+        finished = True
+    assert finished
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
