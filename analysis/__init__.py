@@ -44,6 +44,8 @@ _EXPORTS: dict[str, str] = {
     "verdict_table": "pipeline",
     "ops_table": "pipeline",
     "annotations_table": "pipeline",
+    "timeline": "timeline",
+    "export_perfetto": "perfetto",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,0 +1,181 @@
+"""The Panel app served by ``rankscope view``: the cross-rank timeline with its controls and findings.
+
+Left: rank selector, step selector (zooms to that ProfilerStep on every rank), event-kind filter.
+Middle: the timeline (:func:`rankscope.analysis.timeline.timeline`), re-read from the store on
+every zoom. Right: the per-rank summary (verdict and where the time went, % of profiled time)
+and the stragglers with their evidence, from :func:`rankscope.analysis.analyze`.
+
+Built per browser session by :func:`build_app`; the store and the analysis are shared and
+read-only (all Bokeh sessions of one server run on its single IO-loop thread).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from rankscope.analysis.schema import EventKind
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from rankscope.analysis.pipeline import Analysis
+    from rankscope.analysis.store import Store
+
+#: Title of the app (page title and header).
+APP_TITLE = "rankscope timeline"
+#: Width of the timeline plot inside the app, px.
+PLOT_WIDTH = 690
+#: Width of the controls column, px.
+SIDEBAR_WIDTH = 210
+#: Width of the findings column, px.
+FINDINGS_WIDTH = 380
+#: With more ranks than this, only the first ones (and the stragglers) are selected at start.
+DEFAULT_MAX_RANKS = 16
+#: Label of the step selector's "no zoom" choice.
+WHOLE_RUN = "whole run"
+#: Non-breaking hyphen: "communication-bound" wraps at its space, never at the hyphen.
+NB_HYPHEN = "\u2011"
+#: Page CSS: compact tables.
+TABLE_CSS = """
+table.rs-summary { border-collapse: collapse; font-size: 11px; width: 100%; }
+table.rs-summary th, table.rs-summary td { padding: 2px 6px; text-align: right; }
+table.rs-summary th { border-bottom: 1px solid #999; }
+table.rs-summary td:nth-child(-n+2), table.rs-summary th:nth-child(-n+2) { text-align: left; }
+table.rs-summary tr.straggler td { background: #FBE3E3; font-weight: 600; }
+"""
+
+
+def _pct(x: Any) -> str:
+    return f"{100 * float(x):.0f}%"
+
+
+def summary_html(analysis: Analysis) -> str:
+    """Per-rank table: verdict, compute / comm wait / transfer / input / idle %."""
+    from html import escape
+
+    v = analysis.verdicts
+    strag = set(analysis.straggler_ranks())
+    head = (
+        "<tr><th>rank</th><th>verdict</th><th>compute</th><th>wait</th>"
+        "<th>transfer</th><th>input</th><th>idle</th></tr>"
+    )
+    body = []
+    for r in v.sort_values("rank").itertuples():
+        cls = ' class="straggler"' if int(r.rank) in strag else ""
+        body.append(
+            f"<tr{cls}><td>{int(r.rank)}</td><td>{escape(str(r.verdict)).replace('-', NB_HYPHEN)}</td>"
+            f"<td>{_pct(r.compute_share)}</td>"
+            f"<td>{_pct(r.comm_wait_share)}</td><td>{_pct(r.comm_transfer_share)}</td>"
+            f"<td>{_pct(r.input_share)}</td><td>{_pct(r.idle_share)}</td></tr>"
+        )
+    return f'<table class="rs-summary">{head}{"".join(body)}</table>'
+
+
+def stragglers_markdown(stragglers: pd.DataFrame) -> str:
+    """One bullet per straggler rank with its evidence; a plain sentence when there is none."""
+    rows = stragglers[stragglers["is_straggler"]] if len(stragglers) else stragglers
+    if len(rows) == 0:
+        return "No straggler: no rank was last at its collectives more often than chance."
+    lines = []
+    for r in rows.itertuples():
+        lines.append(
+            f"- **rank {int(r.rank)}** — last at {int(r.times_last)}/{int(r.collectives)} "
+            f"collectives (p = {float(r.p_value):.2g}); made the others wait "
+            f"{1000 * float(r.wait_caused_s):.1f} ms ({_pct(r.wait_share)} of all wait); "
+            f"cause: {r.cause}"
+        )
+    return "\n".join(lines)
+
+
+def _default_ranks(store: Store, analysis: Analysis | None) -> list[int]:
+    ranks = store.ranks
+    if len(ranks) <= DEFAULT_MAX_RANKS:
+        return list(ranks)
+    strag = analysis.straggler_ranks() if analysis is not None else []
+    return sorted(set(ranks[:DEFAULT_MAX_RANKS]) | set(strag))
+
+
+def _present_kinds(store: Store) -> list[EventKind]:
+    present: set[int] = set()
+    for rank in store.ranks:
+        present.update(int(k) for k in set(store.events(rank, columns=["kind"])["kind"]))
+    return [k for k in EventKind if int(k) in present]
+
+
+def build_app(store: Store, analysis: Analysis | None = None) -> Any:
+    """The app for one browser session (a Panel layout); ``analysis`` adds waits and findings."""
+    import holoviews as hv
+    import panel as pn
+    from rankscope.analysis.timeline import timeline
+
+    hv.extension("bokeh", logo=False)
+    pn.extension()
+    run_id = store.meta.get("run_id") or store.path.parent.name
+    steps = sorted({int(s) for s in store.steps()["step"]})
+    kinds = _present_kinds(store)
+    rank_w = pn.widgets.MultiChoice(
+        label="Ranks",
+        options=list(store.ranks),
+        value=_default_ranks(store, analysis),
+        width=SIDEBAR_WIDTH - 20,
+    )
+    step_w = pn.widgets.Select(
+        label="Zoom to step",
+        options=[WHOLE_RUN, *[f"step {s}" for s in steps]],
+        value=WHOLE_RUN,
+        width=SIDEBAR_WIDTH - 20,
+    )
+    kind_names = {k.name.lower().replace("_", " "): k for k in kinds}
+    kind_w = pn.widgets.CheckBoxGroup(
+        label="Event kinds", options=list(kind_names), value=list(kind_names), inline=False
+    )
+
+    def plot(ranks: list[int], step: str, chosen: list[str]) -> Any:
+        if not ranks:
+            return pn.pane.Markdown("Select at least one rank.")
+        if not chosen:
+            return pn.pane.Markdown("Select at least one event kind.")
+        n = None if step == WHOLE_RUN else int(step.split()[1])
+        return timeline(
+            store,
+            ranks=sorted(ranks),
+            kinds=[kind_names[c] for c in chosen],
+            steps=(n, n) if n is not None else None,
+            analysis=analysis,
+            width=PLOT_WIDTH,
+        )
+
+    hint = pn.pane.Markdown(
+        "Wheel: zoom time · drag: pan · box: zoom. Short events appear as you zoom in. "
+        "Red = waiting for the last rank, cyan = transfer; ▼ = last rank to arrive.",
+        styles={"font-size": "11px", "color": "#555"},
+    )
+    controls = pn.Column(
+        rank_w,
+        step_w,
+        pn.pane.Markdown("**Event kinds**", margin=(10, 10, 0, 10)),
+        kind_w,
+        hint,
+        width=SIDEBAR_WIDTH,
+    )
+    findings: list[Any] = []
+    if analysis is not None:
+        findings = [
+            pn.pane.Markdown("### Per rank (% of profiled time)", margin=(0, 10)),
+            pn.pane.HTML(summary_html(analysis), width=FINDINGS_WIDTH, stylesheets=[TABLE_CSS]),
+            pn.pane.Markdown("### Stragglers", margin=(10, 10, 0, 10)),
+            pn.pane.Markdown(stragglers_markdown(analysis.stragglers), width=FINDINGS_WIDTH),
+        ]
+    header = pn.pane.Markdown(
+        f"## {APP_TITLE} — {run_id}\n"
+        f"{len(store.ranks)} of {store.world_size} ranks · times on the aligned clock · "
+        f"`{store.path}`",
+        margin=(0, 10),
+    )
+    return pn.Column(
+        header,
+        pn.Row(
+            controls,
+            pn.panel(pn.bind(plot, rank_w, step_w, kind_w), linked_axes=False),
+            pn.Column(*findings, width=FINDINGS_WIDTH),
+        ),
+    )

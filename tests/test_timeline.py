@@ -1,0 +1,238 @@
+"""The cross-rank timeline: rows, rectangles per window, decimation, collectives, Bokeh rendering."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import holoviews as hv
+import numpy as np
+import pytest
+from analysis_frames import merged
+from rankscope.analysis.collectives import collective_waits
+from rankscope.analysis.pipeline import SYNCHRONOUS, Analysis, ClusterSpec, analyze
+from rankscope.analysis.schema import EventKind
+from rankscope.analysis.store import Store, open_store
+from rankscope.analysis.timeline import (
+    NS_PER_MS,
+    step_window,
+    store_extent,
+    timeline,
+    timeline_overlay,
+    timeline_rows,
+)
+
+#: Overlay layers that are not events of the store.
+EXTRA = {"collective: wait", "collective: transfer", "last to arrive", "straggler rank"}
+
+
+@pytest.fixture(scope="module")
+def stores(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("timeline")
+    return {
+        name: merged(data_dir, name, out)
+        for name in ("cpu_gloo_4rank_straggler", "param_dlrm_8rank")
+    }
+
+
+@pytest.fixture(scope="module")
+def cpu(stores: dict[str, Path]) -> Store:
+    return open_store(stores["cpu_gloo_4rank_straggler"])
+
+
+@pytest.fixture(scope="module")
+def gpu(stores: dict[str, Path]) -> Store:
+    return open_store(stores["param_dlrm_8rank"])
+
+
+@pytest.fixture(scope="module")
+def cpu_analysis(stores: dict[str, Path]) -> Analysis:
+    return analyze(stores["cpu_gloo_4rank_straggler"], ClusterSpec(scheduler=SYNCHRONOUS))
+
+
+def _events(overlay: hv.Overlay) -> int:
+    return sum(len(el) for el in overlay if el.label not in EXTRA)
+
+
+def _layer(overlay: hv.Overlay, label: str) -> hv.Element:
+    return next(el for el in overlay if el.label == label)
+
+
+def test_one_row_per_rank_and_lane(gpu: Store) -> None:
+    rows = timeline_rows(gpu)
+    expected = [(r, lane) for r in gpu.ranks for lane in gpu.lanes(r)["lane"]]
+    assert [(row.rank, row.lane) for row in rows] == expected
+    assert len(rows) == sum(len(gpu.lanes(r)) for r in gpu.ranks)
+    assert any(row.label == "r3 stream 84" for row in rows), "GPU streams get their own row"
+    assert len({row.label for row in rows}) == len(rows), "labels tell rows apart"
+    assert any(row.label.startswith("r0 python3 [") for row in rows), "same-name threads: + tid"
+    ov = timeline(gpu)[()]
+    ticks = ov.opts.get().kwargs["yticks"]
+    assert [label for _, label in ticks] == [row.label for row in rows]
+
+
+def test_small_window_draws_every_event_in_it(cpu: Store) -> None:
+    """A 300 µs window around the first collective: every overlapping event is one rectangle."""
+    coll = cpu.collectives()
+    start = int(coll["start"].min())
+    window = (start - 100_000, start + 200_000)
+    origin = store_extent(cpu).start_ns
+    ov = timeline_overlay(cpu, window, origin_ns=origin, width=100_000)  # 1.5 ns per px
+    expected = sum(len(cpu.events(r, columns=["ts"], window=window)) for r in cpu.ranks)
+    assert expected > 0
+    assert _events(ov) == expected
+    # rectangles sit on their (rank, lane) row and span exactly the event, in ms since origin
+    rows = timeline_rows(cpu)
+    ev = cpu.events(1, window=window)
+    rects = _layer(ov, "cpu op").dframe()
+    mine = rects[rects["rank"] == 1].sort_values("x0")
+    ops = ev[ev["kind"] == int(EventKind.CPU_OP)].sort_values("ts", kind="stable")
+    np.testing.assert_allclose(mine["x0"].to_numpy(), (ops["ts"].to_numpy() - origin) / NS_PER_MS)
+    np.testing.assert_allclose(
+        (mine["x1"] - mine["x0"]).to_numpy(), ops["dur"].to_numpy() / NS_PER_MS, atol=1e-9
+    )
+    row_ids = {(r.rank, r.lane): i for i, r in enumerate(rows)}
+    want_rows = sorted(row_ids[(1, int(lane))] for lane in ops["lane"])
+    assert sorted(np.floor(mine["y0"]).astype(int)) == want_rows
+
+
+def test_wide_view_decimates_and_zoom_restores(cpu: Store) -> None:
+    total = sum(len(cpu.events(r, columns=["ts"])) for r in cpu.ranks)
+    dm = timeline(cpu, width=600)
+    wide = dm[()]
+    assert 0 < _events(wide) < total, "sub-pixel events are left out of the wide view"
+    assert f"of {total:,} events drawn" in wide.opts.get().kwargs["title"]
+    # zoom to 1 ms: everything in that window is drawn
+    extent = store_extent(cpu)
+    first = int(cpu.collectives()["start"].min())
+    lo = (first - extent.start_ns) / NS_PER_MS
+    dm.event(x_range=(lo, lo + 1.0))
+    zoomed = dm[()]
+    window = (first, first + NS_PER_MS)
+    in_window = [cpu.events(r, columns=["dur"], window=window) for r in cpu.ranks]
+    visible = sum(int((e["dur"] >= NS_PER_MS // 1200).sum()) for e in in_window)
+    assert _events(zoomed) == visible
+    assert [el.label for el in zoomed] == [el.label for el in wide], "same layers at every zoom"
+
+
+def test_max_events_keeps_the_longest(cpu: Store) -> None:
+    ext = store_extent(cpu)
+    ov = timeline_overlay(
+        cpu, (ext.start_ns, ext.end_ns), origin_ns=ext.start_ns, width=10**9, max_events=50
+    )
+    assert _events(ov) == 50
+    durs = np.concatenate([cpu.events(r, columns=["dur"])["dur"].to_numpy() for r in cpu.ranks])
+    shortest_kept = min(
+        float((el.dframe()["x1"] - el.dframe()["x0"]).min())
+        for el in ov
+        if el.label not in EXTRA and len(el)
+    )
+    assert shortest_kept * NS_PER_MS >= np.sort(durs)[-50] - 1
+
+
+def test_collectives_split_into_wait_and_transfer(cpu: Store) -> None:
+    ext = store_extent(cpu)
+    ov = timeline(cpu)[()]
+    waits = collective_waits(cpu.collectives(), cpu.clock())
+    wait = _layer(ov, "collective: wait").dframe()
+    transfer = _layer(ov, "collective: transfer").dframe()
+    assert len(wait) == len(transfer) == len(waits)
+    w = wait.sort_values(["coll", "rank"]).reset_index(drop=True)
+    t = transfer.sort_values(["coll", "rank"]).reset_index(drop=True)
+    ref = waits.sort_values(["coll", "rank"]).reset_index(drop=True)
+    np.testing.assert_allclose((w["x1"] - w["x0"]) * NS_PER_MS, ref["wait_ns"], atol=1.0)
+    np.testing.assert_allclose((t["x1"] - t["x0"]) * NS_PER_MS, ref["transfer_ns"], atol=1.0)
+    np.testing.assert_allclose(w["x0"], (ref["arrival"] - ext.start_ns) / NS_PER_MS)
+    np.testing.assert_allclose(w["x1"], t["x0"])
+    last = _layer(ov, "last to arrive")
+    assert len(last) == waits["coll"].nunique(), "one last-arrival marker per collective"
+
+
+def test_stragglers_marked_from_the_analysis(cpu: Store, cpu_analysis: Analysis) -> None:
+    assert cpu_analysis.straggler_ranks() == [2]
+    ov = timeline(cpu, analysis=cpu_analysis)[()]
+    ticks = [label for _, label in ov.opts.get().kwargs["yticks"]]
+    marked = [label for label in ticks if "straggler" in label]
+    assert marked and all(label.startswith("r2 ") for label in marked)
+    assert len(marked) == len(cpu.lanes(2))
+    shade = _layer(ov, "straggler rank")
+    assert len(shade) == len(cpu.lanes(2))
+    plain = timeline(cpu)[()]
+    assert not any("straggler" in label for _, label in plain.opts.get().kwargs["yticks"])
+
+
+def test_filters_and_steps(stores: dict[str, Path], cpu: Store) -> None:
+    dm = timeline(
+        str(stores["cpu_gloo_4rank_straggler"]),
+        ranks=[0, 2],
+        kinds=[EventKind.COMM_CPU],
+        steps=(3, 3),
+    )
+    ov = dm[()]
+    labels = [el.label for el in ov]
+    assert "comm cpu" in labels and "cpu op" not in labels
+    rects = _layer(ov, "comm cpu").dframe()
+    assert set(rects["rank"]) <= {0, 2} and len(rects) > 0
+    lo, hi = step_window(cpu, 3, 3)
+    xlim = ov.opts.get().kwargs["xlim"]
+    origin = store_extent(cpu, [0, 2]).start_ns
+    assert xlim == pytest.approx(((lo - origin) / NS_PER_MS, (hi - origin) / NS_PER_MS))
+    with pytest.raises(KeyError, match="steps"):
+        step_window(cpu, 99)
+
+
+@pytest.mark.parametrize("which", ["cpu", "gpu"])
+def test_renders_to_bokeh(which: str, request: pytest.FixtureRequest) -> None:
+    from bokeh.models import HoverTool
+
+    store: Store = request.getfixturevalue(which)
+    fig = hv.render(timeline(store), backend="bokeh")
+    assert type(fig).__name__ == "figure"
+    hovers = [t for t in fig.tools if isinstance(t, HoverTool)]
+    assert hovers, "hover tooltips are attached"
+    tips = {name for h in hovers for name, _ in h.tooltips}
+    assert {"name", "rank", "start (µs)", "duration (µs)"} <= tips
+    assert fig.yaxis[0].major_label_overrides, "rows are labelled rank + lane"
+
+
+def test_app_controls_drive_the_timeline(cpu: Store, cpu_analysis: Analysis) -> None:
+    """The Panel app (what `rankscope view` serves): each control changes the timeline shown."""
+    import panel as pn
+    from rankscope.analysis.app import build_app
+
+    app = build_app(cpu, cpu_analysis)
+    controls, plot, findings = app[1]
+    ranks_w, step_w, kinds_w = controls[0], controls[1], controls[3]
+    assert ranks_w.value == cpu.ranks
+    shown = plot._pane.object[()]
+    assert _events(shown) > 0
+    step_w.value = "step 3"
+    zoomed = plot._pane.object[()]
+    lo, hi = step_window(cpu, 3, 3)
+    origin = store_extent(cpu).start_ns
+    assert zoomed.opts.get().kwargs["xlim"] == pytest.approx(
+        ((lo - origin) / NS_PER_MS, (hi - origin) / NS_PER_MS)
+    )
+    ranks_w.value = [2]
+    one = plot._pane.object[()]
+    assert {int(r) for el in one if el.label not in EXTRA for r in el.dframe()["rank"]} == {2}
+    kinds_w.value = ["comm cpu"]
+    only = plot._pane.object[()]
+    assert [el.label for el in only if el.label not in EXTRA] == ["comm cpu"]
+    ranks_w.value = []
+    assert isinstance(plot._pane, pn.pane.Markdown)
+    assert "Select at least one rank" in plot._pane.object
+    html = findings[1].object
+    assert 'class="straggler"' in html and html.count("<tr") == len(cpu.ranks) + 1
+    assert "rank 2" in findings[3].object
+
+
+def test_app_without_analysis(cpu: Store) -> None:
+    """`rankscope view --no-analysis`: the timeline still shows waits (from the store), no findings."""
+    from rankscope.analysis.app import build_app
+
+    app = build_app(cpu)
+    _, plot, findings = app[1]
+    assert len(findings) == 0
+    ov = plot._pane.object[()]
+    assert len(_layer(ov, "collective: wait")) == len(cpu.collectives())
+    assert "straggler rank" not in [el.label for el in ov]
