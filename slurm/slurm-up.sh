@@ -27,7 +27,9 @@ set -euo pipefail
 ROOT=${RANKSCOPE_SLURM_ROOT:-/tmp/rankscope-slurm}
 NODES=${RANKSCOPE_SLURM_NODES:-1}
 PORT=${RANKSCOPE_SLURM_PORT:-6817}
-CPUS=${RANKSCOPE_SLURM_CPUS:-$(nproc)}
+# nproc honours OMP_NUM_THREADS, which dask's LocalCluster sets to 1 in its parent process:
+# ignore it, or a pytest session that started a cluster first gets 1-CPU nodes.
+CPUS=${RANKSCOPE_SLURM_CPUS:-$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)}
 TIMEOUT=${RANKSCOPE_SLURM_TIMEOUT:-90}
 ACCOUNTING=1
 INSTALL=1

@@ -73,6 +73,10 @@ def slurm_cluster() -> Iterator[LocalSlurm]:
         pytest.skip("no Slurm and no apt-get to install it")
     env = {**os.environ, "RANKSCOPE_SLURM_ROOT": str(ROOT), "RANKSCOPE_SLURM_PORT": PORT}
     env.pop("SLURM_CONF", None)
+    # dask's LocalCluster sets OMP_NUM_THREADS=1 in its parent process (an earlier test);
+    # the daemons and the jobs they run must not inherit it.
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        env.pop(var, None)
     was_running = _controller_running(ROOT)
     res = subprocess.run(
         ["bash", str(SLURM_UP), "--nodes", str(NODES)],
