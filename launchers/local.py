@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -23,71 +22,13 @@ from rankscope.launchers import rundir
 from rankscope.launchers.base import EXIT_INTERRUPTED, JobOutcome, Launcher
 from rankscope.launchers.rundir import RunState
 from rankscope.launchers.spec import LauncherKind, RunSpec
+from rankscope.launchers.torchrun import rank_command, rank_env, torchrun_failures
 
 #: Log of torchrun's combined stdout/stderr inside ``RUN/logs/``.
 TORCHRUN_LOG = "torchrun.log"
-#: The per-rank entry module every rank runs.
-RANK_MODULE = "rankscope.launchers.rank"
 #: Seconds the ranks get to flush after SIGINT before SIGTERM, and after SIGTERM before SIGKILL.
 INTERRUPT_GRACE_S = 20.0
 TERMINATE_GRACE_S = 10.0
-
-#: Heading of torchrun's summary entry for the first failure it observed.
-ROOT_CAUSE_MARKER = "Root Cause (first observed failure)"
-#: torchrun's failure summary: "rank : 2 (local_rank: 2)" then "exitcode : -9 (pid: 123)".
-_FAILURE_RE = re.compile(
-    r"rank\s*:\s*(?P<rank>\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(?P<code>-?\d+)"
-    r"(?:[^\n]*\n){0,2}?\s*traceback\s*:\s*(?P<tb>[^\n]*)",
-)
-
-
-def rank_command(spec: RunSpec) -> list[str]:
-    """The full command line: torchrun with its flags, the rank module, script and arguments."""
-    module_flag = ["--module"] if spec.module else []
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        *spec.torchrun_args,
-        "-m",
-        RANK_MODULE,
-        *module_flag,
-        spec.script,
-        *spec.script_args,
-    ]
-
-
-def rank_env(spec: RunSpec, run_dir: Path) -> dict[str, str]:
-    """Environment of the job: the run directory and profiler settings for every rank."""
-    env = dict(os.environ)
-    env.update(spec.env)
-    env[rundir.ENV_RUN_DIR] = str(run_dir)
-    env[rundir.ENV_PROFILER] = spec.profiler.to_json()
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    return env
-
-
-def torchrun_failures(log_text: str) -> list[dict[str, Any]]:
-    """Failed ranks from torchrun's end-of-run summary (e.g. killed by a signal)."""
-    failures = []
-    for m in _FAILURE_RE.finditer(log_text):
-        code = int(m["code"])
-        tb = m["tb"].strip()
-        if code < 0:
-            try:
-                name = signal.Signals(-code).name
-            except ValueError:
-                name = f"signal {-code}"
-            error = f"killed by {name}"
-        else:
-            error = tb if tb and not tb.startswith("To enable traceback") else f"exit code {code}"
-        failures.append({"rank": int(m["rank"]), "error": error, "exit_code": code})
-    _, marker, root = log_text.rpartition(ROOT_CAUSE_MARKER)
-    first = _FAILURE_RE.search(root) if marker else None
-    for f in failures:
-        if first is not None and f["rank"] == int(first["rank"]):
-            f["root_cause"] = True
-    return failures
 
 
 @dataclass

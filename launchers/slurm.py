@@ -75,6 +75,7 @@ from rankscope.launchers.base import (
 )
 from rankscope.launchers.rundir import RunState
 from rankscope.launchers.spec import LauncherKind, ProfilerSettings, RunSpec
+from rankscope.launchers.torchrun import rank_argv, rank_settings_env
 
 # ------------------------------------------------------------------------------ constants
 #: Folder of the Slurm records inside the run directory (rendezvous and per-task files).
@@ -90,8 +91,6 @@ SUBMITIT_FOLDER = "slurm-%j"
 TORCHRUN_LOG_FORMAT = "torchrun-{job_id}-node{node:03d}.log"
 #: Output of the merge job inside ``RUN/logs`` (``%j`` = its job id).
 MERGE_LOG = "merge-%j.out"
-#: The per-rank entry module every rank runs (the same as for local runs).
-RANK_MODULE = "rankscope.launchers.rank"
 #: The file of configuration defaults, unless ``$RANKSCOPE_SLURM_CONFIG`` names another.
 DEFAULT_CONFIG_PATH = Path("~/.config/rankscope/slurm.toml")
 ENV_CONFIG = "RANKSCOPE_SLURM_CONFIG"
@@ -743,7 +742,7 @@ def run_node(plan: NodePlan) -> dict[str, Any]:
     it ran on, when, and how torchrun ended (with torchrun's per-rank failure summary).
     """
     import submitit
-    from rankscope.launchers.local import torchrun_failures
+    from rankscope.launchers.torchrun import torchrun_failures
 
     job_env = submitit.JobEnvironment()
     job_id, node = str(job_env.job_id), int(job_env.node)
@@ -1073,18 +1072,8 @@ class SlurmLauncher(Launcher):
             cwd=str(Path.cwd()),
             nnodes=options.nodes,
             torchrun_args=tuple(torchrun_args),
-            rank_argv=(
-                "-m",
-                RANK_MODULE,
-                *(["--module"] if spec.module else []),
-                spec.script,
-                *spec.script_args,
-            ),
-            env={
-                **spec.env,
-                rundir.ENV_RUN_DIR: str(run_dir),
-                rundir.ENV_PROFILER: spec.profiler.to_json(),
-            },
+            rank_argv=tuple(rank_argv(spec)),
+            env=rank_settings_env(spec, run_dir),
         )
         executor = submitit.SlurmExecutor(
             folder=run_dir / rundir.LOGS_DIR / SUBMITIT_FOLDER, max_num_timeout=0

@@ -1,0 +1,79 @@
+"""torchrun as every backend drives it: the rank command line, its environment, its failure report.
+
+The local backend runs this command as a child process; the Slurm backend runs it once per node
+inside the job. Keeping it here means both launch the same per-rank runtime and read torchrun's
+end-of-run failure summary the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from rankscope.launchers import rundir
+from rankscope.launchers.spec import RunSpec
+
+#: The per-rank entry module every rank runs.
+RANK_MODULE = "rankscope.launchers.rank"
+
+#: Heading of torchrun's summary entry for the first failure it observed.
+ROOT_CAUSE_MARKER = "Root Cause (first observed failure)"
+#: torchrun's failure summary: "rank : 2 (local_rank: 2)" then "exitcode : -9 (pid: 123)".
+_FAILURE_RE = re.compile(
+    r"rank\s*:\s*(?P<rank>\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(?P<code>-?\d+)"
+    r"(?:[^\n]*\n){0,2}?\s*traceback\s*:\s*(?P<tb>[^\n]*)",
+)
+
+
+def rank_argv(spec: RunSpec) -> list[str]:
+    """What torchrun runs in every rank: the rank module, then the user's script and arguments."""
+    module_flag = ["--module"] if spec.module else []
+    return ["-m", RANK_MODULE, *module_flag, spec.script, *spec.script_args]
+
+
+def rank_command(spec: RunSpec) -> list[str]:
+    """The full command line: torchrun with its flags, the rank module, script and arguments."""
+    return [sys.executable, "-m", "torch.distributed.run", *spec.torchrun_args, *rank_argv(spec)]
+
+
+def rank_settings_env(spec: RunSpec, run_dir: Path) -> dict[str, str]:
+    """The variables every rank needs: the user's extra ones, the run folder, the profiler."""
+    return {
+        **spec.env,
+        rundir.ENV_RUN_DIR: str(run_dir),
+        rundir.ENV_PROFILER: spec.profiler.to_json(),
+    }
+
+
+def rank_env(spec: RunSpec, run_dir: Path) -> dict[str, str]:
+    """Environment of the job: the run directory and profiler settings for every rank."""
+    env = {**os.environ, **rank_settings_env(spec, run_dir)}
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def torchrun_failures(log_text: str) -> list[dict[str, Any]]:
+    """Failed ranks from torchrun's end-of-run summary (e.g. killed by a signal)."""
+    failures = []
+    for m in _FAILURE_RE.finditer(log_text):
+        code = int(m["code"])
+        tb = m["tb"].strip()
+        if code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            error = f"killed by {name}"
+        else:
+            error = tb if tb and not tb.startswith("To enable traceback") else f"exit code {code}"
+        failures.append({"rank": int(m["rank"]), "error": error, "exit_code": code})
+    _, marker, root = log_text.rpartition(ROOT_CAUSE_MARKER)
+    first = _FAILURE_RE.search(root) if marker else None
+    for f in failures:
+        if first is not None and f["rank"] == int(first["rank"]):
+            f["root_cause"] = True
+    return failures
