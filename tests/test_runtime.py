@@ -294,11 +294,17 @@ def test_ctrl_c_during_a_profiler_transition_lands_after_it() -> None:
     """A signal inside ``signals_deferred`` runs its handler only once the block is done."""
     from rankscope.launchers.runtime import signals_deferred
 
-    finished = False
-    with pytest.raises(KeyboardInterrupt), signals_deferred():
-        os.kill(os.getpid(), signal.SIGINT)
-        for _ in range(1000):  # gives Python many chances to run a handler
-            sum(range(100))
-        finished = True
-    assert finished
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+    # earlier tests in the session (dask, tornado) may leave their own SIGINT handler installed:
+    # start from Python's default, the one a rank has, and put theirs back afterwards
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        finished = False
+        with pytest.raises(KeyboardInterrupt), signals_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(1000):  # gives Python many chances to run a handler
+                sum(range(100))
+            finished = True
+        assert finished
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+    finally:
+        signal.signal(signal.SIGINT, previous)
