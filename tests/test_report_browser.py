@@ -3,30 +3,18 @@
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
 import pytest
 from analysis_frames import merged
+from browser import CHROMIUM, HEADLESS_FLAGS, unresolvable_hosts
 from rankscope.analysis.pipeline import SYNCHRONOUS, ClusterSpec, analyze
 from rankscope.analysis.report import render_html
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-#: Chromium flags: headless, no network services, and every host name unresolvable — a report
-#: that needed the network would come out broken.
-FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--host-resolver-rules=MAP * ~NOTFOUND",
-]
+#: every host name unresolvable: a report that needed the network would come out broken.
+FLAGS = [*HEADLESS_FLAGS, unresolvable_hosts()]
 
 pytestmark = [
     pytest.mark.browser,

@@ -26,18 +26,11 @@ from typing import Any
 
 import pytest
 from analysis_frames import merged
+from browser import CHROMIUM, HEADLESS_FLAGS, unresolvable_hosts
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE localhost",
+    *HEADLESS_FLAGS,
+    unresolvable_hosts(except_localhost=True),
     "--window-size=1400,900",
     "--remote-debugging-port=0",
 ]
