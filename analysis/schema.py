@@ -70,6 +70,10 @@ class ClockMethod(enum.StrEnum):
     """Matched collectives alone (no runtime samples, e.g. foreign traces)."""
     RAW = "raw"
     """Nothing to align with: the rank's own clock, unchanged."""
+    SAME_HOST = "same-host"
+    """No runtime clock facts, but the same host as the reference: CLOCK_REALTIME is per host, so
+    the offset stays 0 (kept only while 0 is consistent with causality; a process shifted by e.g.
+    libfaketime violates it and is fitted from collectives instead)."""
 
 
 #: Columns of ``Store.events(rank)``, in order, with their numpy dtypes.

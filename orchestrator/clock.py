@@ -11,6 +11,10 @@ Three stages (DESIGN, "Clock alignment"), all pure functions on numpy / pandas:
    ``(consensus end) - (rank's end)``. With runtime samples it refines them only when its standard
    error (residual scatter / sqrt(n)) is below the runtime bound, and is clipped into the bound.
    Without samples it is the whole estimate (foreign traces); without either, the raw clock.
+   Its uncertainty is the smaller of the end-time evidence (``end_agreement``) and the distance
+   to the edge of the causality interval (``feasible_offsets``), into which it is clipped. A rank
+   without runtime facts on the reference's host keeps 0 (``same-host``) while causality allows
+   it, and such ranks anchor the consensus of the others (docs/format.md, "/clock").
 3. **Causality**: no rank can finish a synchronizing collective before its last participant
    started it. Violations are counted before and after; the remaining ones are repaired with the
    smallest per-rank shifts satisfying every constraint ``a_q - a_r <= end_r - start_q``
@@ -39,6 +43,11 @@ if TYPE_CHECKING:
 MIN_DRIFT_SPAN_S = 0.05
 #: Iterations of the consensus/offset alternation of the collective fit.
 CONSENSUS_ITERATIONS = 5
+#: Below this many collectives shared with the reference, the uncertainty of a collective fit
+#: takes the largest deviation of the end-time differences (too few for a robust spread).
+FEW_COLLECTIVES = 20
+#: With more, it takes this many robust standard deviations (1.4826·MAD) of them.
+SPREAD_FACTOR = 3.0
 
 
 @dataclass(frozen=True)
@@ -118,7 +127,7 @@ def apply_transform(ts: np.ndarray, offset_ns: int, drift_ppb: float, t_ref_ns: 
 
 
 def collective_offsets(
-    ends: pd.DataFrame, ref_rank: int
+    ends: pd.DataFrame, ref_rank: int, anchors: frozenset[int] = frozenset()
 ) -> tuple[dict[int, float], dict[int, float], dict[int, int]]:
     """Per-rank offsets (ns) that make matched collective ends agree, the reference at 0.
 
@@ -126,6 +135,10 @@ def collective_offsets(
     consensus end per collective (median over ranks) and a per-rank offset (median over
     collectives of consensus - end). Returns (offset, spread, count) per rank, spread being
     1.4826·MAD of that rank's residuals (ns). Ranks without shared collectives are absent.
+
+    ``anchors``: ranks whose clocks are already known to equal the reference's (same host): their
+    offsets stay 0 and, where a collective has any, the consensus is the median of their ends
+    alone, so an unsettled rank is not fitted against a consensus that includes itself.
     """
     import numpy as np
 
@@ -140,17 +153,29 @@ def collective_offsets(
     e["x"] = (e["end"] - base).astype(np.float64)
     ranks = sorted(e["rank"].unique().tolist())
     off = dict.fromkeys(ranks, 0.0)
+    is_anchor = e["rank"].isin(anchors | {ref_rank}) if anchors else None
+
+    def consensus_of(e: pd.DataFrame) -> pd.Series:
+        everyone = e.groupby("coll")["adj"].median()
+        if is_anchor is None:
+            return everyone
+        settled = e[is_anchor].groupby("coll")["adj"].median()
+        return settled.reindex(everyone.index).fillna(everyone)
+
     for _ in range(CONSENSUS_ITERATIONS):
         e["adj"] = e["x"] + e["rank"].map(off)
-        consensus = e.groupby("coll")["adj"].median()
+        consensus = consensus_of(e)
         resid = consensus.loc[e["coll"]].to_numpy() - e["x"].to_numpy()
         e["resid"] = resid
         off = e.groupby("rank")["resid"].median().to_dict()
-        if ref_rank in off:
+        if anchors:
+            # The consensus is on the settled clocks already: no re-anchoring shift.
+            off.update({r: 0.0 for r in anchors | {ref_rank} if r in off})
+        elif ref_rank in off:
             shift = off[ref_rank]
             off = {r: v - shift for r, v in off.items()}
     e["adj"] = e["x"] + e["rank"].map(off)
-    consensus = e.groupby("coll")["adj"].median()
+    consensus = consensus_of(e)
     e["r"] = e["adj"] - consensus.loc[e["coll"]].to_numpy()
     # Spread: a rank's own residual scatter, but never less than the pooled scatter of all
     # ranks (with a handful of collectives one rank's MAD can be misleadingly small).
@@ -191,15 +216,7 @@ def repair_shifts(colls: pd.DataFrame, ranks: list[int], ref_rank: int) -> dict[
         return dict.fromkeys(ranks, 0)
     idx = {r: i for i, r in enumerate(ranks)}
     n = len(ranks)
-    inf = np.iinfo(np.int64).max // 4
-    w = np.full((n, n), inf, dtype=np.int64)
-    for _, g in colls.groupby("coll"):
-        rr = g["rank"].map(idx).to_numpy()
-        e = g["end"].to_numpy(np.int64)
-        s = g["start"].to_numpy(np.int64)
-        cand = e[:, None] - s[None, :]  # [r, q]
-        np.minimum.at(w, (rr[:, None].repeat(len(rr), 1), rr[None, :].repeat(len(rr), 0)), cand)
-    np.fill_diagonal(w, inf)
+    w, inf = _constraints(colls, ranks)
     a = np.zeros(n, dtype=np.int64)
     for _ in range(n + 1):
         cand = np.where(w < inf, a[:, None] + w, inf).min(axis=0)
@@ -209,6 +226,97 @@ def repair_shifts(colls: pd.DataFrame, ranks: list[int], ref_rank: int) -> dict[
         a = new
     a = a - a[idx[ref_rank]] if ref_rank in idx else a
     return {r: int(a[idx[r]]) for r in ranks}
+
+
+def _constraints(colls: pd.DataFrame, ranks: list[int]) -> tuple[np.ndarray, int]:
+    """Causality as difference constraints: ``w[r, q]`` (ns) bounds ``a_q - a_r`` from above.
+
+    ``w[r, q]`` is the smallest ``end_cr - start_cq`` over shared collectives c; no constraint is
+    the returned sentinel (also on the diagonal).
+    """
+    import numpy as np
+
+    idx = {r: i for i, r in enumerate(ranks)}
+    n = len(ranks)
+    inf = np.iinfo(np.int64).max // 4
+    w = np.full((n, n), inf, dtype=np.int64)
+    for _, g in colls.groupby("coll"):
+        g = g[g["rank"].isin(idx)]
+        rr = g["rank"].map(idx).to_numpy()
+        e = g["end"].to_numpy(np.int64)
+        s = g["start"].to_numpy(np.int64)
+        cand = e[:, None] - s[None, :]  # [r, q]
+        np.minimum.at(w, (rr[:, None].repeat(len(rr), 1), rr[None, :].repeat(len(rr), 0)), cand)
+    np.fill_diagonal(w, inf)
+    return w, inf
+
+
+def feasible_offsets(
+    colls: pd.DataFrame, ranks: list[int], ref_rank: int
+) -> dict[int, tuple[float, float]]:
+    """Per rank, the interval [lo, hi] (ns) of offsets (relative to the reference) that causality
+    allows: with the true clocks no rank ends a collective before its last participant started it.
+
+    Shortest paths through the constraints of ``_constraints`` (Floyd-Warshall; they chain through
+    third ranks): ``a_r - a_ref <= d[ref, r]`` and ``a_ref - a_r <= d[r, ref]``. A hard bound,
+    whatever the other ranks' estimates. Ranks with no constraint path to the reference, and all
+    ranks when the constraints contradict each other (a negative cycle), are absent.
+    """
+    import numpy as np
+
+    if colls.empty or ref_rank not in ranks or len(ranks) < 2:
+        return {}
+    w, inf = _constraints(colls, ranks)
+    d = np.where(w < inf, w.astype(np.float64), np.inf)
+    np.fill_diagonal(d, 0.0)
+    for k in range(len(ranks)):
+        d = np.minimum(d, d[:, k, None] + d[None, k, :])
+    if (np.diag(d) < 0).any():
+        return {}
+    i0 = ranks.index(ref_rank)
+    out: dict[int, tuple[float, float]] = {}
+    for i, r in enumerate(ranks):
+        lo, hi = -float(d[i, i0]), float(d[i0, i])
+        if r != ref_rank and np.isfinite(lo) and np.isfinite(hi):
+            out[r] = (lo, hi)
+    return out
+
+
+def end_agreement(
+    ends: pd.DataFrame, ref_rank: int, estimate: dict[int, float]
+) -> dict[int, float]:
+    """Per rank, how far (ns) the end times shared with the reference allow ``estimate`` to be off.
+
+    For each collective shared with the reference, ``end_ref - end_r`` is one measurement of the
+    rank's offset (ns). The bound is the distance of the estimate from their median plus their
+    spread: the largest deviation from the median below ``FEW_COLLECTIVES`` measurements,
+    ``SPREAD_FACTOR`` robust standard deviations (1.4826·MAD) above. Pairwise with the reference
+    (not with the consensus) so that the reference's own end jitter counts too. Ranks sharing
+    no collective with the reference are absent.
+    """
+    import numpy as np
+
+    if ends.empty:
+        return {}
+    e = ends[["coll", "rank", "end"]]
+    ref = e[e["rank"] == ref_rank].drop_duplicates("coll").set_index("coll")["end"]
+    out: dict[int, float] = {}
+    for r, g in e[e["rank"] != ref_rank].groupby("rank"):
+        g = g[g["coll"].isin(ref.index)]
+        if g.empty or int(r) not in estimate:
+            continue
+        diff = (ref.loc[g["coll"]].to_numpy(np.int64) - g["end"].to_numpy(np.int64)).astype(
+            np.float64
+        )
+        center = float(np.median(diff))
+        dev = np.abs(diff - center)
+        spread = (
+            float(dev.max())
+            if len(diff) < FEW_COLLECTIVES
+            else SPREAD_FACTOR * 1.4826 * float(np.median(dev))
+        )
+        out[int(r)] = abs(center - estimate[int(r)]) + spread
+    return out
 
 
 @dataclass(frozen=True)
@@ -237,6 +345,7 @@ def align(
 
     by_rank = {i.rank: i for i in inputs}
     ref_domain = by_rank[ref_rank].domain if ref_rank in by_rank else ""
+    ref_host = by_rank[ref_rank].host if ref_rank in by_rank else ""
     ranks = sorted(by_rank)
     # Stage 1: runtime fit (the reference's domain is the reference).
     offset: dict[int, float] = {}
@@ -252,6 +361,10 @@ def align(
         elif ci.fit is not None:
             offset[r], drift[r], t_ref[r] = ci.fit.offset_ns, ci.fit.drift_ppb, ci.fit.t_ref_ns
             method[r], bound[r] = ClockMethod.RUNTIME, ci.fit.bound_ns
+        elif not ci.domain and ref_host and ci.host == ref_host:
+            # No runtime clock facts, same host as the reference: one CLOCK_REALTIME, unless
+            # something like libfaketime shifted this process (stage 2 checks causality).
+            method[r], bound[r] = ClockMethod.SAME_HOST, 0.0
         else:
             method[r], bound[r] = ClockMethod.RAW, -1.0
 
@@ -272,20 +385,37 @@ def align(
     raw_violations = count_violations(sync)
     # Stage 2: collectives refine (inside the runtime bound) or estimate alone.
     spread: dict[int, float] = {}
+    agreement: dict[int, float] = {}
+    feasible: dict[int, tuple[float, float]] = {}
     if not sync.empty:
         saved = (dict(offset), dict(method))
         pre = transform(sync, {})
         before_fit = sum(count_violations(pre).values())
-        coff, spread, _count = collective_offsets(pre, ref_rank)
+        # Causality bounds each offset (relative to the runtime-corrected clocks) whatever the
+        # estimator says; a collectives estimate is clipped into them. Same-host ranks for which
+        # 0 is feasible keep the reference's clock and anchor the fit of the others.
+        feasible = feasible_offsets(pre, ranks, ref_rank)
+        anchors = frozenset(
+            r
+            for r, (lo, hi) in feasible.items()
+            if method[r] == ClockMethod.SAME_HOST and lo <= 0.0 <= hi
+        )
+        coff, spread, _count = collective_offsets(pre, ref_rank, anchors)
         gpu = pre[pre["gpu"].astype(bool)] if "gpu" in pre else pre.iloc[:0]
         goff, gspread, gcount = collective_offsets(gpu, ref_rank) if len(gpu) else ({}, {}, {})
         if ref_rank not in coff and coff:
             # The reference shares no collective: anchor on the lowest rank that does.
             anchor = min(coff)
             coff = {r: v - coff[anchor] for r, v in coff.items()}
+        for r, (lo, hi) in feasible.items():
+            if r in coff and method[r] != ClockMethod.RUNTIME:
+                coff[r] = float(np.clip(coff[r], lo, hi))
+        agreement = end_agreement(pre, ref_rank, coff)
         for r, v in coff.items():
             if method[r] == ClockMethod.REFERENCE:
                 continue
+            if r in anchors:
+                continue  # 0 is consistent with causality: the host clock stands.
             if method[r] == ClockMethod.RUNTIME:
                 # Refine only with GPU collectives (NCCL kernels end within µs of each other),
                 # and only when they are more precise than the runtime bound (standard error
@@ -303,12 +433,20 @@ def align(
             else:
                 offset[r] += v
                 method[r] = ClockMethod.COLLECTIVES
+                spread[r] = _collective_uncertainty(
+                    v, agreement.get(r), feasible.get(r), SPREAD_FACTOR * spread.get(r, -1.0)
+                )
         if sum(count_violations(transform(sync, {})).values()) > before_fit:
             # The matched events do not behave like synchronizing collectives (e.g. point-to-
             # point traffic of a few ranks out of a larger job): their fit would make things
             # worse than the clocks we had, so it is not used.
             offset, method = saved
             spread = {}
+    for r in ranks:
+        if method[r] == ClockMethod.SAME_HOST and r not in feasible:
+            # No collective to check the shared clock against: offset 0 all the same, but
+            # nothing vouches for it.
+            method[r] = ClockMethod.RAW
     # Stage 3: causality check and repair (kept only when it removes violations).
     aligned_sync = transform(sync, {}) if not sync.empty else sync
     before = count_violations(aligned_sync)
@@ -325,7 +463,7 @@ def align(
             shifts, after = {}, before
     rows = []
     for r in ranks:
-        if method[r] == ClockMethod.REFERENCE:
+        if method[r] in (ClockMethod.REFERENCE, ClockMethod.SAME_HOST):
             unc = 0.0
         elif method[r] == ClockMethod.RUNTIME:
             unc = bound[r]
@@ -350,6 +488,26 @@ def align(
         )
     clock = pd.DataFrame(rows)
     return clock, transform(colls, {}) if not colls.empty else colls
+
+
+def _collective_uncertainty(
+    estimate: float,
+    agreement: float | None,
+    feasible: tuple[float, float] | None,
+    fallback: float,
+) -> float:
+    """Half-width (ns) of the bound on a collectives-only offset ``estimate`` (ns).
+
+    The end-time evidence (``end_agreement``; ``fallback`` when the rank shares no collective
+    with the reference), capped by the causality interval's farther edge from the estimate (a hard
+    bound). -1 when nothing is known.
+    """
+    unc = agreement if agreement is not None else fallback
+    if feasible is not None:
+        lo, hi = feasible
+        hard = max(estimate - lo, hi - estimate, 0.0)
+        unc = hard if unc < 0 else min(unc, hard)
+    return max(unc, 1.0) if unc >= 0 else -1.0
 
 
 def summary_line(clock: pd.DataFrame) -> str:

@@ -120,6 +120,7 @@ def test_cli_prints_and_writes_json_and_html(
         "runtime+collectives",
         "collectives",
         "raw",
+        "same-host",
     }
     assert doc["collectives"]["count"] == 3
     assert out_html.read_text().startswith("<!DOCTYPE html>")

@@ -130,6 +130,45 @@ def test_apply_transform_is_integer_exact() -> None:
     assert (drifted - ts).tolist() == [0, 1000]
 
 
+def test_feasible_offsets_chain_through_third_ranks() -> None:
+    colls = pd.DataFrame(
+        [
+            {"coll": 0, "rank": 0, "start": 100, "end": 200},
+            {"coll": 0, "rank": 1, "start": 150, "end": 260},
+            {"coll": 1, "rank": 1, "start": 400, "end": 500},
+            {"coll": 1, "rank": 2, "start": 480, "end": 520},
+        ]
+    )
+    b = clock.feasible_offsets(colls, [0, 1, 2], ref_rank=0)
+    # a1 in [start0 - end1, end0 - start1] = [-160, 50]; a2 - a1 in [400 - 520, 500 - 480].
+    assert b[1] == (-160.0, 50.0)
+    assert b[2] == (-160.0 - 120.0, 50.0 + 20.0), "rank 2 shares nothing with 0: via rank 1"
+
+
+def _host_inputs(hosts: list[str]) -> list[clock.ClockInput]:
+    return [clock.ClockInput(rank=r, host=h, domain="", fit=None) for r, h in enumerate(hosts)]
+
+
+def test_same_host_rank_keeps_zero_unless_causality_forbids() -> None:
+    """Rank 1 shares rank 0's clock but its ends jitter by ms (gloo-like): a collectives fit
+    would move it; on the same host it keeps 0. Rank 2 is 50 ms ahead (faked: offset -50 ms): 0 is
+    infeasible, so it is fitted, and its error is within the reported uncertainty."""
+    ends = np.arange(6) * 100_000_000 + 10**18
+    colls = _colls(ends, {0: 0, 1: 0, 2: -50_000_000}, dur=10_000_000, jitter=3_000_000)
+    table, _ = clock.align(colls, _host_inputs(["h", "h", "h"]), 0)
+    t = table.set_index("rank")
+    assert t.loc[1, "method"] == ClockMethod.SAME_HOST and t.loc[1, "offset_ns"] == 0
+    assert t.loc[1, "uncertainty_ns"] == 0
+    assert t.loc[2, "method"] == ClockMethod.COLLECTIVES
+    assert abs(t.loc[2, "offset_ns"] + 50_000_000) <= t.loc[2, "uncertainty_ns"] <= 10_000_000
+    assert t["violations_after"].sum() == 0
+    # On another host the same data is fitted, and the fit moves rank 1 off 0.
+    other, _ = clock.align(colls, _host_inputs(["h", "g", "h"]), 0)
+    o = other.set_index("rank")
+    assert o.loc[1, "method"] == ClockMethod.COLLECTIVES and o.loc[1, "offset_ns"] != 0
+    assert abs(o.loc[1, "offset_ns"]) <= o.loc[1, "uncertainty_ns"]
+
+
 def test_align_without_anything_is_raw() -> None:
     inputs = [clock.ClockInput(rank=r, host="h", domain="", fit=None) for r in range(2)]
     table, _ = clock.align(pd.DataFrame(columns=["coll", "rank", "op", "start", "end"]), inputs, 0)
@@ -164,6 +203,7 @@ def test_dlrm_injected_offsets_recovered_within_20us(tmp_path: Path) -> None:
             ClockMethod.REFERENCE if rank == 0 else ClockMethod.COLLECTIVES
         )
         assert 0 <= table.loc[rank, "uncertainty_ns"] <= 20_000
+        assert abs(table.loc[rank, "offset_ns"] - want) <= table.loc[rank, "uncertainty_ns"], rank
     assert table["violations_before"].sum() > 0, "the shifts broke causality"
     assert table["violations_after"].sum() == 0
     # After alignment an allreduce ends within a few µs on all 8 ranks.
@@ -178,6 +218,7 @@ def test_dlrm_untouched_offsets_are_zero(tmp_path: Path) -> None:
     with open_store(out) as s:
         table = s.clock()
     assert (table["offset_ns"].abs() <= 20_000).all()
+    assert (table["offset_ns"].abs() <= table["uncertainty_ns"]).all(), "honest uncertainty"
     assert table["violations_before"].sum() == 0 and table["violations_after"].sum() == 0
 
 
@@ -191,6 +232,24 @@ def test_gloo_skew_recovered_from_collectives(tmp_path: Path) -> None:
     for r in (1, 3):
         assert abs(table.loc[r, "offset_ns"]) <= 10_000_000
     assert table.loc[2, "violations_before"] + table["violations_before"].sum() > 0
+    assert table["violations_after"].sum() == 0
+
+
+def test_gloo_skew_honest_uncertainty_and_same_host_zero(tmp_path: Path) -> None:
+    """One host: ranks 1 and 3 share rank 0's clock (exactly 0, method same-host); only the faked
+    rank 2 is fitted, and every rank's true error is within its reported uncertainty."""
+    out = merge_run_dir(
+        DATA / "cpu_gloo_4rank_skew", output=tmp_path / "t.h5", scheduler="synchronous", quiet=True
+    )
+    with open_store(out) as s:
+        table = s.clock().set_index("rank")
+    truth = {0: 0, 1: 0, 2: -750_020_000, 3: 0}
+    for r, want in truth.items():
+        assert abs(table.loc[r, "offset_ns"] - want) <= table.loc[r, "uncertainty_ns"], r
+    for r in (1, 3):
+        assert table.loc[r, "offset_ns"] == 0
+        assert table.loc[r, "method"] == ClockMethod.SAME_HOST
+    assert table.loc[2, "method"] == ClockMethod.COLLECTIVES
     assert table["violations_after"].sum() == 0
 
 

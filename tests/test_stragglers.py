@@ -119,6 +119,21 @@ def test_real_gloo_straggler_is_rank_2_by_its_own_compute(data_dir, tmp_path) ->
     assert top["compute_extra_s"] > 0.015
 
 
+def test_real_gloo_skew_straggler_is_rank_2_as_without_skew(data_dir, tmp_path) -> None:
+    """tests/data/cpu_gloo_4rank_skew: the same job with rank 2 under libfaketime +750 ms. With
+    ranks 1 and 3 kept on rank 0's host clock (same host, causality allows 0), rank 2's offset is
+    fitted against them and the straggler comes out as on the unskewed set."""
+    from analysis_frames import merged
+    from rankscope.analysis.pipeline import SYNCHRONOUS, ClusterSpec, analyze
+
+    a = analyze(
+        merged(data_dir, "cpu_gloo_4rank_skew", tmp_path), ClusterSpec(scheduler=SYNCHRONOUS)
+    )
+    assert a.straggler_ranks() == [2]
+    top = a.stragglers.iloc[0]
+    assert top["cause"] == Cause.OWN_COMPUTE and top["times_last"] == 3
+
+
 def test_param_dlrm_result(data_dir, tmp_path) -> None:
     """The written-down result of docs/analysis.md (HTA's potential stragglers: [2, 7]): rank 7 is
     last most often (5 of 8, p ~ 0.001) but causes only a third of the wait: no straggler."""
