@@ -21,14 +21,13 @@ the name ends in ``.gz``, and written to a temporary name in the same folder, th
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, cast
 
 from rankscope.analysis.schema import EventKind
+from rankscope.atomic import atomic_output
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -41,7 +40,7 @@ GZIP_LEVEL = 5
 #: Category of the flow events that link one collective across ranks.
 FLOW_CAT = "collective"
 NS_PER_US = 1000
-#: Permissions of the written trace (mkstemp would leave 0600).
+#: Permissions of the written trace (atomic_output would otherwise leave mkstemp's 0600).
 FILE_MODE = 0o644
 
 
@@ -254,30 +253,18 @@ def export_perfetto(
         if rank not in the_store.ranks:
             raise KeyError(f"rank {rank} is not in {the_store.path} (ranks: {the_store.ranks})")
     path = Path(out)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    tmp = Path(tmp_name)
-    try:
-        os.chmod(tmp, FILE_MODE)  # mkstemp makes 0600; an exported trace is for sharing
-        with os.fdopen(fd, "wb") as raw:
-            gz = path.name.endswith(GZIP_SUFFIX)
-            binary: Any = (
-                gzip.GzipFile(
-                    filename="", mode="wb", fileobj=raw, compresslevel=GZIP_LEVEL, mtime=0
-                )
-                if gz
-                else raw
-            )
-            fh = io.TextIOWrapper(binary, encoding="utf-8", newline="\n", write_through=False)
-            stats = write_trace(the_store, fh, ranks=ranks, window=window, progress=progress)
-            fh.flush()
-            fh.detach()  # keep ``raw`` open: it is synced and closed below
-            if gz:
-                binary.close()  # writes the gzip trailer; does not close ``raw``
-            raw.flush()
-            os.fsync(raw.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with atomic_output(path, mode=FILE_MODE) as raw:  # an exported trace is for sharing
+        gz = path.name.endswith(GZIP_SUFFIX)
+        binary: Any = (
+            gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=GZIP_LEVEL, mtime=0)
+            if gz
+            else raw
+        )
+        fh = io.TextIOWrapper(binary, encoding="utf-8", newline="\n", write_through=False)
+        stats = write_trace(the_store, fh, ranks=ranks, window=window, progress=progress)
+        fh.flush()
+        fh.detach()  # keep ``raw`` open: atomic_output syncs and closes it
+        if gz:
+            binary.close()  # writes the gzip trailer; does not close ``raw``
     stats.path = path
     return stats

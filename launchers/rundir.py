@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import enum
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from rankscope.atomic import atomic_output
 
 RUN_JSON = "run.json"
 RANKS_DIR = "ranks"
@@ -70,16 +70,8 @@ def window_path(run_dir: Path, rank: int, window: int) -> Path:
 def write_bytes_atomic(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file in the same folder and a rename."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_output(path) as fh:
+        fh.write(data)
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
