@@ -345,10 +345,14 @@ def test_unreachable_controller_and_bad_partition(
 def test_queued_job_shows_why_and_cancel_skips_the_merge(
     tmp_path: Path, slurm_cluster: LocalSlurm
 ) -> None:
-    """A job no node can run stays queued: status says why; cancelling it leaves nothing to merge."""
-    run_dir, job_id = submit(tmp_path, slurm_cluster, "--cpus-per-task", "64")
-    # the scheduler gives the reason within a scheduling pass; status shows it
-    waiting = f"queued  (Slurm job {job_id}: PENDING, waiting: PartitionConfig)"
+    """A job that may not start yet stays queued: status says why; cancelling it leaves nothing to merge.
+
+    ``--begin`` in an hour makes Slurm hold it with reason ``BeginTime`` on any machine (asking for
+    more CPUs than a node has gives a reason that depends on the host's core count and Slurm's
+    scheduling pass, which made this test machine-dependent).
+    """
+    run_dir, job_id = submit(tmp_path, slurm_cluster, "--sbatch-arg=--begin=now+1hour")
+    waiting = f"queued  (Slurm job {job_id}: PENDING, waiting: BeginTime)"
 
     def reason_shown() -> subprocess.CompletedProcess[str] | None:
         res = rankscope("status", str(run_dir), env=slurm_cluster.env())
