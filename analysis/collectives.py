@@ -19,6 +19,9 @@ Definitions (``docs/analysis.md``):
   spread: there the clock cannot settle the order, and the clock-free arrival (median end -
   duration) is used instead (``ordered_by``), so a clock error cannot fake a straggler. ``wait_ns``
   stays on the clock.
+* Point-to-point pairs (a send and its recv, ``schema.P2P_OPS``): the same wait / transfer — the
+  receiver waits until the sender arrives — but no clock-free check (a send may return before its
+  recv ends) and no straggler evidence (``stragglers.find_stragglers`` leaves them out).
 * Wait caused (``blame_ns``): every instant a rank waits is charged in equal parts to the ranks
   that have not arrived yet, so the blame of all ranks adds up to the total (arrival-gap) wait;
   the last rank carries most of it.
@@ -70,6 +73,7 @@ def collective_waits(collectives: pd.DataFrame, clock: pd.DataFrame | None = Non
     """
     import numpy as np
     import pandas as pd
+    from rankscope.analysis.schema import P2P_OPS
 
     if len(collectives) == 0:
         return pd.DataFrame(
@@ -96,7 +100,10 @@ def collective_waits(collectives: pd.DataFrame, clock: pd.DataFrame | None = Non
     of_last = df["coll"].map(last_by_clock).map(unc).fillna(0).astype("int64")
     df["uncertainty_ns"] = own + of_last
     slack = CHECK_SLACK_NS + CHECK_SLACK_FRACTION * min_dur
-    df["clock_disagree"] = (df["n_ranks"] >= 2) & (
+    # The check assumes every rank's op ends together; a send may return as soon as its data is
+    # handed over (gloo, small NCCL messages), so point-to-point pairs are not checked.
+    checked = (df["n_ranks"] >= 2) & ~df["op"].isin(P2P_OPS)
+    df["clock_disagree"] = checked & (
         (df["wait_ns"] - df["check_wait_ns"]).abs() > df["uncertainty_ns"] + slack
     )
     # Who was last, how late, and whose fault: on the aligned clock when the collective is

@@ -34,6 +34,23 @@ BAR_PARTS = (
 )
 
 
+def _disagree_hint(doc: dict[str, Any]) -> str:
+    """Why clock-check disagreements appear when every rank reads one exact clock.
+
+    With all offsets exact (uncertainty 0: one host, one clock), a disagreement cannot be a clock
+    error: it is ranks leaving the collective at different times (gloo on oversubscribed CPUs),
+    which the check's "everybody ends together" assumption does not cover.
+    """
+    clock = doc.get("clock") or []
+    if (
+        doc["collectives"]["clock_disagreements"]
+        and clock
+        and all(int(c["uncertainty_ns"]) == 0 for c in clock)
+    ):
+        return " (every rank reads one exact clock here: these are ranks ending at different times, not clock error)"
+    return ""
+
+
 def _s(ns: Any) -> float:
     """ns → s, rounded to the µs."""
     return round(float(ns) / 1e9, 6)
@@ -302,7 +319,7 @@ def print_summary(a: Analysis, console: Console | None = None, *, top_ops: int =
         console.print(
             f"Collectives: {c['count']} ({c['rank_rows']} rank rows), {c['total_s']:.4f} s rank-time: "
             f"wait {c['wait_s']:.4f} s, transfer {c['transfer_s']:.4f} s; "
-            f"{c['clock_disagreements']} clock-check disagreement(s)."
+            f"{c['clock_disagreements']} clock-check disagreement(s){_disagree_hint(doc)}."
         )
     if len(a.ops) and top_ops:
         ot = Table(
@@ -711,7 +728,7 @@ def render_html(a: Analysis) -> str:
 <p class='note'>Each dot is a rank arriving at a collective, in ms after the first rank; the last rank of each collective is drawn solid.</p>
 {_table(["rank", "last", "expected by chance", "p-value", "wait caused s", "share", "cause"], all_ranks, {6})}</section>
 <section><h2>Collectives</h2>{_table(["op", "count", "bytes", "rank-time s", "wait s", "transfer s"], coll_rows, {0})}
-<p class='note'>{colls["clock_disagreements"]} (collective, rank) pair(s) where the aligned-clock wait and the clock-free check (duration minus the shortest duration) disagree beyond the clock uncertainty.</p></section>
+<p class='note'>{colls["clock_disagreements"]} (collective, rank) pair(s) where the aligned-clock wait and the clock-free check (duration minus the shortest duration) disagree beyond the clock uncertainty{_e(_disagree_hint(doc))}.</p></section>
 {hta_html}
 <section><h2>Clock alignment</h2>{_table(["rank", "host", "offset ms", "± µs", "method"], clock_rows, {1, 4})}</section>
 <section><h2>Top ops across ranks (inclusive time)</h2>{_table(["name", "kind", "ranks", "calls/rank", "mean ms", "min ms", "max ms", "spread", "fastest", "slowest"], op_rows, {0, 1})}</section>

@@ -163,8 +163,11 @@ def find_stragglers(
     materiality test (when absent, only significance and wait share count).
     """
     import pandas as pd
+    from rankscope.analysis.schema import P2P_OPS
 
-    multi = waits[waits["n_ranks"] >= 2]
+    # Point-to-point pairs are left out: in a pipeline the earlier stage is "last" at every
+    # recv of the next one by construction (the bubble), which says nothing about stragglers.
+    multi = waits[(waits["n_ranks"] >= 2) & ~waits["op"].isin(P2P_OPS)]
     if len(multi) == 0:
         return pd.DataFrame(
             {c: pd.Series(dtype=d if d != "str" else object) for c, d in STRAGGLER_COLUMNS.items()}

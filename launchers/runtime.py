@@ -40,7 +40,7 @@ from types import FrameType
 from typing import Any
 
 from rankscope import __version__
-from rankscope.launchers import clocksync, rundir
+from rankscope.launchers import clocksync, p2p, rundir
 from rankscope.launchers.spec import LauncherKind, ProfilerSettings
 
 #: gzip level of window files: 3 is ~3x faster than 9 for ~10% larger Kineto JSON.
@@ -246,6 +246,7 @@ class RankRuntime:
         )
         register_optimizer_step_post_hook(self._on_optimizer_step)
         self._wrap_init_process_group()
+        p2p.install()
         self.prof.start()
         self._tag_window()
         atexit.register(self.close)

@@ -13,6 +13,15 @@ Inputs are the per-rank communication events found by the reader (NCCL kernels o
 
 Send/recv kernels of NCCL (``SendRecv``, used by all-to-all) are matched the same way; this is
 what all-to-all in DLRM-style models produces: every rank runs the same grouped send/recv.
+
+Point-to-point ops (``send`` / ``recv``, :data:`~rankscope.analysis.schema.P2P_OPS`) are not
+collectives of their group: in a pipeline rank 1 receives from 0 and sends to 2, so neither a
+sequence number nor "the k-th recv" lines them up across ranks. They are paired instead: the
+k-th send from s to d in a profiler step is the k-th recv on d from s in that step (both sides
+issue in program order), key ``(s, d, step, k)``. The peer comes from the rank runtime's
+annotation (``peer`` column, see ``merge._p2p_peers``); without it (traces not recorded by
+``rankscope run``) each send / recv stays a collective of one rank: unmatched rather than
+wrongly matched.
 """
 
 from __future__ import annotations
@@ -28,7 +37,9 @@ SYNCHRONIZING_OPS = frozenset(
     {"allreduce", "allgather", "reducescatter", "alltoall", "sendrecv", "barrier"}
 )
 #: Columns of one rank's communication table as produced by the merge's per-rank task.
-RANK_COMM_COLUMNS = ("event", "op", "group", "seq", "bytes", "step", "start", "end", "gpu")
+RANK_COMM_COLUMNS = (
+    "event", "op", "group", "seq", "bytes", "step", "start", "end", "gpu", "peer"
+)  # fmt: skip
 
 
 def normalise_groups(comm: pd.DataFrame, comm_cpu: pd.Series, lane: pd.Series) -> pd.Series:
@@ -48,22 +59,49 @@ def normalise_groups(comm: pd.DataFrame, comm_cpu: pd.Series, lane: pd.Series) -
     return groups
 
 
-def rank_keys(comm: pd.DataFrame) -> pd.Series:
-    """Match key (a string) for each comm event of ONE rank (columns RANK_COMM_COLUMNS)."""
+def rank_keys(comm: pd.DataFrame, rank: int = -1) -> pd.Series:
+    """Match key (a string) for each comm event of ONE rank (columns RANK_COMM_COLUMNS).
+
+    ``rank``: the rank's global rank (point-to-point keys name both ends; module docstring).
+    """
+    import numpy as np
     import pandas as pd
+    from rankscope.analysis.schema import P2P_OPS
 
     if comm.empty:
         return pd.Series([], dtype=object)
     frame = comm.sort_values("start", kind="stable")
     keys = pd.Series(index=frame.index, dtype=object)
+    p2p = frame["op"].isin(P2P_OPS)
+    if p2p.any():
+        sub = frame[p2p]
+        peer = (
+            sub["peer"].to_numpy(np.int64)
+            if "peer" in sub
+            else np.full(len(sub), -1, dtype=np.int64)
+        )
+        sending = (sub["op"] == "send").to_numpy()
+        src = np.where(sending, rank, peer).astype(str)
+        dst = np.where(sending, peer, rank).astype(str)
+        pair = pd.Series(np.char.add(np.char.add(src, ">"), dst), index=sub.index)
+        known = pd.Series(peer >= 0, index=sub.index)
+        k = sub.groupby([pair, sub["step"]], sort=False).cumcount().astype(str)
+        step = sub["step"].astype(str)
+        keys[p2p] = np.where(
+            known,
+            "p2p|" + pair + "|p=" + step + "|k=" + k,
+            # unknown peer: a key no other rank can produce (a collective of this rank alone)
+            f"p2p?|r={rank}|o=" + sub["op"] + "|p=" + step + "|k=" + k,
+        )
+        frame = frame[~p2p]
     has_seq = frame["seq"] >= 0
-    keys[has_seq] = (
+    keys.loc[frame.index[has_seq]] = (
         "g=" + frame.loc[has_seq, "group"] + "|s=" + frame.loc[has_seq, "seq"].astype(str)
     )
     rest = frame[~has_seq]
     if not rest.empty:
         k = rest.groupby(["group", "op", "step"], sort=False).cumcount()
-        keys[~has_seq] = (
+        keys.loc[rest.index] = (
             "g="
             + rest["group"]
             + "|o="
@@ -94,7 +132,7 @@ def match(per_rank: dict[int, pd.DataFrame]) -> pd.DataFrame:
         if comm.empty:
             continue
         f = comm.loc[:, list(RANK_COMM_COLUMNS)].copy()
-        f["key"] = rank_keys(comm).to_numpy()
+        f["key"] = rank_keys(comm, rank).to_numpy()
         f["rank"] = np.int32(rank)
         frames.append(f)
     columns = ["coll", "key", "group", "seq", "op", "bytes", "rank", "start", "end", "event", "gpu"]

@@ -239,7 +239,7 @@ def parse_source(source: RankSource) -> RankResult:
     steps = _steps(columns, strings_list)
     columns["step"] = _step_column(columns, steps)
     lanes = pd.DataFrame(lane_rows, columns=["lane", "kind", "pid", "tid", "name"])
-    comm_table = _comm_table(comm_all, columns)
+    comm_table = _comm_table(comm_all, columns, strings_list)
     first = parts[0][1]
     return RankResult(
         source=source,
@@ -313,8 +313,14 @@ def _step_column(columns: dict[str, np.ndarray], steps: pd.DataFrame) -> np.ndar
     return out
 
 
-def _comm_table(comm: pd.DataFrame, columns: dict[str, np.ndarray]) -> pd.DataFrame:
-    """One rank's comm events with groups normalised, step, start and end (raw ns)."""
+def _comm_table(
+    comm: pd.DataFrame, columns: dict[str, np.ndarray], strings: list[str] | None = None
+) -> pd.DataFrame:
+    """One rank's comm events with groups normalised, step, start and end (raw ns), and peer.
+
+    ``peer``: global rank of the other side of a send / recv, from the rank runtime's
+    annotation around the call (:func:`_p2p_peers`); -1 for collectives and unknown peers.
+    """
     import numpy as np
     import pandas as pd
     from rankscope.analysis.schema import EventKind
@@ -332,7 +338,68 @@ def _comm_table(comm: pd.DataFrame, columns: dict[str, np.ndarray]) -> pd.DataFr
     is_cpu = pd.Series(columns["kind"][ev] == EventKind.COMM_CPU, index=comm.index)
     comm["group"] = normalise_groups(comm, is_cpu, comm["lane"])
     comm["gpu"] = ~is_cpu
+    ops, peers = _p2p_peers(comm["op"].to_numpy(object), ev, columns, strings or [])
+    comm["op"] = ops
+    comm["peer"] = peers
     return comm.loc[:, list(RANK_COMM_COLUMNS)].reset_index(drop=True)
+
+
+#: Annotations looked back through for one that is still open (p2p calls nest at most this deep).
+MAX_P2P_NESTING = 4
+
+
+def _p2p_peers(
+    ops: np.ndarray, ev: np.ndarray, columns: dict[str, np.ndarray], strings: list[str]
+) -> tuple[np.ndarray, np.ndarray]:
+    """(op, peer) of each comm event: the p2p annotation (schema.P2P_ANNOTATION_FORMAT) around it.
+
+    The annotation wraps the host call, so a gloo op starts inside it, while a GPU kernel runs
+    later: for kernels the host time is that of the runtime call that launched them (same
+    correlation id). The latest annotation starting at or before the host time that is still open
+    then gives the direction and the peer — a ``SendRecv`` kernel of NCCL becomes a send or recv.
+    Events outside any annotation keep their op and peer -1.
+    """
+    import numpy as np
+    from rankscope.analysis.schema import P2P_ANNOTATION_PATTERN, P2P_OPS, EventKind
+
+    peers = np.full(len(ev), -1, dtype=np.int64)
+    parsed = {
+        i: m.groups() for i, s in enumerate(strings) if (m := P2P_ANNOTATION_PATTERN.fullmatch(s))
+    }
+    candidates = np.isin(ops, [*P2P_OPS, "sendrecv"])
+    if not parsed or not candidates.any():
+        return ops, peers
+    name = columns["name"]
+    ann = np.flatnonzero(np.isin(name, np.fromiter(parsed, np.int64, len(parsed))))
+    a_start = columns["ts"][ann]  # sorted: columns are in ts order
+    a_end = a_start + columns["dur"][ann]
+    host = columns["ts"][ev].copy()
+    kind = columns["kind"]
+    corr = columns["corr"]
+    gpu = (kind[ev] == EventKind.KERNEL_COMM) & (corr[ev] >= 0)
+    if gpu.any():
+        launches = np.flatnonzero((kind == EventKind.RUNTIME) & (corr >= 0))
+        lc = corr[launches]
+        order = np.argsort(lc, kind="stable")
+        lc, lts = lc[order], columns["ts"][launches][order]
+        want = corr[ev[gpu]]
+        pos = np.clip(np.searchsorted(lc, want), 0, max(len(lc) - 1, 0))
+        found = (len(lc) > 0) & (lc[pos] == want) if len(lc) else np.zeros(len(want), bool)
+        host_gpu = host[gpu]
+        host_gpu[found] = lts[pos[found]]
+        host_gpu[~found] = -1  # launch not in the trace: no host time
+        host[gpu] = host_gpu
+    ops = ops.copy()
+    for i in np.flatnonzero(candidates & (host >= 0)).tolist():
+        k = int(np.searchsorted(a_start, host[i], side="right")) - 1
+        stop = k - MAX_P2P_NESTING
+        while k > stop and k >= 0 and a_end[k] < host[i]:
+            k -= 1  # an earlier, longer annotation may still be open (nested calls)
+        if k > stop and k >= 0:
+            op, peer = parsed[int(name[ann[k]])]
+            ops[i] = op
+            peers[i] = int(peer)
+    return ops, peers
 
 
 # ------------------------------------------------------------------------------------- write

@@ -73,3 +73,14 @@ def test_totals_and_summary() -> None:
 def test_empty_table() -> None:
     w = collective_waits(collectives({}, {}))
     assert len(w) == 0 and "wait_ns" in w.columns
+
+
+def test_disagreements_on_one_exact_clock_are_explained_as_timing_not_clock_error() -> None:
+    from rankscope.analysis.report import _disagree_hint
+
+    exact = [{"rank": r, "uncertainty_ns": 0} for r in range(2)]
+    fitted = [{"rank": 0, "uncertainty_ns": 0}, {"rank": 1, "uncertainty_ns": 40_000}]
+    doc = {"collectives": {"clock_disagreements": 3}, "clock": exact}
+    assert "not clock error" in _disagree_hint(doc)
+    assert _disagree_hint({**doc, "clock": fitted}) == ""
+    assert _disagree_hint({"collectives": {"clock_disagreements": 0}, "clock": exact}) == ""

@@ -24,6 +24,7 @@ SETS = {
     "hta/df_index_resolver": [1],
     "cpu_gloo_4rank_straggler": [0, 1, 2, 3],
     "cpu_gloo_4rank_skew": [0, 1, 2, 3],
+    "cpu_gloo_4rank_pipeline": [0, 1, 2, 3],
 }
 #: rank 2 of cpu_gloo_4rank_skew ran under FAKETIME=+0.75s: its stamps are 750.02 ms ahead.
 SKEW_NS = 750_020_000

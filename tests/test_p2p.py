@@ -1,0 +1,219 @@
+"""Point-to-point ops: each send paired with its recv, never lumped together as a collective.
+
+Real data: ``tests/data/cpu_gloo_4rank_pipeline`` is a ``rankscope run`` of
+``examples/train_pipeline.py`` (4 ranks = 4 stages, gloo, 8 steps, 2 micro-batches, profiled
+steps 2-4; rank 1 does 10 ms of extra forward work per micro-batch), whose traces carry the
+runtime's peer annotations.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from rankscope.analysis.collectives import collective_waits
+from rankscope.analysis.schema import P2P_ANNOTATION_PATTERN, EventKind
+from rankscope.analysis.store import open_store
+from rankscope.analysis.stragglers import find_stragglers
+from rankscope.orchestrator.collectives import match
+from rankscope.orchestrator.merge import _p2p_peers, merge_run_dir
+
+DATA = Path(__file__).parent / "data" / "cpu_gloo_4rank_pipeline"
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_pipeline.py"
+WORLD = 4
+PROFILED_STEPS = 3
+MICRO_BATCHES = 2
+SLOW_STAGE = 1
+SLOW_MS = 10
+
+
+def _merge(folder: Path, tmp_path: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    out = merge_run_dir(folder, output=tmp_path / "trace.h5", scheduler="synchronous", quiet=True)
+    with open_store(out) as store:
+        return store.collectives(), store.clock()
+
+
+def test_pipeline_sends_are_paired_with_their_recvs(tmp_path: Path) -> None:
+    colls, _ = _merge(DATA, tmp_path)
+    p2p = colls[colls["op"].isin(["send", "recv"])]
+    per = p2p.groupby("coll")
+    # every point-to-point collective is exactly one send and one recv, on neighbouring stages
+    assert (per.size() == 2).all()
+    assert (per["op"].agg(lambda s: tuple(sorted(s))) == ("recv", "send")).all()
+    pairs = p2p.pivot(index="coll", columns="op", values="rank")
+    assert ((pairs["send"] - pairs["recv"]).abs() == 1).all()
+    # forward (s -> s+1) and backward (s -> s-1): one per micro-batch, step and neighbour pair
+    expected = PROFILED_STEPS * MICRO_BATCHES
+    counts = pairs.value_counts().to_dict()
+    for s in range(WORLD - 1):
+        assert counts[(s + 1, s)] == expected, counts  # (recv, send): forward
+        assert counts[(s, s + 1)] == expected, counts  # backward
+    # the all-reduces of all ranks are untouched by the differing numbers of P2P ops per rank
+    ar = colls[colls["op"] == "allreduce"]
+    assert (ar.groupby("coll").size() == WORLD).all()
+    assert ar["coll"].nunique() == PROFILED_STEPS * 2  # weight and bias of the one stage
+
+
+def test_recv_waits_for_its_sender_and_no_clock_check_on_pairs(tmp_path: Path) -> None:
+    colls, clock = _merge(DATA, tmp_path)
+    w = collective_waits(colls, clock)
+    p2p = w[w["op"].isin(["send", "recv"])]
+    assert not p2p["clock_disagree"].any(), "a send may end before its recv: no check"
+    both = p2p.pivot(index="coll", columns="op", values=["arrival", "wait_ns", "dur_ns"])
+    expected = np.minimum(
+        (both["arrival"]["send"] - both["arrival"]["recv"]).clip(lower=0), both["dur_ns"]["recv"]
+    )
+    assert (both["wait_ns"]["recv"] == expected).all()
+    # the stage after the slow one waits for it in its forward recv, most of the slow time
+    fwd = p2p[(p2p["op"] == "recv") & (p2p["rank"] == SLOW_STAGE + 1)]
+    fwd = fwd[fwd["coll"].isin(colls[(colls["op"] == "send") & (colls["rank"] == SLOW_STAGE)].coll)]
+    assert len(fwd) == PROFILED_STEPS * MICRO_BATCHES
+    assert fwd["wait_ns"].median() > 0.5 * SLOW_MS * 1e6
+
+
+def test_pairs_are_no_straggler_evidence(tmp_path: Path) -> None:
+    """In a pipeline the earlier stage is 'last' at every recv of the next: not a straggler."""
+    colls, clock = _merge(DATA, tmp_path)
+    p2p_only = colls[colls["op"].isin(["send", "recv"])]
+    w = collective_waits(p2p_only, clock)
+    assert w.groupby("coll")["is_last"].sum().eq(1).all()
+    assert find_stragglers(w, pd.DataFrame()).empty
+
+
+def test_without_peer_annotations_sends_stay_unmatched(tmp_path: Path) -> None:
+    """Plain torch.profiler traces name no peer: each send / recv is a collective of one rank."""
+    bare = tmp_path / "bare"
+    shutil.copytree(DATA, bare)
+    for path in bare.rglob("window-*.json.gz"):
+        doc = json.loads(gzip.decompress(path.read_bytes()))
+        doc["traceEvents"] = [
+            e for e in doc["traceEvents"] if not P2P_ANNOTATION_PATTERN.fullmatch(e.get("name", ""))
+        ]
+        path.write_bytes(gzip.compress(json.dumps(doc, indent=2).encode()))
+    colls, _ = _merge(bare, tmp_path)
+    p2p = colls[colls["op"].isin(["send", "recv"])]
+    assert len(p2p) == 2 * 2 * (WORLD - 1) * PROFILED_STEPS * MICRO_BATCHES
+    assert (p2p.groupby("coll").size() == 1).all()
+    ar = colls[colls["op"] == "allreduce"]
+    assert (ar.groupby("coll").size() == WORLD).all() and ar["coll"].nunique() == 6
+
+
+def _comm(rows: list[tuple[str, int, int, int, int]]) -> pd.DataFrame:
+    """One rank's comm table from (op, seq, peer, step, start)."""
+    df = pd.DataFrame(rows, columns=["op", "seq", "peer", "step", "start"])
+    df["event"] = np.arange(len(df))
+    df["group"] = "pg0"
+    df["bytes"] = -1
+    df["end"] = df["start"] + 10
+    df["gpu"] = True
+    return df
+
+
+def test_p2p_keys_never_collide_with_sequence_numbers() -> None:
+    """NCCL-style traces with Seq: a send with seq 0 is not the all-reduce with seq 0."""
+    per_rank = {
+        0: _comm([("send", 0, 1, 1, 100), ("allreduce", 0, -1, 1, 200)]),
+        1: _comm([("recv", 0, 0, 1, 90), ("allreduce", 0, -1, 1, 210)]),
+    }
+    m = match(per_rank)
+    by_coll = m.groupby("coll")["op"].agg(lambda s: tuple(sorted(s)))
+    assert sorted(by_coll) == [("allreduce", "allreduce"), ("recv", "send")]
+
+
+def test_peer_from_the_annotation_around_the_launch_of_a_gpu_kernel() -> None:
+    """A NCCL SendRecv kernel runs later than its launch: the launch's annotation names the peer."""
+    strings = ["rankscope::p2p send peer=3", "cudaLaunchKernel", "ncclDevKernel_SendRecv"]
+    k = EventKind
+    # annotation [100, 200], launch at 150 (corr 7) -> kernel at 1000; a second kernel whose
+    # launch (corr 8, at 300) lies outside any annotation; a gloo-like CPU op inside [400, 500]
+    cols = {
+        "ts": np.array([100, 150, 300, 400, 420, 1000, 1100], np.int64),
+        "dur": np.array([100, 5, 5, 100, 50, 30, 30], np.int64),
+        "name": np.array([0, 1, 1, 0, 2, 2, 2], np.int32),
+        "kind": np.array(
+            [
+                k.USER_ANNOTATION,
+                k.RUNTIME,
+                k.RUNTIME,
+                k.USER_ANNOTATION,
+                k.COMM_CPU,
+                k.KERNEL_COMM,
+                k.KERNEL_COMM,
+            ],
+            np.int8,
+        ),
+        "corr": np.array([-1, 7, 8, -1, -1, 7, 8], np.int64),
+    }
+    ev = np.array([4, 5, 6])
+    ops, peers = _p2p_peers(np.array(["send", "sendrecv", "sendrecv"], object), ev, cols, strings)
+    assert ops.tolist() == ["send", "send", "sendrecv"]
+    assert peers.tolist() == [3, 3, -1]
+
+
+def test_runtime_wrapper_names_peers_and_keeps_p2pop_working(tmp_path: Path) -> None:
+    """In a real (one-rank) gloo group: peers resolved, P2POp accepts the unwrapped isend."""
+    script = f"""
+import torch, torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+original = dist.isend
+dist.init_process_group("gloo", init_method="file://{tmp_path / "store"}", rank=0, world_size=1)
+from rankscope.launchers import p2p
+assert p2p.install() and p2p.install()
+assert dist.isend is c10d.isend and dist.isend is not original and dist.isend._rankscope_wrapped
+t = torch.zeros(1)
+assert p2p.peer_of("send", (t, 5), {{}}) == 5
+assert p2p.peer_of("recv", (t,), {{"src": 2}}) == 2
+assert p2p.peer_of("recv", (t,), {{}}) is None
+assert p2p.peer_of("send", (t,), {{"group": dist.group.WORLD, "group_dst": 0}}) == 0
+dist.P2POp(original, t, 0)
+dist.P2POp(dist.isend, t, 0)
+dist.destroy_process_group()
+print("ok")
+"""
+    res = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=240
+    )
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_fresh_pipeline_run_pairs_every_send(tmp_path: Path) -> None:
+    """``rankscope run`` of the pipeline example: the live runtime annotates, the merge pairs."""
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rankscope.orchestrator",
+            "run",
+            "--nproc-per-node",
+            "2",
+            "--out",
+            str(tmp_path),
+            "--name",
+            "pp",
+            "--repeat",
+            "1",
+            "--no-analyze",
+            str(EXAMPLE),
+            "--steps",
+            "6",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=360,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    (run,) = [p for p in tmp_path.iterdir() if p.is_dir() and "-pp-" in p.name]
+    with open_store(run / "trace.h5") as store:
+        colls = store.collectives()
+    p2p = colls[colls["op"].isin(["send", "recv"])]
+    assert len(p2p) > 0 and (p2p.groupby("coll").size() == 2).all()
+    assert (p2p.groupby("coll")["rank"].nunique() == 2).all()
