@@ -82,6 +82,8 @@ class Analysis:
     """What each rank did before each collective: stragglers.WINDOW_COLUMNS."""
     stragglers: pd.DataFrame
     """Per rank, most significant first: stragglers.STRAGGLER_COLUMNS."""
+    pipeline: pd.DataFrame
+    """Per rank that sends point to point: stragglers.PIPELINE_COLUMNS (empty without pairs)."""
     verdicts: pd.DataFrame
     """Per rank: verdict.VERDICT_COLUMNS."""
     op_stats: pd.DataFrame
@@ -105,6 +107,11 @@ class Analysis:
         """Ranks reported as stragglers, most significant first."""
         s = self.stragglers
         return [int(r) for r in s.loc[s["is_straggler"], "rank"]] if len(s) else []
+
+    def bottleneck_ranks(self) -> list[int]:
+        """Pipeline stages whose own extra work the others' recv waits trace back to."""
+        p = self.pipeline
+        return [int(r) for r in p.loc[p["is_bottleneck"], "rank"]] if len(p) else []
 
 
 def rank_task(
@@ -222,7 +229,7 @@ def analyze(
     from rankscope.analysis.collectives import collective_waits, wait_totals
     from rankscope.analysis.ops import across_ranks
     from rankscope.analysis.store import open_store
-    from rankscope.analysis.stragglers import find_stragglers
+    from rankscope.analysis.stragglers import find_stragglers, pipeline_stages
     from rankscope.analysis.verdict import verdicts
 
     spec = spec or ClusterSpec()
@@ -280,6 +287,7 @@ def analyze(
         waits=waits,
         windows=windows,
         stragglers=find_stragglers(waits, windows, profiled),
+        pipeline=pipeline_stages(waits, windows, profiled),
         verdicts=verdicts(whole, totals),
         op_stats=op_table,
         ops=across_ranks(op_table),

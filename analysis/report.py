@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 import json
 import math
+import re
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -21,6 +22,8 @@ if TYPE_CHECKING:
 SUMMARY_SCHEMA = "rankscope-summary"
 #: ``version`` field of summary.json; bump on any incompatible change (docs/summary.md).
 SUMMARY_VERSION = 1
+#: rich console markup ([bold red] … [/bold red]), stripped for HTML.
+RICH_MARKUP = re.compile(r"\[/?[a-z ]+\]")
 #: Longest op / range name shown in tables before it is shortened.
 NAME_WIDTH = 60
 #: Categories of the per-rank bars: (breakdown column, label, colour).
@@ -68,6 +71,7 @@ def _finite(x: float) -> float | None:
 def summary(a: Analysis) -> dict[str, Any]:
     """The summary.json document (contract: docs/summary.md)."""
     from rankscope.analysis.collectives import collective_summary, wait_totals
+    from rankscope.analysis.schema import P2P_OPS
 
     totals = wait_totals(a.waits).set_index("rank") if len(a.waits) else None
     verdicts = a.verdicts.set_index("rank") if len(a.verdicts) else None
@@ -177,6 +181,23 @@ def summary(a: Analysis) -> dict[str, Any]:
         "ranks": ranks,
         "steps": steps,
         "stragglers": stragglers,
+        "pipeline": {
+            "pairs": int(a.waits.loc[a.waits["op"].isin(P2P_OPS), "coll"].nunique())
+            if len(a.waits)
+            else 0,
+            "bottlenecks": [
+                {
+                    "rank": int(p.rank),
+                    "root_pairs": int(p.root_pairs),
+                    "wait_traced_s": round(float(p.wait_traced_s), 6),
+                    "wait_share": round(float(p.wait_share), 4),
+                    "wait_caused_s": round(float(p.wait_caused_s), 6),
+                    "cause": p.cause,
+                }
+                for p in a.pipeline.itertuples(index=False)
+                if p.is_bottleneck
+            ],
+        },
         "clock": clock,
         "collectives": colls,
         "hta": hta,
@@ -208,6 +229,31 @@ _SHORT_VERDICT = {
 
 def _pct(part: float, whole: float) -> str:
     return f"{100.0 * part / whole:.0f}%" if whole > 0 else "-"
+
+
+def pipeline_lines(a: Analysis, doc: dict[str, Any]) -> list[str]:
+    """What the point-to-point pairs say (rich markup); nothing when the run has none."""
+    pipe = doc["pipeline"]
+    if not pipe["pairs"]:
+        return []
+    if not pipe["bottlenecks"]:
+        return [
+            f"[green]No pipeline bottleneck[/green]: the waiting in recvs ({pipe['pairs']} "
+            "send/recv pair(s)) traces back to no stage's own extra work."
+        ]
+    ev = a.pipeline.set_index("rank")
+    lines = []
+    for b in pipe["bottlenecks"]:
+        row = ev.loc[b["rank"]]
+        lines.append(
+            f"[bold red]Pipeline bottleneck: rank {b['rank']}[/bold red] — {b['root_pairs']} "
+            f"receivers' waits ({b['wait_traced_s'] * 1e3:.1f} ms, {b['wait_share']:.0%} of the "
+            f"waiting in recvs, {pipe['pairs']} pairs) trace back to it; its own extra work before "
+            f"sending explains {b['wait_caused_s'] * 1e3:.1f} ms (compute "
+            f"+{row['compute_extra_s'] * 1e3:.1f}, input +{row['input_extra_s'] * 1e3:.1f}, host "
+            f"+{row['host_extra_s'] * 1e3:.1f} ms vs the typical stage) → {b['cause']}"
+        )
+    return lines
 
 
 def print_summary(a: Analysis, console: Console | None = None, *, top_ops: int = 8) -> None:
@@ -299,6 +345,8 @@ def print_summary(a: Analysis, console: Console | None = None, *, top_ops: int =
             f"[green]No straggler[/green]: no rank was last significantly more often than chance "
             f"and caused a material share of the wait ({n} collective(s))."
         )
+    for line in pipeline_lines(a, doc):
+        console.print(line)
     if doc["clock"]:
         ct = Table(
             title="Clock alignment", title_justify="left", header_style="bold", box=box.SIMPLE_HEAD
@@ -633,6 +681,9 @@ def render_html(a: Analysis) -> str:
         )
     else:
         strag_html = "<p>No straggler: no rank was last significantly more often than chance while causing a material share of the others' wait.</p>"
+    pipe_html = "".join(
+        f"<p class='note'>{_e(RICH_MARKUP.sub('', line))}</p>" for line in pipeline_lines(a, doc)
+    )
     all_ranks = [
         [
             int(s.rank),
@@ -722,7 +773,7 @@ def render_html(a: Analysis) -> str:
 <div class='cards'>{card_html}</div>
 <section><h2>Where the time went, per rank</h2>{_bars_svg(a)}{ranks_table}<ul>{reasons}</ul>
 <p class='note'>Wait and transfer sum each rank's collective durations (the wait lasts until the last rank arrives, on the aligned clock); comm exposed is the time communication ran with nothing hiding it.</p></section>
-<section><h2>Stragglers</h2>{strag_html}</section>
+<section><h2>Stragglers</h2>{strag_html}{pipe_html}</section>
 <section><h2>Steps</h2>{_steps_html(a)}</section>
 <section><h2>Arrival lateness per collective</h2>{_lateness_svg(a)}
 <p class='note'>Each dot is a rank arriving at a collective, in ms after the first rank; the last rank of each collective is drawn solid.</p>

@@ -19,13 +19,17 @@ import numpy as np
 import pandas as pd
 import pytest
 from rankscope.analysis.collectives import collective_waits
+from rankscope.analysis.pipeline import SYNCHRONOUS, ClusterSpec, analyze
 from rankscope.analysis.schema import P2P_ANNOTATION_PATTERN, EventKind
 from rankscope.analysis.store import open_store
-from rankscope.analysis.stragglers import find_stragglers
+from rankscope.analysis.stragglers import Cause, find_stragglers, p2p_roots
+from rankscope.orchestrator.cli import main as cli
 from rankscope.orchestrator.collectives import match
 from rankscope.orchestrator.merge import _p2p_peers, merge_run_dir
 
 DATA = Path(__file__).parent / "data" / "cpu_gloo_4rank_pipeline"
+#: The same job with no slow stage.
+BALANCED = Path(__file__).parent / "data" / "cpu_gloo_4rank_pipeline_balanced"
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_pipeline.py"
 WORLD = 4
 PROFILED_STEPS = 3
@@ -217,3 +221,94 @@ def test_fresh_pipeline_run_pairs_every_send(tmp_path: Path) -> None:
     p2p = colls[colls["op"].isin(["send", "recv"])]
     assert len(p2p) > 0 and (p2p.groupby("coll").size() == 2).all()
     assert (p2p.groupby("coll")["rank"].nunique() == 2).all()
+
+
+# -- the pipeline bottleneck: receivers' waits traced back to a stage's own extra work ----------
+
+
+def _analysis(folder: Path, tmp_path: Path):  # type: ignore[no-untyped-def]
+    out = merge_run_dir(folder, output=tmp_path / "trace.h5", scheduler="synchronous", quiet=True)
+    return analyze(out, ClusterSpec(scheduler=SYNCHRONOUS))
+
+
+def test_slow_stage_is_the_pipeline_bottleneck_with_its_cause(tmp_path: Path) -> None:
+    a = _analysis(DATA, tmp_path)
+    assert a.bottleneck_ranks() == [SLOW_STAGE]
+    top = a.pipeline.iloc[0]
+    assert top["cause"] == Cause.OWN_COMPUTE and top["wait_share"] > 0.8
+    # its extra compute: ~SLOW_MS per forward micro-batch it sent
+    sent = PROFILED_STEPS * MICRO_BATCHES
+    assert 0.5 * sent * SLOW_MS / 1e3 < top["compute_extra_s"] < 1.5 * sent * SLOW_MS / 1e3
+    roots = p2p_roots(a.waits, a.windows)
+    # the last stage waits for stage 2, which was late only because it waited for stage 1:
+    # those waits are followed upstream to stage 1
+    last = roots[(roots["receiver"] == WORLD - 1) & (roots["sender"] == WORLD - 2)]
+    assert (last["root"] == SLOW_STAGE).mean() >= 0.5 and (last["via"] >= 1).any()
+    # collectives alone name no straggler here (the all-reduce is not where ranks wait)
+    assert a.straggler_ranks() == []
+
+
+def test_balanced_pipeline_has_no_bottleneck(tmp_path: Path) -> None:
+    """The bubble of a balanced pipeline is the schedule: it traces back to no stage."""
+    a = _analysis(BALANCED, tmp_path)
+    assert len(a.pipeline) == WORLD and a.bottleneck_ranks() == []
+    assert a.pipeline["wait_share"].max() < 0.5
+
+
+def test_chain_of_waits_is_followed_upstream() -> None:
+    """Hand-built: 0 sends 10 ms late to 1; 1 forwards at once to 2; 2 waited for 0 (via 1)."""
+    ms = 1_000_000
+    # coll 0: send 0 -> recv 1 (1 arrives at 0, 0 at 10 ms after 10 ms of work); coll 1: send
+    # 1 -> recv 2 (2 arrives at 0, 1 sends at 10.5 ms after 0.5 ms of work); coll 2: send 2 -> 3
+    # after 0.5 ms, nobody waits. The typical stage works 0.5 ms before sending.
+    waits = pd.DataFrame(
+        {
+            "coll": [0, 0, 1, 1, 2, 2],
+            "op": ["send", "recv", "send", "recv", "send", "recv"],
+            "rank": [0, 1, 1, 2, 2, 3],
+            "n_ranks": [2] * 6,
+            "arrival": [10 * ms, 0, 10 * ms + ms // 2, 0, 11 * ms, 11 * ms],
+            "end": [
+                10 * ms + 10,
+                10 * ms + 20,
+                10 * ms + ms // 2 + 10,
+                10 * ms + ms // 2 + 20,
+                11 * ms + 10,
+                11 * ms + 20,
+            ],
+            "wait_ns": [0, 10 * ms, 0, 10 * ms + ms // 2, 0, 0],
+        }
+    )
+    windows = pd.DataFrame(
+        {
+            "coll": [0, 1, 2],
+            "rank": [0, 1, 2],
+            "compute_ns": [10 * ms, ms // 2, ms // 2],
+            "input_ns": [0, 0, 0],
+            "idle_ns": [0, 0, 0],
+        }
+    )
+    r = p2p_roots(waits, windows).set_index("coll")
+    assert r.loc[0, "root"] == 0 and r.loc[0, "via"] == 0
+    assert r.loc[1, "root"] == 0 and r.loc[1, "via"] == 1
+    assert r.loc[1, "caused_ns"] == r.loc[0, "caused_ns"] > 9 * ms
+
+
+def test_cli_names_the_bottleneck_in_text_json_and_html(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    work = tmp_path / "pp"
+    shutil.copytree(DATA, work)
+    summary, report = tmp_path / "s.json", tmp_path / "r.html"
+    args = ["analyze", str(work), "--json", str(summary), "--html", str(report)]
+    assert cli([*args, "--scheduler", "synchronous"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"Pipeline bottleneck: rank {SLOW_STAGE}" in out and "→ own compute" in out
+    doc = json.loads(summary.read_text())
+    assert doc["pipeline"]["pairs"] == 2 * (WORLD - 1) * PROFILED_STEPS * MICRO_BATCHES
+    assert [b["rank"] for b in doc["pipeline"]["bottlenecks"]] == [SLOW_STAGE]
+    assert f"Pipeline bottleneck: rank {SLOW_STAGE}" in report.read_text()
+    balanced = tmp_path / "bal"
+    shutil.copytree(BALANCED, balanced)
+    assert cli(["analyze", str(balanced), "--scheduler", "synchronous"]) == 0
+    assert "No pipeline bottleneck" in " ".join(capsys.readouterr().out.split())
