@@ -53,7 +53,7 @@ def summary_html(analysis: Analysis) -> str:
     from html import escape
 
     v = analysis.verdicts
-    strag = set(analysis.straggler_ranks())
+    strag = set(analysis.flagged_ranks())
     head = (
         "<tr><th>rank</th><th>verdict</th><th>compute</th><th>wait</th>"
         "<th>transfer</th><th>input</th><th>idle</th></tr>"
@@ -86,11 +86,19 @@ def stragglers_markdown(stragglers: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def pipeline_markdown(analysis: Analysis) -> str:
+    """The pipeline finding (a paragraph after the stragglers); empty without send/recv pairs."""
+    from rankscope.analysis.report import RICH_MARKUP, pipeline_lines, summary
+
+    lines = pipeline_lines(analysis, summary(analysis))
+    return "".join("\n\n" + RICH_MARKUP.sub("", line) for line in lines)
+
+
 def _default_ranks(store: Store, analysis: Analysis | None) -> list[int]:
     ranks = store.ranks
     if len(ranks) <= DEFAULT_MAX_RANKS:
         return list(ranks)
-    strag = analysis.straggler_ranks() if analysis is not None else []
+    strag = analysis.flagged_ranks() if analysis is not None else []
     return sorted(set(ranks[:DEFAULT_MAX_RANKS]) | set(strag))
 
 
@@ -163,7 +171,10 @@ def build_app(store: Store, analysis: Analysis | None = None) -> Any:
             pn.pane.Markdown("### Per rank (% of profiled time)", margin=(0, 10)),
             pn.pane.HTML(summary_html(analysis), width=FINDINGS_WIDTH, stylesheets=[TABLE_CSS]),
             pn.pane.Markdown("### Stragglers", margin=(10, 10, 0, 10)),
-            pn.pane.Markdown(stragglers_markdown(analysis.stragglers), width=FINDINGS_WIDTH),
+            pn.pane.Markdown(
+                stragglers_markdown(analysis.stragglers) + pipeline_markdown(analysis),
+                width=FINDINGS_WIDTH,
+            ),
         ]
     header = pn.pane.Markdown(
         f"## {APP_TITLE} — {run_id}\n"

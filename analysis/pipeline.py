@@ -108,6 +108,11 @@ class Analysis:
         s = self.stragglers
         return [int(r) for r in s.loc[s["is_straggler"], "rank"]] if len(s) else []
 
+    def flagged_ranks(self) -> list[int]:
+        """Stragglers, then pipeline bottlenecks that are not also stragglers (views mark both)."""
+        strag = self.straggler_ranks()
+        return strag + [r for r in self.bottleneck_ranks() if r not in strag]
+
     def bottleneck_ranks(self) -> list[int]:
         """Pipeline stages whose own extra work the others' recv waits trace back to."""
         p = self.pipeline

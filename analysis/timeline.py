@@ -546,7 +546,7 @@ def timeline(
         raise ValueError(f"empty window: end {end} ns <= start {start} ns")
     if analysis is not None:
         waits = analysis.waits
-        strag = analysis.straggler_ranks()
+        strag = analysis.flagged_ranks()
     else:
         from rankscope.analysis.collectives import collective_waits
 

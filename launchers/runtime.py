@@ -246,7 +246,10 @@ class RankRuntime:
         )
         register_optimizer_step_post_hook(self._on_optimizer_step)
         self._wrap_init_process_group()
-        p2p.install()
+        try:
+            p2p.install()
+        except Exception as exc:  # a torch without the hooks it needs: profile without peers
+            self.meta["p2p_error"] = f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
         self.prof.start()
         self._tag_window()
         atexit.register(self.close)

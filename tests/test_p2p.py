@@ -246,6 +246,12 @@ def test_slow_stage_is_the_pipeline_bottleneck_with_its_cause(tmp_path: Path) ->
     assert (last["root"] == SLOW_STAGE).mean() >= 0.5 and (last["via"] >= 1).any()
     # collectives alone name no straggler here (the all-reduce is not where ranks wait)
     assert a.straggler_ranks() == []
+    # the views mark it like a straggler: shaded row, highlighted table row, the finding
+    from rankscope.analysis.app import pipeline_markdown, summary_html
+
+    assert a.flagged_ranks() == [SLOW_STAGE]
+    assert f'<tr class="straggler"><td>{SLOW_STAGE}</td>' in summary_html(a)
+    assert f"Pipeline bottleneck: rank {SLOW_STAGE}" in pipeline_markdown(a)
 
 
 def test_balanced_pipeline_has_no_bottleneck(tmp_path: Path) -> None:
@@ -253,6 +259,7 @@ def test_balanced_pipeline_has_no_bottleneck(tmp_path: Path) -> None:
     a = _analysis(BALANCED, tmp_path)
     assert len(a.pipeline) == WORLD and a.bottleneck_ranks() == []
     assert a.pipeline["wait_share"].max() < 0.5
+    assert a.flagged_ranks() == []
 
 
 def test_chain_of_waits_is_followed_upstream() -> None:
