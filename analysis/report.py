@@ -231,6 +231,14 @@ def _pct(part: float, whole: float) -> str:
     return f"{100.0 * part / whole:.0f}%" if whole > 0 else "-"
 
 
+def extra_parts(row: Any) -> str:
+    """'compute +a, input +b, host +c ms' from a row with ``*_extra_s`` (seconds)."""
+    return (
+        f"compute +{row['compute_extra_s'] * 1e3:.1f}, input +{row['input_extra_s'] * 1e3:.1f}, "
+        f"host +{row['host_extra_s'] * 1e3:.1f} ms"
+    )
+
+
 def pipeline_lines(a: Analysis, doc: dict[str, Any]) -> list[str]:
     """What the point-to-point pairs say (rich markup); nothing when the run has none."""
     pipe = doc["pipeline"]
@@ -249,9 +257,8 @@ def pipeline_lines(a: Analysis, doc: dict[str, Any]) -> list[str]:
             f"[bold red]Pipeline bottleneck: rank {b['rank']}[/bold red] — {b['root_pairs']} "
             f"receivers' waits ({b['wait_traced_s'] * 1e3:.1f} ms, {b['wait_share']:.0%} of the "
             f"waiting in recvs, {pipe['pairs']} pairs) trace back to it; its own extra work before "
-            f"sending explains {b['wait_caused_s'] * 1e3:.1f} ms (compute "
-            f"+{row['compute_extra_s'] * 1e3:.1f}, input +{row['input_extra_s'] * 1e3:.1f}, host "
-            f"+{row['host_extra_s'] * 1e3:.1f} ms vs the typical stage) → {b['cause']}"
+            f"sending explains {b['wait_caused_s'] * 1e3:.1f} ms ({extra_parts(row)} vs the "
+            f"typical stage) → {b['cause']}"
         )
     return lines
 
@@ -336,8 +343,7 @@ def print_summary(a: Analysis, console: Console | None = None, *, top_ops: int =
                 f"  rank {s['rank']}: last at {s['times_last']} of {s['collectives']} collectives "
                 f"(chance: {row['expected_last']:.1f}), {row['late_s'] * 1e3:.1f} ms late in all; its own "
                 f"extra work since its previous collective: {row['own_extra_s'] * 1e3:.1f} ms "
-                f"(compute +{row['compute_extra_s'] * 1e3:.1f}, input +{row['input_extra_s'] * 1e3:.1f}, "
-                f"host +{row['host_extra_s'] * 1e3:.1f} ms vs the median rank) → {s['cause']}"
+                f"({extra_parts(row)} vs the median rank) → {s['cause']}"
             )
     else:
         n = doc["collectives"]["count"]
@@ -659,8 +665,7 @@ def render_html(a: Analysis) -> str:
                 f"{s['wait_share']:.0%}",
                 s["cause"],
                 f"{ev.loc[s['rank'], 'late_s'] * 1e3:.1f} ms late in all; own extra work before arriving "
-                f"{ev.loc[s['rank'], 'own_extra_s'] * 1e3:.1f} ms: compute +{ev.loc[s['rank'], 'compute_extra_s'] * 1e3:.1f}, "
-                f"input +{ev.loc[s['rank'], 'input_extra_s'] * 1e3:.1f}, host +{ev.loc[s['rank'], 'host_extra_s'] * 1e3:.1f} ms (vs median rank)",
+                f"{ev.loc[s['rank'], 'own_extra_s'] * 1e3:.1f} ms: {extra_parts(ev.loc[s['rank']])} (vs median rank)",
             ]
             for s in strag
         ]
