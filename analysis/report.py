@@ -140,6 +140,7 @@ def summary(a: Analysis) -> dict[str, Any]:
         for c in a.clock.itertuples(index=False)
     ]
     by_op = collective_summary(a.waits)
+    p2p = a.waits[a.waits["op"].isin(P2P_OPS)] if len(a.waits) else a.waits
     w = a.waits
     colls = {
         "count": int(w["coll"].nunique()) if len(w) else 0,
@@ -182,9 +183,8 @@ def summary(a: Analysis) -> dict[str, Any]:
         "steps": steps,
         "stragglers": stragglers,
         "pipeline": {
-            "pairs": int(a.waits.loc[a.waits["op"].isin(P2P_OPS), "coll"].nunique())
-            if len(a.waits)
-            else 0,
+            "pairs": int(p2p.loc[p2p["n_ranks"] == 2, "coll"].nunique()),
+            "unmatched": int((p2p["n_ranks"] == 1).sum()),
             "bottlenecks": [
                 {
                     "rank": int(p.rank),
@@ -243,7 +243,12 @@ def pipeline_lines(a: Analysis, doc: dict[str, Any]) -> list[str]:
     """What the point-to-point pairs say (rich markup); nothing when the run has none."""
     pipe = doc["pipeline"]
     if not pipe["pairs"]:
-        return []
+        if not pipe["unmatched"]:
+            return []
+        return [
+            f"Point-to-point: {pipe['unmatched']} send/recv op(s) without a known peer (traces "
+            "recorded without `rankscope run`'s peer annotations): not paired, no pipeline analysis."
+        ]
     if not pipe["bottlenecks"]:
         return [
             f"[green]No pipeline bottleneck[/green]: the waiting in recvs ({pipe['pairs']} "

@@ -323,6 +323,14 @@ PIPELINE_COLUMNS: dict[str, str] = {
 }
 
 
+def _typical_stage(sends: pd.DataFrame, col: str) -> float:
+    """The typical stage's ``col`` over send windows: median over ranks of each rank's median.
+
+    Per rank first, so that one slow stage — however many sends it has — cannot move it.
+    """
+    return float(sends.groupby("rank")[col].median().median())
+
+
 def p2p_roots(waits: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
     """Trace each receiver's wait back to the pipeline stage whose own extra work caused it.
 
@@ -354,8 +362,7 @@ def p2p_roots(waits: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
     for p in parts:
         own[p] = own[p].fillna(0) if p in own else 0
     own["own_ns"] = own[parts].sum(axis=1)
-    typical = float(own.groupby("rank")["own_ns"].median().median())
-    own["extra_ns"] = own["own_ns"] - typical
+    own["extra_ns"] = own["own_ns"] - _typical_stage(own, "own_ns")
     own = own.set_index("coll")
     table = pd.DataFrame(
         {
@@ -369,11 +376,13 @@ def p2p_roots(waits: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
     ).sort_values("arrival", kind="stable")
     # each rank's sync points (ends of all its collectives and pairs), to find what a sender
     # last waited in before it sent
-    recv_rows = recv.reset_index()[["coll", "rank", "end", "wait_ns"]]
-    ends = {int(r): g.sort_values("end") for r, g in waits.groupby("rank")}
+    ends = {
+        int(r): (g["end"].to_numpy(np.int64), g["coll"].to_numpy(np.int64))
+        for r, g in waits.sort_values("end", kind="stable").groupby("rank")
+    }
     waited_in = {
         (int(c), int(r)): int(w)
-        for c, r, w in recv_rows[["coll", "rank", "wait_ns"]].itertuples(index=False)
+        for c, r, w in recv.reset_index()[["coll", "rank", "wait_ns"]].itertuples(index=False)
     }
     resolved: dict[int, tuple[int, int, int]] = {}  # coll -> (root, caused, via)
     out = []
@@ -385,9 +394,9 @@ def p2p_roots(waits: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
             else:
                 mine = ends.get(int(s))
                 if mine is not None:
-                    k = int(np.searchsorted(mine["end"].to_numpy(np.int64), arrival, "right")) - 1
+                    k = int(np.searchsorted(mine[0], arrival, "right")) - 1
                     if k >= 0:
-                        prev = int(mine["coll"].iloc[k])
+                        prev = int(mine[1][k])
                         if waited_in.get((prev, int(s)), 0) >= MIN_P2P_WAIT_NS and prev in resolved:
                             up_root, up_caused, up_via = resolved[prev]
                             if up_root >= 0:
@@ -432,10 +441,7 @@ def pipeline_stages(
     # the sender's window of every pair, and the typical stage's value of each part
     sent = roots[["coll", "sender"]].rename(columns={"sender": "rank"})
     sends = sent.merge(windows, on=["coll", "rank"], how="inner") if len(windows) else sent
-    typical = {
-        c: float(sends.groupby("rank")[col].median().median()) if col in sends else 0.0
-        for c, col in parts.items()
-    }
+    typical = {c: _typical_stage(sends, col) if col in sends else 0.0 for c, col in parts.items()}
     sends = sends.set_index("coll")
     rows = []
     for rank, sub in roots.groupby("sender"):

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rankscope.analysis.schema import EventKind
 from rankscope.errors import InputFileError, UsageError
 from rankscope.launchers import rundir
 
@@ -263,7 +264,6 @@ def _steps(columns: dict[str, np.ndarray], strings: list[str]) -> pd.DataFrame:
     """ProfilerStep ranges of one rank (raw ns): step, start, end."""
     import numpy as np
     import pandas as pd
-    from rankscope.analysis.schema import EventKind
 
     idx = np.flatnonzero(columns["kind"] == EventKind.PROFILER_STEP)
     rows = []
@@ -282,7 +282,6 @@ def _steps(columns: dict[str, np.ndarray], strings: list[str]) -> pd.DataFrame:
 def _step_column(columns: dict[str, np.ndarray], steps: pd.DataFrame) -> np.ndarray:
     """Step of each event: the ProfilerStep it starts in; GPU work takes its launch's step."""
     import numpy as np
-    from rankscope.analysis.schema import EventKind
 
     ts = columns["ts"]
     out = np.full(len(ts), -1, dtype=np.int32)
@@ -295,21 +294,31 @@ def _step_column(columns: dict[str, np.ndarray], steps: pd.DataFrame) -> np.ndar
     inside = (pos >= 0) & (ts < ends[np.clip(pos, 0, None)])
     out[inside] = nums[pos[inside]]
     # GPU activity runs after its launch: take the step of the CPU runtime call with its corr.
-    kind = columns["kind"]
+    gidx = np.flatnonzero(np.isin(columns["kind"], GPU_KINDS))
+    launch = _launches(columns, gidx)
+    found = launch >= 0
+    out[gidx[found]] = out[launch[found]]
+    return out
+
+
+def _launches(columns: dict[str, np.ndarray], idx: np.ndarray) -> np.ndarray:
+    """Row of the CPU runtime call (same correlation id) that launched each GPU event ``idx``.
+
+    -1 where the event has no correlation id or its launch is not in the trace.
+    """
+    import numpy as np
+
     corr = columns["corr"]
-    gpu = np.isin(
-        kind, [EventKind.KERNEL_COMPUTE, EventKind.KERNEL_COMM, EventKind.MEMCPY, EventKind.MEMSET]
-    )
-    runtime = (kind == EventKind.RUNTIME) & (corr >= 0)
-    if gpu.any() and runtime.any():
-        rc = corr[runtime]
-        rs = out[runtime]
-        order = np.argsort(rc, kind="stable")
-        rc, rs = rc[order], rs[order]
-        gidx = np.flatnonzero(gpu & (corr >= 0))
-        p = np.searchsorted(rc, corr[gidx])
-        found = (p < len(rc)) & (rc[np.clip(p, 0, len(rc) - 1)] == corr[gidx])
-        out[gidx[found]] = rs[p[found]]
+    out = np.full(len(idx), -1, dtype=np.int64)
+    runtime = np.flatnonzero((columns["kind"] == EventKind.RUNTIME) & (corr >= 0))
+    if not len(runtime) or not len(idx):
+        return out
+    order = np.argsort(corr[runtime], kind="stable")
+    rc, rows = corr[runtime][order], runtime[order]
+    want = corr[idx]
+    p = np.clip(np.searchsorted(rc, want), 0, len(rc) - 1)
+    found = (want >= 0) & (rc[p] == want)
+    out[found] = rows[p[found]]
     return out
 
 
@@ -323,7 +332,6 @@ def _comm_table(
     """
     import numpy as np
     import pandas as pd
-    from rankscope.analysis.schema import EventKind
     from rankscope.orchestrator.collectives import RANK_COMM_COLUMNS, normalise_groups
 
     if comm.empty:
@@ -344,6 +352,8 @@ def _comm_table(
     return comm.loc[:, list(RANK_COMM_COLUMNS)].reset_index(drop=True)
 
 
+#: Event kinds that run on a GPU stream (their step and host time are their launch's).
+GPU_KINDS = (EventKind.KERNEL_COMPUTE, EventKind.KERNEL_COMM, EventKind.MEMCPY, EventKind.MEMSET)
 #: Annotations looked back through for one that is still open (p2p calls nest at most this deep).
 MAX_P2P_NESTING = 4
 
@@ -360,7 +370,7 @@ def _p2p_peers(
     Events outside any annotation keep their op and peer -1.
     """
     import numpy as np
-    from rankscope.analysis.schema import P2P_ANNOTATION_PATTERN, P2P_OPS, EventKind
+    from rankscope.analysis.schema import P2P_ANNOTATION_PATTERN, P2P_OPS
 
     peers = np.full(len(ev), -1, dtype=np.int64)
     parsed = {
@@ -374,21 +384,11 @@ def _p2p_peers(
     a_start = columns["ts"][ann]  # sorted: columns are in ts order
     a_end = a_start + columns["dur"][ann]
     host = columns["ts"][ev].copy()
-    kind = columns["kind"]
-    corr = columns["corr"]
-    gpu = (kind[ev] == EventKind.KERNEL_COMM) & (corr[ev] >= 0)
+    gpu = columns["kind"][ev] == EventKind.KERNEL_COMM
     if gpu.any():
-        launches = np.flatnonzero((kind == EventKind.RUNTIME) & (corr >= 0))
-        lc = corr[launches]
-        order = np.argsort(lc, kind="stable")
-        lc, lts = lc[order], columns["ts"][launches][order]
-        want = corr[ev[gpu]]
-        pos = np.clip(np.searchsorted(lc, want), 0, max(len(lc) - 1, 0))
-        found = (len(lc) > 0) & (lc[pos] == want) if len(lc) else np.zeros(len(want), bool)
-        host_gpu = host[gpu]
-        host_gpu[found] = lts[pos[found]]
-        host_gpu[~found] = -1  # launch not in the trace: no host time
-        host[gpu] = host_gpu
+        launch = _launches(columns, ev[gpu])
+        # a kernel without its launch in the trace has no host time (-1)
+        host[gpu] = np.where(launch >= 0, columns["ts"][np.maximum(launch, 0)], -1)
     ops = ops.copy()
     for i in np.flatnonzero(candidates & (host >= 0)).tolist():
         k = int(np.searchsorted(a_start, host[i], side="right")) - 1

@@ -107,6 +107,15 @@ def test_without_peer_annotations_sends_stay_unmatched(tmp_path: Path) -> None:
     assert (p2p.groupby("coll").size() == 1).all()
     ar = colls[colls["op"] == "allreduce"]
     assert (ar.groupby("coll").size() == WORLD).all() and ar["coll"].nunique() == 6
+    # the summary says why there is no pipeline analysis, rather than "no bottleneck"
+    from rankscope.analysis.report import pipeline_lines, summary
+
+    a = analyze(tmp_path / "trace.h5", ClusterSpec(scheduler=SYNCHRONOUS))
+    doc = summary(a)
+    assert doc["pipeline"]["pairs"] == 0 and doc["pipeline"]["unmatched"] == len(p2p)
+    assert a.bottleneck_ranks() == []
+    (line,) = pipeline_lines(a, doc)
+    assert "without a known peer" in line and "not paired" in line
 
 
 def _comm(rows: list[tuple[str, int, int, int, int]]) -> pd.DataFrame:
