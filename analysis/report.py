@@ -599,6 +599,22 @@ def _table(
     return f"<div class='scroll'><table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table></div>"
 
 
+def _across_cells(o: Any, *, with_kind: bool) -> list[Any]:
+    """HTML table cells of one row of ``ops.across_ranks`` (ops with their kind, ranges without)."""
+    return [
+        short_name(str(o.name)),
+        *([o.kind] if with_kind else []),
+        o.ranks,
+        f"{o.count_mean:.1f}",
+        f"{o.total_mean_ns / 1e6:.3f}",
+        f"{o.total_min_ns / 1e6:.3f}",
+        f"{o.total_max_ns / 1e6:.3f}",
+        f"{o.spread:.0%}",
+        o.fastest_rank,
+        o.slowest_rank,
+    ]
+
+
 def render_html(a: Analysis) -> str:
     """The self-contained HTML report (inline CSS and SVG; opens offline)."""
     doc = summary(a)
@@ -716,35 +732,8 @@ def render_html(a: Analysis) -> str:
         ]
         for c in doc["clock"]
     ]
-    op_rows = [
-        [
-            short_name(str(o.name)),
-            o.kind,
-            o.ranks,
-            f"{o.count_mean:.1f}",
-            f"{o.total_mean_ns / 1e6:.3f}",
-            f"{o.total_min_ns / 1e6:.3f}",
-            f"{o.total_max_ns / 1e6:.3f}",
-            f"{o.spread:.0%}",
-            o.fastest_rank,
-            o.slowest_rank,
-        ]
-        for o in a.ops.itertuples(index=False)
-    ]
-    ann_rows = [
-        [
-            short_name(str(o.name)),
-            o.ranks,
-            f"{o.count_mean:.1f}",
-            f"{o.total_mean_ns / 1e6:.3f}",
-            f"{o.total_min_ns / 1e6:.3f}",
-            f"{o.total_max_ns / 1e6:.3f}",
-            f"{o.spread:.0%}",
-            o.fastest_rank,
-            o.slowest_rank,
-        ]
-        for o in a.annotations.itertuples(index=False)
-    ]
+    op_rows = [_across_cells(o, with_kind=True) for o in a.ops.itertuples(index=False)]
+    ann_rows = [_across_cells(o, with_kind=False) for o in a.annotations.itertuples(index=False)]
     hta_html = ""
     if doc["hta"]:
         hta_html = (

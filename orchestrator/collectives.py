@@ -59,7 +59,7 @@ def normalise_groups(comm: pd.DataFrame, comm_cpu: pd.Series, lane: pd.Series) -
     return groups
 
 
-def rank_keys(comm: pd.DataFrame, rank: int = -1) -> pd.Series:
+def rank_keys(comm: pd.DataFrame, rank: int) -> pd.Series:
     """Match key (a string) for each comm event of ONE rank (columns RANK_COMM_COLUMNS).
 
     ``rank``: the rank's global rank (point-to-point keys name both ends; module docstring).

@@ -323,7 +323,7 @@ def _launches(columns: dict[str, np.ndarray], idx: np.ndarray) -> np.ndarray:
 
 
 def _comm_table(
-    comm: pd.DataFrame, columns: dict[str, np.ndarray], strings: list[str] | None = None
+    comm: pd.DataFrame, columns: dict[str, np.ndarray], strings: list[str]
 ) -> pd.DataFrame:
     """One rank's comm events with groups normalised, step, start and end (raw ns), and peer.
 
@@ -346,7 +346,7 @@ def _comm_table(
     is_cpu = pd.Series(columns["kind"][ev] == EventKind.COMM_CPU, index=comm.index)
     comm["group"] = normalise_groups(comm, is_cpu, comm["lane"])
     comm["gpu"] = ~is_cpu
-    ops, peers = _p2p_peers(comm["op"].to_numpy(object), ev, columns, strings or [])
+    ops, peers = _p2p_peers(comm["op"].to_numpy(object), ev, columns, strings)
     comm["op"] = ops
     comm["peer"] = peers
     return comm.loc[:, list(RANK_COMM_COLUMNS)].reset_index(drop=True)

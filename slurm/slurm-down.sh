@@ -35,14 +35,9 @@ RUNDIR=$ROOT/run
 CONF=$ROOT/etc/slurm.conf
 export SLURM_CONF=$CONF
 
-live_pid() { # live_pid PIDFILE "EXE..." -> PID when alive and running one of the executables
-  local pid exe
-  [ -s "$1" ] || return 1
-  pid=$(tr -dc '0-9' <"$1")
-  [ -n "$pid" ] || return 1
-  exe=$(readlink "/proc/$pid/exe" 2>/dev/null) || return 1
-  case " $2 " in *" ${exe##*/} "*) echo "$pid" ;; *) return 1 ;; esac
-}
+# live_pid PIDFILE "EXE...": shared with slurm-up.sh
+# shellcheck source=slurm/pids.sh
+. "$(dirname "${BASH_SOURCE[0]}")/pids.sh"
 terminate() { # terminate PID NAME SECONDS -> SIGTERM, wait up to SECONDS, then SIGKILL
   local pid=$1 name=$2 ticks=$(($3 * 10))
   kill -TERM "$pid" 2>/dev/null || return 0

@@ -69,16 +69,9 @@ export SLURM_CONF=$CONF
 # AF_UNIX socket paths are limited to 108 bytes
 [ ${#DB_SOCKET} -lt 100 ] || fail "--root path too long for unix sockets: $ROOT"
 
-# live_pid PIDFILE "EXE..." -> print the PID if it is alive and runs one of the executables
-# (a PID file left by a dead daemon may name a reused PID of an unrelated process)
-live_pid() {
-  local pid exe
-  [ -s "$1" ] || return 1
-  pid=$(tr -dc '0-9' <"$1")
-  [ -n "$pid" ] || return 1
-  exe=$(readlink "/proc/$pid/exe" 2>/dev/null) || return 1
-  case " $2 " in *" ${exe##*/} "*) echo "$pid" ;; *) return 1 ;; esac
-}
+# live_pid PIDFILE "EXE...": shared with slurm-down.sh
+# shellcheck source=slurm/pids.sh
+. "$(dirname "${BASH_SOURCE[0]}")/pids.sh"
 # until_ok SECONDS WHAT CMD... -> retry CMD every 0.25 s
 until_ok() {
   local secs=$1 what=$2 deadline
