@@ -24,7 +24,12 @@ Definitions (``docs/analysis.md``):
   recv ends) and no straggler evidence (``stragglers.find_stragglers`` leaves them out).
 * Wait caused (``blame_ns``): every instant a rank waits is charged in equal parts to the ranks
   that have not arrived yet, so the blame of all ranks adds up to the total (arrival-gap) wait;
-  the last rank carries most of it.
+  the last rank carries most of it. Each waiter's part is scaled by its wall-time / summed wait
+  (:func:`wall_factor`), so concurrent collectives (DDP buckets) waiting at the same instants are
+  charged once: the wait a rank caused never exceeds the time the others spent waiting.
+* Per rank (:func:`wait_totals`): wait and transfer as wall time inside the profiled steps (each
+  instant once), so ``wait + transfer`` never exceeds the profiled time; the sums over
+  collectives (rank-time) are kept beside them as ``*_sum_ns``.
 """
 
 from __future__ import annotations
@@ -127,37 +132,94 @@ def collective_waits(collectives: pd.DataFrame, clock: pd.DataFrame | None = Non
     df["last_rank"] = last_rank.groupby(df["coll"]).transform("max").astype("int32")
     df["lateness_ns"] = df["order_arrival"] - g["order_arrival"].transform("min")
     # blame: the gap before the next arrival, L_k, is waited by k+1 ranks and shared by n-k-1
+    # Concurrent collectives (DDP buckets in flight together) wait at the same instants: each
+    # waiter's part is scaled by its wall-time / summed wait (``wall_factor``), so the blame of
+    # all ranks adds up to wait time that really elapsed, never more than the waiters' time.
     nxt = g["order_arrival"].shift(-1)
     gap = (nxt - df["order_arrival"]).fillna(0).to_numpy(dtype=float)
-    share = np.where(pos < n - 1, gap * (pos + 1) / np.maximum(n - pos - 1, 1), 0.0)
+    factor = df["rank"].map(wall_factor(df)).fillna(1.0).to_numpy(dtype=float)
+    waiters = pd.Series(factor).groupby(df["coll"].to_numpy()).cumsum().to_numpy()
+    share = np.where(pos < n - 1, gap * waiters / np.maximum(n - pos - 1, 1), 0.0)
     cum = pd.Series(share).groupby(df["coll"]).cumsum().to_numpy()
     df["blame_ns"] = np.where(n >= 2, cum - share, 0.0)
     return df[list(WAIT_COLUMNS)].astype({k: v for k, v in WAIT_COLUMNS.items() if v != "str"})
 
 
-def wait_totals(waits: pd.DataFrame) -> pd.DataFrame:
-    """Per rank: collectives, total duration, wait, transfer and clock disagreements (ns)."""
+def wall_factor(waits: pd.DataFrame) -> pd.Series:
+    """Per rank: wall time spent waiting / wait summed over its collectives (1 without overlap).
+
+    The wait of each (collective, rank) is ``[arrival, arrival + wait_ns)``; concurrent
+    collectives wait at the same instants, which the union counts once. Index: rank.
+    """
+    import numpy as np
     import pandas as pd
+    from rankscope.analysis.breakdown import interval_measure, interval_union
+
+    out: dict[int, float] = {}
+    wait = waits["wait_ns"].to_numpy(np.int64)
+    arrival = waits["arrival"].to_numpy(np.int64)
+    ranks = waits["rank"].to_numpy()
+    for rank in np.unique(ranks):
+        sel = (ranks == rank) & (wait > 0)
+        summed = int(wait[sel].sum())
+        wall = interval_measure(interval_union(arrival[sel], arrival[sel] + wait[sel]))
+        out[int(rank)] = wall / summed if summed > 0 else 1.0
+    return pd.Series(out, dtype="float64")
+
+
+#: Columns of :func:`wait_totals` (ns).
+TOTAL_COLUMNS = [
+    "rank",
+    "collectives",
+    "comm_dur_ns",  # durations summed over the rank's collectives (rank-time)
+    "comm_wait_sum_ns",  # waits summed over the rank's collectives
+    "comm_transfer_sum_ns",
+    "comm_wait_ns",  # wall time with a collective waiting for a later rank (within the spans)
+    "comm_transfer_ns",  # wall time with a collective in flight and none waiting (within spans)
+    "disagree",
+]
+
+
+def wait_totals(waits: pd.DataFrame, spans: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per rank: collectives, their summed durations/waits, and wall-time wait and transfer (ns).
+
+    Summed figures are rank-time (two DDP buckets in flight together both count); the wall-time
+    ``comm_wait_ns`` / ``comm_transfer_ns`` count each instant once — waiting when any
+    collective of the rank is waiting for a later rank, transferring when collectives are in
+    flight and none waits — so ``comm_wait_ns + comm_transfer_ns`` is the time the rank had
+    communication in flight. ``spans`` (``rank``, ``start``, ``end``: the profiled step windows)
+    clip them to the profiled time, so neither ever exceeds the rank's profiled total.
+    """
+    import numpy as np
+    import pandas as pd
+    from rankscope.analysis.breakdown import interval_union, paint
 
     if len(waits) == 0:
-        return pd.DataFrame(
-            columns=[
-                "rank",
-                "collectives",
-                "comm_dur_ns",
-                "comm_wait_ns",
-                "comm_transfer_ns",
-                "disagree",
-            ]
-        ).astype("int64")
+        return pd.DataFrame(columns=TOTAL_COLUMNS).astype("int64")
     out = waits.groupby("rank", sort=True).agg(
         collectives=("coll", "size"),
         comm_dur_ns=("dur_ns", "sum"),
-        comm_wait_ns=("wait_ns", "sum"),
-        comm_transfer_ns=("transfer_ns", "sum"),
+        comm_wait_sum_ns=("wait_ns", "sum"),
+        comm_transfer_sum_ns=("transfer_ns", "sum"),
         disagree=("clock_disagree", "sum"),
     )
-    return out.reset_index().astype("int64")
+    wall_wait, wall_xfer = [], []
+    for rank, sub in waits.groupby("rank", sort=True):
+        arrival = sub["arrival"].to_numpy(np.int64)
+        waited = arrival + sub["wait_ns"].to_numpy(np.int64)
+        end = np.maximum(sub["end"].to_numpy(np.int64), arrival)
+        sets = {"W": interval_union(arrival, waited), "F": interval_union(arrival, end)}
+        if spans is not None and len(spans):
+            mine = spans[spans["rank"] == rank]
+            lo, hi = mine["start"].to_numpy(np.int64), mine["end"].to_numpy(np.int64)
+        else:
+            lo, hi = np.array([arrival.min()]), np.array([end.max()])
+        got = paint(sets, lambda c: {"wait": c["W"], "xfer": c["F"] & ~c["W"]}, lo, hi)
+        wall_wait.append(int(got["wait"].sum()) if got else 0)
+        wall_xfer.append(int(got["xfer"].sum()) if got else 0)
+    out["comm_wait_ns"] = wall_wait
+    out["comm_transfer_ns"] = wall_xfer
+    return out.reset_index()[TOTAL_COLUMNS].astype("int64")
 
 
 def collective_summary(waits: pd.DataFrame) -> pd.DataFrame:

@@ -5,6 +5,11 @@ between the fastest and the slowest rank — the quick way to see *which* op is 
 rank. Per-rank statistics (:func:`op_stats`) are a pure function of one rank's events and run in
 that rank's Dask task; :func:`across_ranks` combines them. Times are inclusive (an operator's
 children count in its time, as in the CPU total column of ``key_averages``), in ns.
+
+Two totals per op and rank: ``total_ns`` sums its calls (rank-time, as ``key_averages`` does), and
+``wall_ns`` is the time at least one call was running, inside the profiled steps. They differ when
+calls overlap — gloo's ``all_reduce`` of two DDP buckets on two runloop threads, async ranges — and
+only ``wall_ns`` is a part of the profiled time (it never exceeds it), so tables rank and show it.
 """
 
 from __future__ import annotations
@@ -35,25 +40,50 @@ OP_STAT_COLUMNS: dict[str, str] = {
     "name": "str",
     "kind": "str",  # EventKind name
     "count": "int64",
-    "total_ns": "int64",
+    "total_ns": "int64",  # summed over calls (rank-time)
+    "wall_ns": "int64",  # union of the calls, clipped to the profiled steps
     "max_ns": "int64",
 }
 
 
 def op_stats(
-    events: pd.DataFrame, rank: int = 0, kinds: tuple[EventKind, ...] = OP_KINDS
+    events: pd.DataFrame,
+    rank: int = 0,
+    kinds: tuple[EventKind, ...] = OP_KINDS,
+    spans: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
-    """Count, total and max duration (ns) per (name, kind) of one rank (``OP_STAT_COLUMNS``)."""
+    """Count, summed / wall / max duration (ns) per (name, kind) of one rank (``OP_STAT_COLUMNS``).
+
+    ``spans`` (``start``, ``end``): the profiled step windows that ``wall_ns`` is clipped to
+    (None: not clipped).
+    """
     import numpy as np
     import pandas as pd
+    from rankscope.analysis.breakdown import interval_measure, interval_union, paint
 
     sel = events[np.isin(events["kind"].to_numpy(), [int(k) for k in kinds])]
     if len(sel) == 0:
         return pd.DataFrame(
             {c: pd.Series(dtype=d if d != "str" else object) for c, d in OP_STAT_COLUMNS.items()}
         )
-    g = sel.groupby([sel["name"].astype(str), sel["kind"]], sort=False, observed=True)["dur"]
+    names = sel["name"].astype(str)
+    g = sel.groupby([names, sel["kind"]], sort=False, observed=True)["dur"]
     out = g.agg(count="size", total_ns="sum", max_ns="max").reset_index()
+    ts = sel["ts"].to_numpy(np.int64)
+    end = ts + sel["dur"].to_numpy(np.int64)
+    clip = spans is not None and len(spans) > 0
+    lo = hi = np.empty(0, np.int64)
+    if spans is not None and clip:
+        lo, hi = spans["start"].to_numpy(np.int64), spans["end"].to_numpy(np.int64)
+    wall = []
+    for idx in g.indices.values():
+        iv = interval_union(ts[idx], end[idx])
+        if not clip:
+            wall.append(interval_measure(iv))
+        else:
+            got = paint({"X": iv}, lambda c: {"x": c["X"]}, lo, hi)
+            wall.append(int(got["x"].sum()) if got else 0)
+    out["wall_ns"] = wall
     out["kind"] = [EventKind(int(k)).name for k in out["kind"]]
     out.insert(0, "rank", rank)
     return out[list(OP_STAT_COLUMNS)].astype(
@@ -61,9 +91,11 @@ def op_stats(
     )
 
 
-def annotation_stats(events: pd.DataFrame, rank: int = 0) -> pd.DataFrame:
+def annotation_stats(
+    events: pd.DataFrame, rank: int = 0, spans: pd.DataFrame | None = None
+) -> pd.DataFrame:
     """:func:`op_stats` for ``record_function`` ranges (user annotations)."""
-    return op_stats(events, rank, ANNOTATION_KINDS)
+    return op_stats(events, rank, ANNOTATION_KINDS, spans)
 
 
 #: Columns of :func:`across_ranks` (times in ns; spread as a fraction of the mean).
@@ -72,9 +104,10 @@ ACROSS_COLUMNS = [
     "kind",
     "ranks",
     "count_mean",
-    "total_mean_ns",
-    "total_min_ns",
-    "total_max_ns",
+    "total_mean_ns",  # calls summed, mean over ranks (rank-time)
+    "wall_mean_ns",  # time the op ran (its calls' union), mean over ranks
+    "wall_min_ns",
+    "wall_max_ns",
     "spread",
     "fastest_rank",
     "slowest_rank",
@@ -82,9 +115,9 @@ ACROSS_COLUMNS = [
 
 
 def across_ranks(stats: pd.DataFrame, top: int = 20) -> pd.DataFrame:
-    """One row per (name, kind) over all ranks, the ``top`` largest mean totals first.
+    """One row per (name, kind) over all ranks, the ``top`` largest mean wall times first.
 
-    ``spread = (max - min) / mean`` of the per-rank totals: 0 when every rank spends the same.
+    ``spread = (max - min) / mean`` of the per-rank wall times: 0 when every rank spends the same.
     """
     import pandas as pd
 
@@ -95,18 +128,19 @@ def across_ranks(stats: pd.DataFrame, top: int = 20) -> pd.DataFrame:
         ranks=("rank", "nunique"),
         count_mean=("count", "mean"),
         total_mean_ns=("total_ns", "mean"),
-        total_min_ns=("total_ns", "min"),
-        total_max_ns=("total_ns", "max"),
+        wall_mean_ns=("wall_ns", "mean"),
+        wall_min_ns=("wall_ns", "min"),
+        wall_max_ns=("wall_ns", "max"),
     )
-    idx_max = stats.loc[g["total_ns"].idxmax().to_numpy()].set_index(["name", "kind"])["rank"]
-    idx_min = stats.loc[g["total_ns"].idxmin().to_numpy()].set_index(["name", "kind"])["rank"]
+    idx_max = stats.loc[g["wall_ns"].idxmax().to_numpy()].set_index(["name", "kind"])["rank"]
+    idx_min = stats.loc[g["wall_ns"].idxmin().to_numpy()].set_index(["name", "kind"])["rank"]
     out["slowest_rank"] = idx_max
     out["fastest_rank"] = idx_min
-    out["spread"] = (out["total_max_ns"] - out["total_min_ns"]) / out["total_mean_ns"].where(
-        out["total_mean_ns"] > 0
+    out["spread"] = (out["wall_max_ns"] - out["wall_min_ns"]) / out["wall_mean_ns"].where(
+        out["wall_mean_ns"] > 0
     )
     out = out.fillna({"spread": 0.0}).reset_index()
-    out = out.sort_values(["total_mean_ns", "name"], ascending=[False, True], kind="stable").head(
+    out = out.sort_values(["wall_mean_ns", "name"], ascending=[False, True], kind="stable").head(
         top
     )
     return out[ACROSS_COLUMNS].reset_index(drop=True)

@@ -42,6 +42,9 @@ FLOW_CAT = "collective"
 NS_PER_US = 1000
 #: Permissions of the written trace (atomic_output would otherwise leave mkstemp's 0600).
 FILE_MODE = 0o644
+#: ``otherData.generator`` of an export, written first in the file: it is how ``rankscope merge``
+#: recognises (by the file's first bytes) one of its own exports and never reads it as input.
+GENERATOR = "rankscope export --perfetto"
 
 
 @dataclass
@@ -130,7 +133,7 @@ def write_trace(
     clock_of = {int(r): row for r, row in zip(clock["rank"], clock.to_dict("records"), strict=True)}
     kind_names = {int(k): k.name.lower() for k in EventKind}
     other: dict[str, Any] = {
-        "generator": "rankscope export --perfetto",
+        "generator": GENERATOR,
         "clock": "aligned (rank 0's clock after alignment), µs since the Unix epoch",
         "store": str(store.path),
         "run_id": store.meta.get("run_id"),
@@ -142,7 +145,7 @@ def write_trace(
             for rec in clock.to_dict("records")
         ],
     }
-    fh.write('{"otherData":')
+    fh.write('{"otherData":')  # first, with the generator first: the marker merge looks for
     fh.write(json.dumps(other, default=str))
     fh.write(',\n"traceEvents":[\n')
     first = True

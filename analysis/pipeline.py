@@ -25,8 +25,17 @@ if TYPE_CHECKING:
 
 #: ``ClusterSpec.scheduler`` value that runs every task in this process, one after another.
 SYNCHRONOUS = "synchronous"
-#: ``ClusterSpec.scheduler`` value (the default) that starts a LocalCluster sized to the machine.
+#: ``ClusterSpec.scheduler`` value that starts a LocalCluster sized to the machine.
 LOCAL = "local"
+#: ``ClusterSpec.scheduler`` value (the default): in-process unless processes pay (:func:`choose`).
+AUTO = "auto"
+#: ``ClusterSpec.scheduler`` value: Dask's thread pool in this process (no child processes).
+THREADS = "threads"
+#: Events one core analyses per second in-process (measured on the 64-rank scale set:
+#: 15.8 M events in 20 s on this project's 2-core machine, docs/performance.md).
+IN_PROCESS_EVENTS_PER_S = 800_000
+#: Seconds a LocalCluster costs before its first task (start-up, imports in every worker).
+CLUSTER_START_S = 2.5
 #: How long to wait for SLURMCluster workers to come up, in seconds.
 SLURM_WORKER_TIMEOUT_S = 300
 
@@ -35,9 +44,11 @@ SLURM_WORKER_TIMEOUT_S = 300
 class ClusterSpec:
     """Where the per-rank tasks run."""
 
-    scheduler: str = LOCAL
-    """``"local"`` (a LocalCluster sized to the machine), ``"synchronous"`` (in-process), or the
-    address of a running Dask scheduler (``tcp://host:8786``)."""
+    scheduler: str = AUTO
+    """``"auto"`` (in-process unless worker processes pay for their start-up, see :func:`choose`),
+    ``"local"`` (a LocalCluster sized to the machine), ``"synchronous"`` (in-process, one task
+    after another), ``"threads"`` (Dask's thread pool in this process), or the address of a
+    running Dask scheduler (``tcp://host:8786``)."""
     slurm_workers: int | None = None
     """Start a dask-jobqueue SLURMCluster with this many single-core workers instead."""
     slurm_partition: str | None = None
@@ -48,16 +59,89 @@ class ClusterSpec:
     """Folder for the SLURMCluster job logs (the current folder when None)."""
     workers: int | None = None
     """LocalCluster workers (default: CPU cores, at most one per rank)."""
+    main_is_guarded: bool = False
+    """True when the caller knows ``__main__`` is safe to re-import in worker processes
+    (rankscope's own CLI); otherwise ``"auto"`` decides from ``__main__`` itself."""
 
     def __post_init__(self) -> None:
         if self.slurm_workers is not None and self.slurm_workers < 1:
             raise ValueError(f"slurm_workers must be >= 1, got {self.slurm_workers}")
-        if self.slurm_workers is not None and self.scheduler not in (LOCAL, ""):
+        if self.slurm_workers is not None and self.scheduler not in (LOCAL, AUTO, ""):
             raise ValueError("give either a scheduler address or slurm_workers, not both")
         if self.workers is not None and self.workers < 1:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
         if not self.scheduler:
-            self.scheduler = LOCAL
+            self.scheduler = AUTO
+
+
+def _cores() -> int:
+    return (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    )
+
+
+def processes_are_safe(main_is_guarded: bool = False) -> bool:
+    """Can worker processes start here without re-running the user's code?
+
+    Dask starts workers with ``multiprocessing``'s *spawn*, which re-imports the ``__main__``
+    module. From a plain script without an ``if __name__ == "__main__":`` guard that re-runs the
+    script's top level in every worker (and the workers' own ``analyze()`` call fails to
+    bootstrap). Safe: the REPL and Jupyter (``__main__`` has no file), ``python -m`` modules and
+    console scripts that carry the guard (rankscope's own CLI passes an explicit scheduler), and
+    never inside a worker process itself.
+    """
+    import multiprocessing
+    import sys
+
+    if multiprocessing.parent_process() is not None:
+        return False  # a child process: never start another cluster from here
+    if main_is_guarded:
+        return True
+    main = sys.modules.get("__main__")
+    return main is None or getattr(main, "__file__", None) is None
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """Where the per-rank tasks run, and why (one short line for the user)."""
+
+    scheduler: str
+    """SYNCHRONOUS, THREADS, LOCAL, or a scheduler address."""
+    reason: str
+    """Why, in a few words (printed by the CLI)."""
+
+
+def choose(spec: ClusterSpec, n_ranks: int, n_events: int) -> Choice:
+    """Pick where an ``"auto"`` analysis runs: in-process unless processes pay.
+
+    With ``w = min(cores, ranks)`` workers the work takes about ``T / w + CLUSTER_START_S``
+    instead of ``T = n_events / IN_PROCESS_EVENTS_PER_S`` in-process, so processes pay when
+    ``T * (1 - 1/w) > CLUSTER_START_S``. Where processes cannot start safely (a plain script,
+    :func:`processes_are_safe`) threads run instead, even when ``"local"`` was asked for: a
+    bootstrapping error in every worker helps nobody. Any other explicit scheduler is honoured.
+    """
+    if spec.slurm_workers is not None:
+        return Choice(LOCAL, f"{spec.slurm_workers} Slurm worker(s)")
+    safe = processes_are_safe(spec.main_is_guarded)
+    unsafe_note = (
+        "threads: worker processes would re-run this script's top level (call analyze() under "
+        '`if __name__ == "__main__":` and pass ClusterSpec(main_is_guarded=True) for processes)'
+    )
+    if spec.scheduler == LOCAL:
+        return Choice(LOCAL, "a LocalCluster, as asked") if safe else Choice(THREADS, unsafe_note)
+    if spec.scheduler != AUTO:
+        return Choice(spec.scheduler, "as asked")
+    workers = _local_workers(spec, n_ranks)
+    seconds = n_events / IN_PROCESS_EVENTS_PER_S
+    if workers < 2 or seconds * (1 - 1 / workers) <= CLUSTER_START_S:
+        return Choice(
+            SYNCHRONOUS,
+            f"in-process ({n_events:,} events, ~{seconds:.1f} s of work: "
+            "worker processes would not pay off)",
+        )
+    if not safe:
+        return Choice(THREADS, unsafe_note)
+    return Choice(LOCAL, f"{workers} worker processes ({n_events:,} events)")
 
 
 @dataclasses.dataclass
@@ -78,6 +162,8 @@ class Analysis:
     """HTA-compatible temporal breakdown and overlap per GPU rank: breakdown.HTA_COLUMNS."""
     waits: pd.DataFrame
     """Per collective and rank: collectives.WAIT_COLUMNS."""
+    comm_totals: pd.DataFrame
+    """Per rank: collectives.TOTAL_COLUMNS (wall-time wait/transfer within the profiled steps)."""
     windows: pd.DataFrame
     """What each rank did before each collective: stragglers.WINDOW_COLUMNS."""
     stragglers: pd.DataFrame
@@ -96,6 +182,8 @@ class Analysis:
     """The store's clock table (schema.CLOCK_COLUMNS)."""
     problems: pd.DataFrame
     """What the merge could not ingest (schema.PROBLEM_COLUMNS)."""
+    scheduler: Choice = dataclasses.field(default_factory=lambda: Choice(SYNCHRONOUS, ""))
+    """Where the per-rank tasks ran, and why."""
 
     def whole(self) -> pd.DataFrame:
         """The whole-run breakdown row of each rank."""
@@ -140,13 +228,14 @@ def rank_task(
         host = str(store.rank_meta(rank).get("host", ""))
     device, measure = bd.painter(events, lanes)
     steps = bd.step_windows(events, lanes, device)
+    profiled = steps[steps["step"] >= 0] if (steps["step"] >= 0).any() else steps
     out: dict[str, Any] = {
         "rank": rank,
         "host": host,
         "breakdown": bd.measure_windows(measure, device, steps, rank),
         "windows": arrival_windows(coll_rows, measure, steps, rank),
-        "op_stats": op_stats(events, rank),
-        "annotations": annotation_stats(events, rank),
+        "op_stats": op_stats(events, rank, spans=profiled),
+        "annotations": annotation_stats(events, rank, spans=profiled),
         "hta": None,
     }
     if device is bd.Device.GPU:
@@ -160,10 +249,7 @@ def rank_task(
 
 
 def _local_workers(spec: ClusterSpec, n_ranks: int) -> int:
-    cores = (
-        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    )
-    return max(1, min(spec.workers or cores, max(n_ranks, 1)))
+    return max(1, min(spec.workers or _cores(), max(n_ranks, 1)))
 
 
 def _run_tasks(
@@ -178,6 +264,15 @@ def _run_tasks(
             results.append(dask.compute(t, scheduler="synchronous")[0])
             on_done()
         return results
+    if spec.scheduler == THREADS and spec.slurm_workers is None:
+        from concurrent.futures import ThreadPoolExecutor
+        from concurrent.futures import as_completed as done_in_order
+
+        with ThreadPoolExecutor(max_workers=_local_workers(spec, n_ranks)) as pool:
+            futs = [pool.submit(dask.compute, t, scheduler="synchronous") for t in tasks]
+            for _ in done_in_order(futs):
+                on_done()
+            return [f.result()[0] for f in futs]
     from distributed import Client, as_completed
 
     cluster: Any = None
@@ -226,7 +321,10 @@ def analyze(
 ) -> Analysis:
     """Run every analysis on the store at ``path`` (a ``trace.h5`` or a run directory).
 
-    ``progress(done, total)`` is called as rank tasks finish.
+    ``progress(done, total)`` is called as rank tasks finish. Without ``spec`` (or with
+    ``scheduler="auto"``) the work runs in-process unless worker processes pay for their start-up
+    (:func:`choose`); ``Analysis.scheduler`` says what ran. Works from a plain script, a notebook
+    and the REPL alike.
     """
     import dask
     import pandas as pd
@@ -247,13 +345,17 @@ def analyze(
         clock = store.clock()
         steps = store.steps()
         problems = store.problems()
+        n_events = sum(int(store.rank_meta(r).get("events", 0)) for r in ranks)
+    choice = choose(spec, len(ranks), n_events)
+    if choice.scheduler != spec.scheduler:
+        spec = dataclasses.replace(spec, scheduler=choice.scheduler)
     drop_last: bool | None = bool(steps["step"].nunique() >= 2) if len(steps) else None
     offsets = dict(zip(clock["rank"].astype(int), clock["offset_ns"].astype("int64"), strict=False))
     tasks = [
         dask.delayed(rank_task, pure=True)(
             str(store_path),
             rank,
-            colls[colls["rank"] == rank][["coll", "start", "end"]].reset_index(drop=True),
+            colls[colls["rank"] == rank][["coll", "op", "start", "end"]].reset_index(drop=True),
             int(offsets.get(rank, 0)) % bd.HTA_GRID_NS,
             drop_last,
             dask_key_name=f"rankscope-rank-{rank}",
@@ -278,7 +380,8 @@ def analyze(
         breakdown = pd.DataFrame(columns=list(bd.BREAKDOWN_COLUMNS))
     windows = cat("windows")
     waits = collective_waits(colls, clock)
-    totals = wait_totals(waits)
+    spans = breakdown[breakdown["step"] >= 0][["rank", "start", "end"]]
+    totals = wait_totals(waits, spans)
     whole = breakdown[breakdown["step"] == bd.WHOLE_RUN_STEP]
     profiled = whole.set_index("rank")["total_ns"] if len(whole) else None
     op_table = cat("op_stats")
@@ -290,6 +393,7 @@ def analyze(
         breakdown=breakdown,
         hta=cat("hta"),
         waits=waits,
+        comm_totals=totals,
         windows=windows,
         stragglers=find_stragglers(waits, windows, profiled),
         pipeline=pipeline_stages(waits, windows, profiled),
@@ -299,6 +403,7 @@ def analyze(
         annotations=across_ranks(cat("annotations")),
         clock=clock,
         problems=problems,
+        scheduler=choice,
     )
 
 

@@ -24,6 +24,8 @@ SUMMARY_SCHEMA = "rankscope-summary"
 SUMMARY_VERSION = 1
 #: rich console markup ([bold red] … [/bold red]), stripped for HTML.
 RICH_MARKUP = re.compile(r"\[/?[a-z ]+\]")
+#: Where "how to read this output" lives (printed under the terminal summary).
+READING_DOC = "docs/reading-output.md"
 #: Longest op / range name shown in tables before it is shortened.
 NAME_WIDTH = 60
 #: Categories of the per-rank bars: (breakdown column, label, colour).
@@ -38,20 +40,26 @@ BAR_PARTS = (
 
 
 def _disagree_hint(doc: dict[str, Any]) -> str:
-    """Why clock-check disagreements appear when every rank reads one exact clock.
+    """What the clock-check disagreements mean here, and what to do about them.
 
     With all offsets exact (uncertainty 0: one host, one clock), a disagreement cannot be a clock
     error: it is ranks leaving the collective at different times (gloo on oversubscribed CPUs),
-    which the check's "everybody ends together" assumption does not cover.
+    which the check's "everybody ends together" assumption does not cover. Otherwise it may be
+    either; where the clock cannot settle who arrived last, the analysis orders by durations.
     """
     clock = doc.get("clock") or []
-    if (
-        doc["collectives"]["clock_disagreements"]
-        and clock
-        and all(int(c["uncertainty_ns"]) == 0 for c in clock)
-    ):
-        return " (every rank reads one exact clock here: these are ranks ending at different times, not clock error)"
-    return ""
+    if not doc["collectives"]["clock_disagreements"]:
+        return ""
+    if clock and all(int(c["uncertainty_ns"]) == 0 for c in clock):
+        return (
+            " (every rank reads one exact clock here: these are ranks leaving a collective at "
+            "different times, not clock error; nothing to do)"
+        )
+    return (
+        " (the aligned-clock wait and the clock-free check differ by more than the clock "
+        "uncertainty; where that leaves the order of arrivals open, stragglers were judged by "
+        f"durations instead. Many of them: see {READING_DOC}, 'Clock check')"
+    )
 
 
 def _s(ns: Any) -> float:
@@ -59,9 +67,36 @@ def _s(ns: Any) -> float:
     return round(float(ns) / 1e9, 6)
 
 
-def short_name(name: str, width: int = NAME_WIDTH) -> str:
-    """A long kernel/op name cut to ``width`` characters (with an ellipsis)."""
-    return name if len(name) <= width else name[: width - 1] + "…"
+def short_name(name: str, width: int = NAME_WIDTH, tail: int | None = None) -> str:
+    """A long kernel/op name cut to ``width`` characters: its head, "…", and its last ``tail``
+    characters (default: its last ``: ``/``::`` part up to half the width, else a third), because
+    names that share a long prefix — ``autograd::engine::evaluate_function: AddmmBackward0`` —
+    differ at the end."""
+    if len(name) <= width:
+        return name
+    keep = width - 1
+    if tail is None:
+        # the last ": " / "::" part names the thing (evaluate_function: X, aten::X), up to half
+        last = max(name.rfind(": ") + 2, name.rfind("::") + 2, 0)
+        tail = min(len(name) - last, keep // 2) if last > 1 else keep // 3
+    tail = max(0, min(keep, tail))
+    return name[: keep - tail] + "…" + (name[-tail:] if tail else "")
+
+
+def short_names(names: list[str], width: int = NAME_WIDTH) -> list[str]:
+    """:func:`short_name` of each, keeping more of the end until shortened names are distinct."""
+    keep = width - 1
+    out = [short_name(n, width) for n in names]
+    for tail in range(keep // 3, keep + 1):
+        seen: dict[str, int] = {}
+        for short in out:
+            seen[short] = seen.get(short, 0) + 1
+        clash = [i for i, short in enumerate(out) if seen[short] > 1 and len(names[i]) > width]
+        if not clash:
+            break
+        for i in clash:
+            out[i] = short_name(names[i], width, tail)
+    return out
 
 
 def _finite(x: float) -> float | None:
@@ -70,10 +105,10 @@ def _finite(x: float) -> float | None:
 
 def summary(a: Analysis) -> dict[str, Any]:
     """The summary.json document (contract: docs/summary.md)."""
-    from rankscope.analysis.collectives import collective_summary, wait_totals
+    from rankscope.analysis.collectives import collective_summary
     from rankscope.analysis.schema import P2P_OPS
 
-    totals = wait_totals(a.waits).set_index("rank") if len(a.waits) else None
+    totals = a.comm_totals.set_index("rank") if len(a.comm_totals) else None
     verdicts = a.verdicts.set_index("rank") if len(a.verdicts) else None
     ranks = []
     for r in a.whole().itertuples(index=False):
@@ -239,6 +274,20 @@ def extra_parts(row: Any) -> str:
     )
 
 
+def straggler_evidence(row: Any) -> str:
+    """The evidence sentence of one straggler (a row of ``Analysis.stragglers``), in ms.
+
+    Lateness and own extra work are each counted once per delay (docs/analysis.md): a rank late
+    at two DDP buckets in flight together fell behind once, so both stay within its own time.
+    """
+    return (
+        f"last at {row['times_last']} of {row['collectives']} collectives "
+        f"({row['expected_last']:.1f} expected by chance); fell {row['late_s'] * 1e3:.1f} ms "
+        f"behind the median rank (each delay counted once); its own extra work before arriving: "
+        f"{row['own_extra_s'] * 1e3:.1f} ms ({extra_parts(row)} vs the median rank)"
+    )
+
+
 def pipeline_lines(a: Analysis, doc: dict[str, Any]) -> list[str]:
     """What the point-to-point pairs say (rich markup); nothing when the run has none."""
     pipe = doc["pipeline"]
@@ -318,8 +367,10 @@ def print_summary(a: Analysis, console: Console | None = None, *, top_ops: int =
         t.add_row(*(cells[c] for c in cols))
     console.print(t)
     console.print(
-        "[dim]comp/comm/mem/input/idle: share of the profiled time (comm = exposed communication); "
-        "wait/xfer: summed over the rank's collectives.[/dim]"
+        "[dim]total: the rank's profiled steps; comp/comm/mem/input/idle: shares of it (comm = "
+        "exposed communication); wait/xfer ms: time in it with a collective in flight, waiting "
+        "for a later rank / moving data (each instant once). How to read this: "
+        f"{READING_DOC}[/dim]"
     )
     if doc["stragglers"]:
         st = Table(
@@ -344,12 +395,7 @@ def print_summary(a: Analysis, console: Console | None = None, *, top_ops: int =
         console.print(st)
         for s in doc["stragglers"]:
             row = ev.loc[s["rank"]]
-            console.print(
-                f"  rank {s['rank']}: last at {s['times_last']} of {s['collectives']} collectives "
-                f"(chance: {row['expected_last']:.1f}), {row['late_s'] * 1e3:.1f} ms late in all; its own "
-                f"extra work since its previous collective: {row['own_extra_s'] * 1e3:.1f} ms "
-                f"({extra_parts(row)} vs the median rank) → {s['cause']}"
-            )
+            console.print(f"  rank {s['rank']}: {straggler_evidence(row)} → {s['cause']}")
     else:
         n = doc["collectives"]["count"]
         console.print(
@@ -376,27 +422,33 @@ def print_summary(a: Analysis, console: Console | None = None, *, top_ops: int =
     c = doc["collectives"]
     if c["count"]:
         console.print(
-            f"Collectives: {c['count']} ({c['rank_rows']} rank rows), {c['total_s']:.4f} s rank-time: "
-            f"wait {c['wait_s']:.4f} s, transfer {c['transfer_s']:.4f} s; "
-            f"{c['clock_disagreements']} clock-check disagreement(s){_disagree_hint(doc)}."
+            f"Collectives: {c['count']}; summed over their {c['rank_rows']} (collective, rank) "
+            f"rows (rank-time, concurrent ones each count): {c['total_s']:.4f} s = wait "
+            f"{c['wait_s']:.4f} s + transfer {c['transfer_s']:.4f} s; "
+            f"{c['clock_disagreements']} of the rows fail the clock check{_disagree_hint(doc)}."
         )
     if len(a.ops) and top_ops:
         ot = Table(
-            title=f"Top {top_ops} ops across ranks (inclusive time)",
+            title=f"Top {top_ops} ops across ranks (ms per rank while the op ran: its calls' "
+            "union, children included)",
             title_justify="left",
             header_style="bold",
             box=box.SIMPLE_HEAD,
         )
-        for col in ("name", "mean ms", "min ms", "max ms", "spread", "slowest"):
+        for col in ("name", "calls", "mean ms", "min ms", "max ms", "spread", "slowest"):
             ot.add_column(
                 col, justify="left" if col == "name" else "right", no_wrap=True, min_width=len(col)
             )
-        for o in a.ops.head(top_ops).itertuples(index=False):
+        top = a.ops.head(top_ops)
+        for name, o in zip(
+            short_names([str(n) for n in top["name"]], 38), top.itertuples(index=False), strict=True
+        ):
             ot.add_row(
-                short_name(str(o.name), 38),
-                f"{o.total_mean_ns / 1e6:.3f}",
-                f"{o.total_min_ns / 1e6:.3f}",
-                f"{o.total_max_ns / 1e6:.3f}",
+                name,
+                f"{o.count_mean:.0f}",
+                f"{o.wall_mean_ns / 1e6:.3f}",
+                f"{o.wall_min_ns / 1e6:.3f}",
+                f"{o.wall_max_ns / 1e6:.3f}",
                 f"{o.spread:.0%}",
                 str(o.slowest_rank),
             )
@@ -599,19 +651,23 @@ def _table(
     return f"<div class='scroll'><table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table></div>"
 
 
-def _across_cells(o: Any, *, with_kind: bool) -> list[Any]:
-    """HTML table cells of one row of ``ops.across_ranks`` (ops with their kind, ranges without)."""
+def _across_rows(table: Any, *, with_kind: bool) -> list[list[Any]]:
+    """HTML table rows of ``ops.across_ranks`` (ops with their kind, ranges without)."""
+    names = short_names([str(n) for n in table["name"]])
     return [
-        short_name(str(o.name)),
-        *([o.kind] if with_kind else []),
-        o.ranks,
-        f"{o.count_mean:.1f}",
-        f"{o.total_mean_ns / 1e6:.3f}",
-        f"{o.total_min_ns / 1e6:.3f}",
-        f"{o.total_max_ns / 1e6:.3f}",
-        f"{o.spread:.0%}",
-        o.fastest_rank,
-        o.slowest_rank,
+        [
+            name,
+            *([o.kind] if with_kind else []),
+            o.ranks,
+            f"{o.count_mean:.1f}",
+            f"{o.wall_mean_ns / 1e6:.3f}",
+            f"{o.wall_min_ns / 1e6:.3f}",
+            f"{o.wall_max_ns / 1e6:.3f}",
+            f"{o.spread:.0%}",
+            o.fastest_rank,
+            o.slowest_rank,
+        ]
+        for name, o in zip(names, table.itertuples(index=False), strict=True)
     ]
 
 
@@ -622,7 +678,11 @@ def render_html(a: Analysis) -> str:
     cards = [
         ("ranks", f"{doc['ranks_present']} / {a.world_size}", ""),
         ("collectives", str(doc["collectives"]["count"]), ""),
-        ("comm wait", f"{doc['collectives']['wait_s']:.3f} s", ""),
+        (
+            "waiting, all ranks",
+            f"{sum(r['comm_wait_s'] for r in doc['ranks']):.3f} s",
+            "",
+        ),
         (
             "straggler",
             ", ".join(f"rank {s['rank']}" for s in strag) if strag else "none",
@@ -685,8 +745,7 @@ def render_html(a: Analysis) -> str:
                 f"{s['wait_caused_s']:.4f}",
                 f"{s['wait_share']:.0%}",
                 s["cause"],
-                f"{ev.loc[s['rank'], 'late_s'] * 1e3:.1f} ms late in all; own extra work before arriving "
-                f"{ev.loc[s['rank'], 'own_extra_s'] * 1e3:.1f} ms: {extra_parts(ev.loc[s['rank']])} (vs median rank)",
+                straggler_evidence(ev.loc[s["rank"]]),
             ]
             for s in strag
         ]
@@ -732,8 +791,8 @@ def render_html(a: Analysis) -> str:
         ]
         for c in doc["clock"]
     ]
-    op_rows = [_across_cells(o, with_kind=True) for o in a.ops.itertuples(index=False)]
-    ann_rows = [_across_cells(o, with_kind=False) for o in a.annotations.itertuples(index=False)]
+    op_rows = _across_rows(a.ops, with_kind=True)
+    ann_rows = _across_rows(a.annotations, with_kind=False)
     hta_html = ""
     if doc["hta"]:
         hta_html = (
@@ -771,7 +830,7 @@ def render_html(a: Analysis) -> str:
 <main>
 <div class='cards'>{card_html}</div>
 <section><h2>Where the time went, per rank</h2>{_bars_svg(a)}{ranks_table}<ul>{reasons}</ul>
-<p class='note'>Wait and transfer sum each rank's collective durations (the wait lasts until the last rank arrives, on the aligned clock); comm exposed is the time communication ran with nothing hiding it.</p></section>
+<p class='note'>Every figure is a part of the rank's profiled time (total s). Wait and transfer: time with a collective in flight, waiting until the last rank arrives (aligned clock) / moving data; each instant counts once, however many collectives are in flight. Comm exposed: communication with nothing hiding it. How to read this report: {READING_DOC}.</p></section>
 <section><h2>Stragglers</h2>{strag_html}{pipe_html}</section>
 <section><h2>Steps</h2>{_steps_html(a)}</section>
 <section><h2>Arrival lateness per collective</h2>{_lateness_svg(a)}
@@ -781,7 +840,7 @@ def render_html(a: Analysis) -> str:
 <p class='note'>{colls["clock_disagreements"]} (collective, rank) pair(s) where the aligned-clock wait and the clock-free check (duration minus the shortest duration) disagree beyond the clock uncertainty{_e(_disagree_hint(doc))}.</p></section>
 {hta_html}
 <section><h2>Clock alignment</h2>{_table(["rank", "host", "offset ms", "± µs", "method"], clock_rows, {1, 4})}</section>
-<section><h2>Top ops across ranks (inclusive time)</h2>{_table(["name", "kind", "ranks", "calls/rank", "mean ms", "min ms", "max ms", "spread", "fastest", "slowest"], op_rows, {0, 1})}</section>
+<section><h2>Top ops across ranks (ms per rank while the op ran: its calls' union, children included)</h2>{_table(["name", "kind", "ranks", "calls/rank", "mean ms", "min ms", "max ms", "spread", "fastest", "slowest"], op_rows, {0, 1})}</section>
 <section><h2>record_function ranges across ranks</h2>{_table(["name", "ranks", "calls/rank", "mean ms", "min ms", "max ms", "spread", "fastest", "slowest"], ann_rows, {0})}</section>
 </main>"""
     return (

@@ -52,7 +52,9 @@ class Cause(enum.StrEnum):
 WINDOW_COLUMNS: dict[str, str] = {
     "coll": "int64",
     "rank": "int32",
-    "window_start": "int64",  # latest end of its collectives finished before arrival (or step start)
+    "prev_coll": "int64",  # collective whose arrival (on this rank) starts the window; -1: none
+    "window_start": "int64",  # latest sync point, own previous arrival or start of the steps
+    "window_end": "int64",  # the arrival (or the end of the profiled step holding it)
     "arrival": "int64",
     "compute_ns": "int64",
     "input_ns": "int64",
@@ -90,42 +92,79 @@ def arrival_windows(
 ) -> pd.DataFrame:
     """What ``rank`` did before arriving at each of its collectives (``WINDOW_COLUMNS``).
 
-    ``coll_rows``: this rank's rows of ``Store.collectives()`` (``coll``, ``start``, ``end``);
+    ``coll_rows``: this rank's rows of ``Store.collectives()`` (``coll``, ``start``, ``end``, and
+    ``op`` when known);
     ``measure``: the rank's painter (:func:`rankscope.analysis.breakdown.painter`);
     ``steps``: its step windows (:func:`rankscope.analysis.breakdown.step_windows`), used to
     start the window of the first collective at the start of its step.
+
+    A window starts at the latest of: the previous sync point (the end of a collective that
+    finished before this arrival: every rank leaves it together), the rank's own previous
+    arrival (collectives in flight together, e.g. DDP buckets, get consecutive windows, so no
+    instant is counted twice), and the start of the run of consecutive profiled steps holding
+    the arrival (time between profiler windows was not recorded). Windows are thus disjoint and
+    inside the profiled time: their sum never exceeds the rank's profiled total. ``prev_coll``
+    names the collective whose arrival starts the window (-1 when it starts at a sync point or a
+    step), because the rank's lateness at that arrival is carried into this one.
     """
     import numpy as np
     import pandas as pd
 
+    lowest = np.iinfo(np.int64).min
     rows = coll_rows.sort_values(["start", "coll"], kind="stable")
     arrival = rows["start"].to_numpy(np.int64)
     ends = rows["end"].to_numpy(np.int64)
+    colls = rows["coll"].to_numpy(np.int64)
     # the previous sync point: the latest end of a collective that finished before this arrival
-    # (collectives in flight together, e.g. DDP buckets, do not cut each other's windows)
     sorted_ends = np.sort(ends)
     k = np.searchsorted(sorted_ends, arrival, side="left") - 1
-    prev_end = np.where(k >= 0, sorted_ends[np.maximum(k, 0)], np.iinfo(np.int64).min)
+    prev_end = np.where(k >= 0, sorted_ends[np.maximum(k, 0)], lowest)
+    # the rank's own previous arrival at a collective (rows are in arrival order); point-to-point
+    # ops keep the sync point alone: a batched isend/irecv pair is posted together, and the work
+    # before the send is what a pipeline's bottleneck test measures
+    from rankscope.analysis.schema import P2P_OPS
+
+    is_p2p = rows["op"].isin(P2P_OPS).to_numpy() if "op" in rows else np.zeros(len(rows), bool)
+    prev_arrival = np.full(len(arrival), lowest, np.int64)
+    prev_coll = np.full(len(arrival), -1, np.int64)
+    coll_idx = np.flatnonzero(~is_p2p)
+    if len(coll_idx) > 1:
+        prev_arrival[coll_idx[1:]] = arrival[coll_idx[:-1]]
+        prev_coll[coll_idx[1:]] = colls[coll_idx[:-1]]
     real_steps = steps[steps["step"] >= 0] if len(steps) else steps
-    step_start = np.full(len(arrival), np.iinfo(np.int64).min, np.int64)
+    block_start = np.full(len(arrival), lowest, np.int64)
+    step_end = np.full(len(arrival), np.iinfo(np.int64).max, np.int64)
     if len(real_steps):
-        s_start = np.sort(real_steps["start"].to_numpy(np.int64))
+        st = real_steps.sort_values("start", kind="stable")
+        s_start = st["start"].to_numpy(np.int64)
+        s_end = st["end"].to_numpy(np.int64)
+        s_num = st["step"].to_numpy(np.int64)
+        # a block is a run of consecutive step numbers: the start of its first step
+        new_block = np.ones(len(s_num), bool)
+        new_block[1:] = s_num[1:] != s_num[:-1] + 1
+        first = np.maximum.accumulate(np.where(new_block, np.arange(len(s_num)), 0))
         idx = np.searchsorted(s_start, arrival, side="right") - 1
-        step_start = np.where(idx >= 0, s_start[np.maximum(idx, 0)], step_start)
-    # the previous sync point is the end of the previous collective; only the first collective
-    # falls back to the start of its step (what ran before the profiled window is unknown)
-    start = np.where(prev_end > np.iinfo(np.int64).min, prev_end, step_start)
-    no_start = start == np.iinfo(np.int64).min
-    start = np.where(no_start, arrival, np.minimum(start, arrival))
+        inside = idx >= 0
+        block_start = np.where(inside, s_start[first[np.maximum(idx, 0)]], lowest)
+        # an arrival after the last profiled step of its block is measured up to that step's end
+        step_end = np.where(inside, s_end[np.maximum(idx, 0)], arrival)
+    sync_or_own = np.maximum(prev_end, prev_arrival)
+    start = np.maximum(sync_or_own, block_start)
+    carried = (prev_arrival > prev_end) & (prev_arrival >= block_start) & (prev_arrival > lowest)
+    no_start = start == lowest
+    stop = np.minimum(arrival, step_end)
+    start = np.where(no_start, stop, np.minimum(start, stop))
     out = pd.DataFrame(
         {
-            "coll": rows["coll"].to_numpy(np.int64),
+            "coll": colls,
             "rank": np.full(len(rows), rank, np.int32),
+            "prev_coll": np.where(carried, prev_coll, -1),
             "window_start": start,
+            "window_end": stop,
             "arrival": arrival,
         }
     )
-    values = measure(start, arrival) if len(out) else {}
+    values = measure(start, stop) if len(out) else {}
     for col in ("compute_ns", "input_ns", "idle_ns"):
         out[col] = values.get(col, np.zeros(len(out), np.int64))
     out["comm_ns"] = values.get("comm_exposed_ns", np.zeros(len(out), np.int64))
@@ -186,7 +225,7 @@ def find_stragglers(
         p = binomial_p_value(k, n, chance)
         blame = float(sub["blame_ns"].sum())
         mine = extras[(extras["rank"] == rank) & extras["is_last"]] if len(extras) else extras
-        late = float(mine["late_ns"].sum()) if len(mine) else 0.0
+        late = float(mine["late_ns"].clip(lower=0).sum()) if len(mine) else 0.0
         own = float(mine["own_ns"].clip(lower=0).sum()) if len(mine) else 0.0
         parts = {
             Cause.OWN_COMPUTE: float(mine["d_compute"].clip(lower=0).sum()) if len(mine) else 0.0,
@@ -242,31 +281,28 @@ def find_stragglers(
 
 
 def _own_extras(waits: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
-    """Per (collective, rank): lateness vs the median other rank, and how much of it came
-    from the rank's own extra work since its previous collective (vs the median other rank)."""
+    """Per (collective, rank): how much later than the median rank it arrived, counted once, and
+    how much of that came from its own extra work in its window (vs the median rank), in ns.
+
+    ``late_ns`` is the lateness this window *added*: the arrival's distance behind the median
+    rank, minus the distance already carried in from the window's start when it is the rank's
+    own previous arrival (``prev_coll``; a rank 20 ms late at the first of two DDP buckets is
+    still 20 ms late at the second, but fell behind only once). Summed over collectives it
+    therefore counts each delay once, like ``own_ns``, which compares disjoint windows.
+    """
     import numpy as np
     import pandas as pd
 
+    cols_out = ["coll", "rank", "is_last", "late_ns", "own_ns", "d_compute", "d_input", "d_idle"]
+    cols_out.append("d_comm")
     if len(windows) == 0:
-        return pd.DataFrame(
-            columns=[
-                "coll",
-                "rank",
-                "is_last",
-                "late_ns",
-                "own_ns",
-                "d_compute",
-                "d_input",
-                "d_idle",
-                "d_comm",
-            ]
-        )
+        return pd.DataFrame(columns=cols_out)
     w = waits[["coll", "rank", "is_last", "arrival"]].merge(
         windows.drop(columns=["arrival"]), on=["coll", "rank"], how="inner"
     )
-    w["span"] = w["arrival"] - w["window_start"]
+    w["span"] = w["window_end"] - w["window_start"]
     cols = {
-        "arrival": "late_ns",
+        "arrival": "behind",
         "span": "own_ns",
         "compute_ns": "d_compute",
         "input_ns": "d_input",
@@ -283,7 +319,12 @@ def _own_extras(waits: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
         other = (g.transform("sum").to_numpy(dtype=float) - vals) / np.maximum(n - 1, 1)
         ref = np.where(n > 2, med, other)
         w[dst] = vals - ref
-    return w[["coll", "rank", "is_last", *cols.values()]]
+    behind = w.set_index(["coll", "rank"])["behind"]
+    carried_key = pd.MultiIndex.from_arrays([w["prev_coll"], w["rank"]])
+    carried = behind.reindex(carried_key).to_numpy(dtype=float)
+    carried = np.where(w["prev_coll"].to_numpy() >= 0, np.nan_to_num(carried), 0.0)
+    w["late_ns"] = w["behind"].to_numpy() - np.maximum(carried, 0.0)
+    return w[cols_out]
 
 
 # -- pipelines: point-to-point pairs -----------------------------------------------------------

@@ -1,13 +1,28 @@
 #!/usr/bin/env bash
-# Install rankscope and everything it needs on this machine (idempotent).
+# Install rankscope and everything it needs into a Python virtual environment (idempotent).
 #
 #   bash examples/setup.sh          runtime: torch (CPU wheel when there is no GPU), rankscope
-#   bash examples/setup.sh --dev    + test tools, faketime, Chromium, Slurm packages
+#   bash examples/setup.sh --dev    + test tools, faketime, Chromium
+#
+# Where: the active virtual environment ($VIRTUAL_ENV) when there is one, else ./.venv (created
+# here). Never the interpreter's own site-packages: a package that happens to be installed there
+# must not hide a dependency that pyproject.toml forgot. Prints the interpreter it installed for
+# as its last line (`python: PATH`); examples/quickstart.sh and tests/run.sh use it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEV=0
 [ "${1:-}" = "--dev" ] && DEV=1
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
+
+if [ -n "${VIRTUAL_ENV:-}" ] && [ -x "$VIRTUAL_ENV/bin/python" ]; then
+  PY="$VIRTUAL_ENV/bin/python"
+else
+  if [ ! -x .venv/bin/python ]; then
+    echo "== creating .venv (activate it with: . .venv/bin/activate)" >&2
+    python3 -m venv .venv
+  fi
+  PY="$PWD/.venv/bin/python"
+fi
 
 if [ "$DEV" = 1 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   need=()
@@ -24,17 +39,20 @@ fi
 
 # torch: the CPU wheel (from local disk here, seconds) unless a GPU is present; a plain
 # `torch` requirement could pull a multi-GB CUDA build.
-if ! python -c "import torch" 2>/dev/null; then
+if ! "$PY" -c "import torch" 2>/dev/null; then
+  echo "== pip install torch" >&2
   if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
-    python -m pip install -q torch
+    "$PY" -m pip install -q torch
   else
-    python -m pip install -q torch==2.13.0 || python -m pip install -q torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+    "$PY" -m pip install -q torch==2.13.0 || "$PY" -m pip install -q torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
   fi
 fi
+echo "== pip install -e ." >&2
 if [ "$DEV" = 1 ]; then
   # mypy follows the package-dir layout through tests/typecheck.sh, so a plain editable
   # install (new modules importable at once) serves both development and the tests.
-  python -m pip install -q -e ".[dev]"
+  "$PY" -m pip install -q -e ".[dev]"
 else
-  python -m pip install -q -e .
+  "$PY" -m pip install -q -e .
 fi
+echo "python: $PY"

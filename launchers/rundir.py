@@ -68,7 +68,10 @@ def window_path(run_dir: Path, rank: int, window: int) -> Path:
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file in the same folder and a rename."""
+    """Write ``data`` to ``path`` through a temporary file in the same folder and a rename.
+
+    Permissions follow the umask (0644 under 022), so teammates can read a shared run folder.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_output(path) as fh:
         fh.write(data)

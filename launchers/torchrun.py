@@ -20,6 +20,12 @@ from rankscope.launchers.spec import RunSpec
 #: The per-rank entry module every rank runs.
 RANK_MODULE = "rankscope.launchers.rank"
 
+#: OpenMP's thread count. torchrun sets it to :data:`TORCHRUN_OMP_THREADS` for a node of several
+#: ranks when it is unset, and prints a five-line banner saying so in every run; setting the same
+#: value ourselves keeps the ranks' behaviour and drops the banner (a value the user set is kept).
+OMP_THREADS_ENV = "OMP_NUM_THREADS"
+TORCHRUN_OMP_THREADS = "1"
+
 #: Heading of torchrun's summary entry for the first failure it observed.
 ROOT_CAUSE_MARKER = "Root Cause (first observed failure)"
 #: torchrun's failure summary: "rank : 2 (local_rank: 2)" then "exitcode : -9 (pid: 123)".
@@ -53,6 +59,10 @@ def rank_env(spec: RunSpec, run_dir: Path) -> dict[str, str]:
     """Environment of the job: the run directory and profiler settings for every rank."""
     env = {**os.environ, **rank_settings_env(spec, run_dir)}
     env.setdefault("PYTHONUNBUFFERED", "1")
+    if OMP_THREADS_ENV not in env and (spec.nproc_per_node or 0) > 1:
+        # torchrun's own rule (several ranks per node, variable unset), so the ranks get the
+        # value they always got; ``auto``/``gpu`` (None here) are left to torchrun.
+        env[OMP_THREADS_ENV] = TORCHRUN_OMP_THREADS
     return env
 
 

@@ -12,27 +12,31 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rankscope.errors import InputFileError, UsageError
+from rankscope.errors import InputFileError, RankscopeError, UsageError
 from rankscope.launchers import rundir
 
 #: Width of the summary when stdout is not a terminal (rich would use 80 columns).
 PIPE_WIDTH = 110
-#: Runs with at most this many ranks are analysed in-process at the end of ``rankscope run``
-#: (starting a LocalCluster would cost more than it saves).
-RUN_SUMMARY_SYNC_RANKS = 8
+#: File names taken as a store by ``analyze`` (an HDF5 signature makes any name one).
+STORE_SUFFIXES = (".h5", ".hdf5")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``rankscope analyze`` (import-light)."""
-    parser.add_argument("path", type=Path, help="a run directory or a merged trace.h5")
+    parser.add_argument(
+        "path",
+        type=Path,
+        help="a run directory, a folder of Kineto traces, one trace file, or a merged trace.h5",
+    )
     parser.add_argument("--json", type=Path, metavar="FILE", help="write summary.json here")
     parser.add_argument("--html", type=Path, metavar="FILE", help="write the HTML report here")
     where = parser.add_mutually_exclusive_group()
     where.add_argument(
         "--scheduler",
         metavar="ADDRESS",
-        help="Dask scheduler address (tcp://host:8786), or 'synchronous' to run in-process "
-        "(default: a LocalCluster sized to this machine)",
+        help="Dask scheduler address (tcp://host:8786), 'synchronous' (in-process), 'threads', or "
+        "'local' (a LocalCluster sized to this machine); default 'auto': in-process unless "
+        "worker processes pay for their start-up",
     )
     where.add_argument(
         "--slurm-workers",
@@ -46,30 +50,117 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def resolve_store(path: Path, *, merge: bool = True) -> Path:
-    """The store to analyse for ``path``; merges a run directory that has none yet."""
+def resolve_store(path: Path, *, merge: bool = True, scheduler: str | None = None) -> Path:
+    """The store to analyse for ``path``, checked readable (so a bad one fails in one line).
+
+    ``path`` is a store file, a run directory or folder of traces, or one Kineto trace file. A
+    folder or trace without an up-to-date store is merged (``scheduler`` as ``rankscope merge``)
+    into the store ``rankscope merge PATH`` writes: ``trace.h5`` in the folder, or beside the
+    trace. An existing store is used as it is when no input is newer; ``merge=False`` never
+    merges (``rankscope run`` merged already).
+    """
     if not path.exists():
         raise InputFileError(f"{path}: no such file or directory")
     if path.is_file():
-        return path
+        if _is_store_file(path):
+            return _checked(path)
+        return _store_for_trace(path, merge=merge, scheduler=scheduler)
     store = path / rundir.STORE_NAME
     if store.exists():
-        return store
-    if not merge:
+        newer = _newer_input(store, [path]) if merge else None
+        if newer is None:
+            return _checked(store)
+        print(f"{newer} is newer than {store}: merging again", file=sys.stderr)
+    elif not merge:
         raise InputFileError(f"{path}: no {rundir.STORE_NAME} (run `rankscope merge {path}` first)")
+    return _checked(_merge(path, scheduler))
+
+
+def _is_store_file(path: Path) -> bool:
+    """A store by its name (``.h5`` …) or its HDF5 signature; it is then opened as one."""
+    import h5py
+
+    return path.name.endswith(STORE_SUFFIXES) or bool(h5py.is_hdf5(path))
+
+
+def _store_for_trace(trace: Path, *, merge: bool, scheduler: str | None) -> Path:
+    """The store of one trace file: ``trace.h5`` beside it, merged from it when out of date.
+
+    The store is the one ``rankscope merge TRACE`` writes; it is reused while it was merged from
+    this very file and is newer than it. One merged from other inputs (the whole folder) is
+    never overwritten by a merge of one of its files.
+    """
+    from rankscope.analysis.store import open_store
+    from rankscope.orchestrator.kineto import TraceHead, is_trace_name, sniff
+
+    head = sniff(trace)
+    if head is TraceHead.EXPORT:
+        raise InputFileError(
+            f"{trace}: a Perfetto export written by rankscope, not a trace to analyse; "
+            "analyze the store or run folder it was exported from"
+        )
+    if not (head is TraceHead.TRACE or (head is TraceHead.UNREADABLE and is_trace_name(trace))):
+        raise InputFileError(
+            f"{trace}: neither a rankscope store (HDF5 trace.h5) nor a Kineto trace "
+            "(.json, .json.gz)"
+        )
+    store = trace.parent / rundir.STORE_NAME
+    if store.exists():
+        with open_store(store) as s:
+            source = str(s.meta.get("source") or "")
+        if source != str(trace.resolve()):
+            raise InputFileError(
+                f"{trace}: {store} holds another merge ({source or 'unknown source'}); analyze "
+                f"that, or merge this file elsewhere: rankscope merge {trace} -o OTHER.h5"
+            )
+        if _newer_input(store, [trace]) is None or not merge:
+            print(f"using {store} (merged from {trace}; up to date)")
+            return _checked(store)
+    elif not merge:
+        raise InputFileError(f"{trace}: no {rundir.STORE_NAME} beside it (run `rankscope merge`)")
+    return _checked(_merge(trace, scheduler))
+
+
+def _merge(path: Path, scheduler: str | None) -> Path:
+    """Merge ``path`` into its default store (prints the clock line and where it went)."""
     try:
         from rankscope.orchestrator.merge import merge_run_dir
     except ModuleNotFoundError:
         raise InputFileError(f"{path}: no {rundir.STORE_NAME} and no merge available") from None
-    return Path(merge_run_dir(path))
+    return Path(merge_run_dir(path, scheduler=scheduler))
+
+
+def _newer_input(store: Path, inputs: list[Path]) -> Path | None:
+    """The first input trace file modified after ``store`` was written, else None."""
+    from rankscope.orchestrator.merge import discover
+
+    written = store.stat().st_mtime_ns
+    sources, _, _ = discover(inputs)
+    for source in sources:
+        for _, f in source.files:
+            try:
+                if f.stat().st_mtime_ns > written:
+                    return f
+            except OSError:
+                continue
+    return None
+
+
+def _checked(store: Path) -> Path:
+    """``store`` once it opens as a rankscope store (InputFileError naming it otherwise)."""
+    from rankscope.analysis.store import open_store
+
+    with open_store(store):
+        return store
 
 
 def _spec(args: argparse.Namespace) -> Any:
-    from rankscope.analysis.pipeline import LOCAL, ClusterSpec
+    from rankscope.analysis.pipeline import AUTO, ClusterSpec
 
     try:
         return ClusterSpec(
-            scheduler=args.scheduler or LOCAL,
+            scheduler=args.scheduler or AUTO,
+            main_is_guarded=True,
             slurm_workers=args.slurm_workers,
             slurm_partition=args.slurm_partition,
         )
@@ -85,21 +176,27 @@ def run_analysis(store: Path, spec: Any, *, show_progress: bool = True) -> Any:
 
     console = Console(stderr=True)
     if not show_progress:
-        return analyze(store, spec)
-    with Progress(
-        TextColumn("analysing ranks"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-    ) as bar:
-        task = bar.add_task("ranks", total=None)
+        analysis = analyze(store, spec)
+    else:
+        with Progress(
+            TextColumn("analysing ranks"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        ) as bar:
+            task = bar.add_task("ranks", total=None)
 
-        def tick(done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total)
+            def tick(done: int, total: int) -> None:
+                bar.update(task, completed=done, total=total)
 
-        return analyze(store, spec, progress=tick)
+            analysis = analyze(store, spec, progress=tick)
+    # one short line: where the work ran and why (docs/reading-output.md)
+    console.print(
+        f"[dim]analysis: {analysis.scheduler.reason}[/dim]", highlight=False, soft_wrap=True
+    )
+    return analysis
 
 
 def write_reports(analysis: Any, json_path: Path | None, html_path: Path | None) -> list[Path]:
@@ -129,7 +226,8 @@ def main(args: argparse.Namespace) -> int:
     path: Path = args.path
     if args.slurm_workers is not None and args.slurm_workers < 1:
         raise UsageError(f"--slurm-workers must be >= 1, got {args.slurm_workers}")
-    store = resolve_store(path)
+    _refuse_unprofiled_run(path)
+    store = resolve_store(path, scheduler=_merge_scheduler(args))
     analysis = run_analysis(store, _spec(args))
     json_path, html_path = args.json, args.html
     if path.is_dir():
@@ -143,17 +241,38 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
+def _refuse_unprofiled_run(path: Path) -> None:
+    """A run folder without a store whose ranks recorded no window: say why, in one line."""
+    if not (path.is_dir() and (path / rundir.RUN_JSON).is_file()):
+        return
+    if (path / rundir.STORE_NAME).exists():
+        return
+    from rankscope.orchestrator.run import nothing_profiled, run_summary
+
+    try:
+        why = nothing_profiled(run_summary(path))
+    except (OSError, ValueError, KeyError, RankscopeError):
+        return  # an unreadable run.json / meta.json: the merge reports it with its file
+    if why:
+        raise InputFileError(f"{path}: {why}")
+
+
+def _merge_scheduler(args: argparse.Namespace) -> str | None:
+    """The Dask scheduler for a merge ``analyze`` runs first: the one given (None: merge's own)."""
+    from rankscope.orchestrator.merge import SYNCHRONOUS
+
+    given = args.scheduler or ""
+    return given if given == SYNCHRONOUS or ":" in given else None  # an address: host:port
+
+
 def print_run_summary(run_dir: Path) -> None:
     """End of ``rankscope run``: analyse the merged run, print the summary, write RUN/report/."""
-    from rankscope.analysis.pipeline import LOCAL, SYNCHRONOUS, ClusterSpec
+    from rankscope.analysis.pipeline import ClusterSpec
     from rankscope.analysis.report import print_summary
-    from rankscope.analysis.store import open_store
 
     run_dir = Path(run_dir)
     store = resolve_store(run_dir, merge=False)
-    with open_store(store) as s:
-        n = len(s.ranks)
-    spec = ClusterSpec(scheduler=SYNCHRONOUS if n <= RUN_SUMMARY_SYNC_RANKS else LOCAL)
+    spec = ClusterSpec(main_is_guarded=True)
     analysis = run_analysis(store, spec, show_progress=sys.stderr.isatty())
     console = _console()
     print_summary(analysis, console)

@@ -7,14 +7,19 @@ instant. ``run`` parses its own argument list (torchrun's flags pass through unc
 receives the raw remainder in ``args.argv``.
 
 User mistakes raise :class:`rankscope.errors.RankscopeError`: printed on one line, no traceback.
+argparse's own mistakes (a missing or mistyped flag) are printed the same way, by
+:class:`CommandParser`, and an unknown option names the closest real one.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
+import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import NoReturn
 
 from rankscope import __version__
 from rankscope.errors import RankscopeError
@@ -44,17 +49,68 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 #: commands that parse their own arguments (everything after the command name).
 RAW_COMMANDS = frozenset({"run"})
+#: Exit status of a command-line mistake (argparse's own).
+USAGE_EXIT = 2
+#: How close (difflib ratio) a real option must be to a mistyped one to be suggested.
+SUGGEST_CUTOFF = 0.6
+#: A token that argparse reads as a negative number (a value), not as an option.
+NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
+
+
+def unknown_option_message(token: str, options: Iterable[str]) -> str:
+    """``unknown option --activ; did you mean --active?`` (the suggestion only when one is close).
+
+    Shared with ``rankscope run``, which parses its own flags: one wording for every command.
+    """
+    flag = token.partition("=")[0]
+    close = difflib.get_close_matches(flag, sorted(set(options)), n=1, cutoff=SUGGEST_CUTOFF)
+    return f"unknown option {flag}" + (f"; did you mean {close[0]}?" if close else "")
+
+
+class CommandParser(argparse.ArgumentParser):
+    """argparse whose mistakes are ONE line ``PROG: error: MESSAGE`` (exit 2), like every error.
+
+    argparse would print its usage block first; the project's rule is one line per mistake, and
+    ``--help`` still shows the usage.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        sys.exit(USAGE_EXIT)
+
+    def unknown_option(self, argv: Sequence[str]) -> str | None:
+        """The first token of ``argv`` that is no option of this parser (nor a prefix argparse
+        would accept), or None. Checked before parsing so that a mistyped flag is named even
+        when argparse would first complain about the required one it was meant to be.
+        """
+        known = self._option_string_actions
+        for token in argv:
+            if token == "--":
+                break
+            if not token.startswith("-") or token == "-" or NEGATIVE_NUMBER.match(token):
+                continue
+            flag = token.partition("=")[0] if token.startswith("--") else token[:2]
+            if flag in known:
+                continue
+            if (
+                flag.startswith("--")
+                and self.allow_abbrev
+                and len([o for o in known if o.startswith(flag)]) == 1
+            ):
+                continue  # an abbreviation argparse accepts
+            return token
+        return None
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with one sub-parser per available command."""
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="rankscope",
         description="Profile distributed PyTorch jobs on every rank, merge the traces with aligned "
         "clocks, and find where the time went and which rank holds the others back.",
     )
     parser.add_argument("--version", action="version", version=f"rankscope {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=CommandParser)
     for name, (module_name, help_text) in COMMANDS.items():
         try:
             module = importlib.import_module(module_name)
@@ -82,7 +138,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         module = importlib.import_module(COMMANDS[argv[0]][0])
         args = argparse.Namespace(command=argv[0], argv=argv[1:], _module=module)
     else:
-        args = parser.parse_args(argv)
+        sub = _sub_parser(parser, argv[0]) if argv else None
+        token = sub.unknown_option(argv[1:]) if sub is not None else None
+        if sub is not None and token is not None:
+            sub.error(unknown_option_message(token, sub._option_string_actions))
+        args, extra = parser.parse_known_args(argv)
+        if extra:
+            where = _sub_parser(parser, args.command) if args.command else None
+            (where or parser).error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command is None:
         parser.print_help()
         return 2
@@ -94,6 +157,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"rankscope {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+def _sub_parser(parser: argparse.ArgumentParser, name: str) -> CommandParser | None:
+    """The sub-parser of command ``name`` (None for anything else)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            found = action.choices.get(name)
+            return found if isinstance(found, CommandParser) else None
+    return None
 
 
 if __name__ == "__main__":

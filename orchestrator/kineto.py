@@ -18,17 +18,19 @@ timestamps (exact, slower) — see :func:`_needs_exact`.
 
 from __future__ import annotations
 
+import enum
 import gzip
 import re
 import zlib
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import msgspec
 import numpy as np
+from rankscope.analysis.perfetto import GENERATOR as PERFETTO_GENERATOR
 from rankscope.analysis.schema import EventKind, LaneKind
 
 if TYPE_CHECKING:
@@ -38,6 +40,21 @@ if TYPE_CHECKING:
 TRACE_SUFFIXES = (".json", ".json.gz")
 #: Names of JSON files beside traces that are not traces (skipped without a problem).
 NOT_TRACE_PATTERNS = (re.compile(r"(^|\.)meta\.json$"), re.compile(r"^run\.json$"))
+#: Names that are traces whatever their content, so a broken one is reported, never skipped:
+#: torch.profiler's ``tensorboard_trace_handler`` (``*.pt.trace.json[.gz]``) and rankscope's
+#: windows (names carrying a rank count too, see :func:`is_trace_file_name`).
+TRACE_NAME_PATTERNS = (
+    re.compile(r"\.pt\.trace\.json(\.gz)?$"),
+    re.compile(r"^window-\d+\.json\.gz$"),
+)
+#: JSON text read from the start of a file to tell a Kineto trace from other JSON. Kineto writes
+#: ``traceEvents`` after a small header (schemaVersion, deviceProperties, distributedInfo).
+SNIFF_BYTES = 1 << 18
+_TRACE_KEY = re.compile(rb'"traceEvents"\s*:')
+#: rankscope's own Perfetto export: ``{"otherData": {"generator": "rankscope export …"`` first.
+_EXPORT_HEAD = re.compile(
+    rb'^\s*\{\s*"otherData"\s*:\s*\{\s*"generator"\s*:\s*"' + re.escape(PERFETTO_GENERATOR.encode())
+)
 #: Rank in a file or folder name: rank-3, rank3, rank_3, worker3, ranks/00003/.
 RANK_NAME_PATTERNS = (
     re.compile(r"(?:^|[^a-z])rank[-_]?(\d+)", re.IGNORECASE),
@@ -302,6 +319,69 @@ def is_trace_name(path: Path) -> bool:
     if not name.endswith(TRACE_SUFFIXES):
         return False
     return not any(p.search(name) for p in NOT_TRACE_PATTERNS)
+
+
+def is_trace_file_name(path: Path) -> bool:
+    """True for names that say "trace" on their own: a rank in the name, a profiler trace name.
+
+    Such a file found in a folder is always taken, so a broken one is reported as a problem.
+    """
+    if not is_trace_name(path):
+        return False
+    return rank_from_path(path) is not None or any(p.search(path.name) for p in TRACE_NAME_PATTERNS)
+
+
+class TraceHead(enum.Enum):
+    """What the first bytes of a JSON file say it is (:func:`sniff`)."""
+
+    TRACE = "a Kineto trace (traceEvents)"
+    EXPORT = "a Perfetto export written by rankscope"
+    OTHER = "JSON that is not a trace"
+    UNREADABLE = "unreadable"
+
+
+def sniff(path: Path, limit: int = SNIFF_BYTES) -> TraceHead:
+    """Tell what ``path`` holds from its first ``limit`` bytes of JSON text (gunzipped).
+
+    Why: a folder is searched recursively, and beside the traces lie other JSON files —
+    rankscope's own outputs (summary.json, a Perfetto export) and the user's. Reading the head
+    of each is cheap and tells them apart without parsing the whole file.
+    """
+    head = bytearray()
+    pieces = cast("Generator[bytes, None, None]", _text_pieces(path))  # a generator
+    try:
+        for piece in pieces:
+            head += piece
+            if len(head) >= limit:
+                break
+    except TraceReadError:
+        if not head:
+            return TraceHead.UNREADABLE
+    finally:
+        pieces.close()  # closes the file now, not when the generator is collected
+    text = bytes(head[:limit])
+    events = _TRACE_KEY.search(text)
+    if _EXPORT_HEAD.match(text[: events.start()] if events else text):
+        return TraceHead.EXPORT
+    if events:
+        return TraceHead.TRACE
+    return TraceHead.OTHER
+
+
+def is_folder_trace(path: Path) -> bool:
+    """Whether a file found in a recursive folder search is merged (else skipped silently).
+
+    Taken: files whose head shows ``traceEvents``, and files named like traces
+    (:func:`is_trace_file_name`) whatever they hold — a truncated ``rank-3.json.gz`` must be
+    reported, not lost. Skipped: hidden files (temporaries, lock files), meta.json / run.json,
+    rankscope's own Perfetto exports (by their marker), and any other JSON (summary.json …).
+    """
+    if path.name.startswith(".") or not is_trace_name(path):
+        return False
+    head = sniff(path)
+    if head is TraceHead.EXPORT:
+        return False
+    return head in (TraceHead.TRACE, TraceHead.UNREADABLE) or is_trace_file_name(path)
 
 
 def read_trace(path: Path) -> FileTrace:

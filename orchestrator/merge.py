@@ -3,7 +3,8 @@
 Pipeline (docs/format.md, "How the merge works"):
 
 1. **Discover** the inputs: a run directory (``ranks/NNNNN/window-*.json.gz`` + ``meta.json``),
-   any folder of Kineto traces (searched recursively), or trace files.
+   any folder of Kineto traces (searched recursively; rankscope's own outputs there, such as
+   ``report/`` and Perfetto exports, are never inputs: :func:`folder_traces`), or trace files.
 2. **Parse** one task per rank source on Dask (a LocalCluster by default, one process per core,
    one thread each): the task reads the rank's files one after the other and returns compact
    numpy columns (a few tens of bytes per event instead of the JSON text). At most
@@ -12,7 +13,7 @@ Pipeline (docs/format.md, "How the merge works"):
 3. **Match** collectives across ranks, **align** clocks (orchestrator/clock.py), then rewrite
    each rank's ``ts`` on the aligned clock, its ``coll`` column, and the run-wide tables.
 4. The store is written to a temporary name in the output folder and renamed; a lock file
-   (``.trace.h5.lock``) keeps two merges of one output apart.
+   (``.trace.h5.lock``, removed when the merge ends) keeps two merges of one output apart.
 
 Bad input never costs the other ranks: every problem is recorded in ``/problems`` and printed
 with its file; the exit status is non-zero only when no rank could be merged (or ``--strict``).
@@ -106,7 +107,7 @@ class RankResult:
 # ---------------------------------------------------------------------------------- discovery
 def discover(paths: list[Path]) -> tuple[list[RankSource], dict[str, Any], list[Problem]]:
     """Rank sources from the given paths; returns (sources, run.json or {}, problems)."""
-    from rankscope.orchestrator.kineto import is_trace_name, rank_from_path
+    from rankscope.orchestrator.kineto import rank_from_path
 
     sources: list[RankSource] = []
     run: dict[str, Any] = {}
@@ -141,17 +142,53 @@ def discover(paths: list[Path]) -> tuple[list[RankSource], dict[str, Any], list[
                     continue
                 sources.append(RankSource(files, rank, from_run_dir=True, meta=meta))
         elif path.is_dir():
-            found = sorted(
-                p
-                for p in path.rglob("*")
-                if p.is_file() and is_trace_name(p) and not p.name.startswith(".")
-            )
+            found = folder_traces(path)
             if not found:
                 problems.append(Problem(str(path), -1, "no Kineto trace files (*.json, *.json.gz)"))
             sources.extend(RankSource([(0, p)], rank_from_path(p)) for p in found)
         else:
             sources.append(RankSource([(0, path)], rank_from_path(path)))
     return sources, run, problems
+
+
+def folder_traces(folder: Path) -> list[Path]:
+    """The trace files of a folder searched recursively, in name order.
+
+    rankscope writes its own files into the folders it merges (``report/`` with summary.json
+    and report.html, Perfetto exports, the store, its lock and temporaries): none of them is an
+    input, so re-merging after ``analyze`` / ``export`` finds the same traces and no problem.
+    The report folder is left out whole; every other file must look like a trace
+    (:func:`rankscope.orchestrator.kineto.is_folder_trace`).
+    """
+    from rankscope.orchestrator.kineto import is_folder_trace
+
+    skipped = [d for d in (folder / rundir.REPORT_DIR,) if is_report_dir(d)]
+    return sorted(
+        p
+        for p in folder.rglob("*")
+        if p.is_file() and not any(p.is_relative_to(d) for d in skipped) and is_folder_trace(p)
+    )
+
+
+def is_report_dir(path: Path) -> bool:
+    """True for a report folder written by ``rankscope analyze`` (summary.json / report.html)."""
+    return path.is_dir() and any(
+        (path / name).is_file() for name in (rundir.SUMMARY_JSON, rundir.REPORT_HTML)
+    )
+
+
+def nothing_to_merge(first_input: Path, problems: list[Problem]) -> str:
+    """The one-line error when discovery found no trace at all (its problems say why)."""
+    if not problems:
+        return f"{first_input}: no trace files to merge"
+    first = problems[0]
+    text = f"{first.file}: {first.problem}"
+    if first.file != str(first_input):
+        text = f"{first_input}: no trace files to merge ({text}"
+        text += f"; {len(problems) - 1} more problem(s))" if len(problems) > 1 else ")"
+    elif len(problems) > 1:
+        text += f" ({len(problems) - 1} more problem(s))"
+    return text
 
 
 # ------------------------------------------------------------------------------------- parse
@@ -405,22 +442,46 @@ def _p2p_peers(
 # ------------------------------------------------------------------------------------- write
 @contextlib.contextmanager
 def output_lock(output: Path) -> Iterator[None]:
-    """Hold ``.trace.h5.lock`` beside ``output`` (fcntl), or fail with a clear message."""
+    """Hold ``.trace.h5.lock`` beside ``output`` (fcntl), or fail with a clear message.
+
+    The lock file exists only while a merge holds it: it is removed, whether the merge succeeded
+    or failed, while still locked, right before the release. A merge that opened the file just
+    before that and then gets the lock holds an unlinked inode, which locks nothing: it sees that
+    the path no longer names the inode it locked, and starts again on a fresh file.
+    """
     import fcntl
 
     lock_path = output.parent / LOCK_FORMAT.format(name=output.name)
-    with open(lock_path, "a+") as fh:
+    while True:
+        fh = lock_path.open("a+")
         try:
             fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            fh.close()
             raise InputFileError(
                 f"{output}: another merge is writing this store (lock {lock_path}); "
                 "wait for it to finish and try again"
             ) from None
+        if _same_file(lock_path, fh.fileno()):
+            break
+        fh.close()  # the previous holder removed it as it finished: lock the path's new file
+    try:
+        yield
+    finally:
         try:
-            yield
+            lock_path.unlink(missing_ok=True)  # still held: a late waiter re-checks the inode
         finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+            fh.close()  # releases the lock
+
+
+def _same_file(path: Path, fd: int) -> bool:
+    """True when ``path`` still names the open file ``fd`` (same device and inode)."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return False
+    own = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
 
 
 def _run_tasks(sources: list[RankSource], scheduler: str | None) -> Iterator[RankResult]:
@@ -511,10 +572,11 @@ def _merge_locked(
     from rankscope.orchestrator.collectives import match, renumber
 
     sources, run, problems = discover(inputs)
+    if not sources:
+        # One line, not the problems and then an error: ``analyze`` relays it under its name.
+        raise InputFileError(nothing_to_merge(inputs[0], problems))
     for p in problems:
         _say(p, quiet)
-    if not sources:
-        raise InputFileError(f"{inputs[0]}: no trace files to merge")
     # Stale temporaries of an interrupted merge (we hold the lock: nobody else writes them).
     for stale in out.parent.glob(f".{out.name}.*.tmp"):
         stale.unlink(missing_ok=True)
@@ -843,7 +905,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--output",
         type=Path,
         default=None,
-        help="store to write (default: trace.h5 in the run directory / folder)",
+        help="store to write (default: trace.h5 in the run directory / folder, or beside the "
+        "first trace file)",
     )
     parser.add_argument(
         "--scheduler",

@@ -203,13 +203,24 @@ def _flag_names(tokens: Sequence[str]) -> list[str]:
     return [t.partition("=")[0] for t in tokens if t.startswith("-")]
 
 
-def parse_torchrun_args(tokens: list[str]) -> argparse.Namespace:
-    """Validate torchrun's flags with torchrun's own parser (imports torch: slow)."""
+def parse_torchrun_args(tokens: list[str], ours: Sequence[str] = ()) -> argparse.Namespace:
+    """Validate torchrun's flags with torchrun's own parser (imports torch: slow).
+
+    Every flag that is not ours reaches torchrun, so a mistyped flag of either kind fails here:
+    it is named with the closest of torchrun's flags and ``ours``.
+    """
+    from rankscope.orchestrator.cli import unknown_option_message
     from torch.distributed.run import get_args_parser
 
     tr = get_args_parser()
 
     def fail(message: str) -> NoReturn:
+        head, _, rest = message.partition(": ")
+        unknown = [t for t in rest.split() if t.startswith("-")]
+        if head == "unrecognized arguments" and unknown:
+            raise UsageError(
+                unknown_option_message(unknown[0], [*tr._option_string_actions, *ours])
+            )
         raise UsageError(f"torchrun: {message}")
 
     tr.error = fail  # type: ignore[method-assign]
@@ -277,7 +288,7 @@ def build_spec(
     check_out_dir(args.out)
 
     kept = [t for t in torchrun if t.partition("=")[0] not in MODULE_FLAGS | DROPPED_FLAGS]
-    tr = parse_torchrun_args(kept)
+    tr = parse_torchrun_args(kept, list(parser._option_string_actions))
     nnodes = _count(tr.nnodes, "--nnodes")
     if nnodes == 1 and not any(f in RENDEZVOUS_FLAGS for f in flags):
         kept = ["--standalone", *kept]
@@ -353,6 +364,9 @@ def run_summary(run_dir: Path) -> dict[str, Any]:
                 "bytes": sum(int(w.get("bytes", 0)) for w in windows),
                 "clock_samples": len(meta.get("clock", {}).get("samples", [])),
                 "clock_leader": meta.get("clock", {}).get("leader_rank"),
+                "clock_reference": meta.get("clock", {}).get("reference_rank"),
+                "steps": meta.get("steps"),
+                "profiler": meta.get("profiler", {}),
                 "error": None if not error else f"{error.get('type')}: {error.get('message')}",
             }
         )
@@ -370,8 +384,49 @@ def run_summary(run_dir: Path) -> dict[str, Any]:
     }
 
 
+def nothing_profiled(summary: dict[str, Any]) -> str | None:
+    """Why a finished run recorded no profiler window, and how to fix it (None when it did).
+
+    The ranks count the steps they saw (``meta.json`` ``steps``): none at all means the loop has
+    no ``optimizer.step()`` and calls no ``rankscope.step()``; fewer than the schedule needs
+    before its first recorded step means the run was shorter than the schedule.
+    """
+    if summary["windows"] or not summary["ranks"]:
+        return None
+    steps = [r["steps"] for r in summary["ranks"] if r.get("steps") is not None]
+    prof: dict[str, Any] = next((r["profiler"] for r in summary["ranks"] if r.get("profiler")), {})
+    if not steps:
+        return "no rank recorded a profiler window (the ranks wrote no step count)."
+    seen = max(steps)
+    if seen == 0:
+        return (
+            "nothing was profiled: no training step was seen (no optimizer.step() and no "
+            "rankscope.step() in the loop). Call rankscope.step() once per iteration "
+            "(`import rankscope`; a no-op outside rankscope run), or step a torch.optim optimizer."
+        )
+    first = int(prof.get("skip_first", 0)) + int(prof.get("wait", 0)) + int(prof.get("warmup", 0))
+    return (
+        f"nothing was profiled: the ranks saw {seen} step(s), but the schedule records from step "
+        f"{first + 1} on (--skip-first {prof.get('skip_first', 0)}, --wait {prof.get('wait', 0)}, "
+        f"--warmup {prof.get('warmup', 0)}); run more steps or lower those flags."
+    )
+
+
+def _clock_label(r: dict[str, Any]) -> str:
+    """The run table's clock cell, in the merge's words (docs/reading-output.md)."""
+    leader, reference = r["clock_leader"], r.get("clock_reference")
+    if leader is None:
+        return "-"  # no init_process_group: nothing to align
+    if r["clock_samples"]:
+        return f"runtime ({r['clock_samples']} samples)"
+    if leader == reference or (reference is None and r["rank"] == leader):
+        return "reference"
+    return f"same clock as rank {leader}"
+
+
 def print_summary(run_dir: Path) -> dict[str, Any]:
     """Print the end-of-run table (rich) and return the figures."""
+    from rankscope.launchers.rundir import RunState
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
@@ -382,14 +437,7 @@ def print_summary(run_dir: Path) -> dict[str, Any]:
     for col in ("rank", "host", "windows", "events", "bytes", "clock"):
         table.add_column(col, justify="left" if col == "host" else "right")
     for r in s["ranks"]:
-        if r["clock_samples"]:
-            clock = f"{r['clock_samples']} samples"
-        elif r["clock_leader"] is None:
-            clock = "-"  # no init_process_group: nothing to align
-        elif r["rank"] == r["clock_leader"]:
-            clock = "reference"
-        else:
-            clock = f"via rank {r['clock_leader']}"
+        clock = _clock_label(r)
         table.add_row(
             str(r["rank"]),
             str(r["host"]),
@@ -410,6 +458,11 @@ def print_summary(run_dir: Path) -> dict[str, Any]:
         label = "failed first" if i == 0 and len(s["failures"]) > 1 else "failed"
         console.print(f"[red]{who} {label}[/red]: {escape(str(f.get('error')))}")
     console.print(f"run directory: {run_dir}")
+    why = nothing_profiled(s) if s["state"] == RunState.COMPLETED else None
+    if why:
+        Console(stderr=True, highlight=False).print(
+            f"[bold yellow]rankscope run: warning:[/bold yellow] {escape(why)}"
+        )
     return s
 
 

@@ -18,8 +18,6 @@ from rankscope.errors import UsageError
 DEFAULT_ADDRESS = "127.0.0.1"
 #: Default port (0 picks a free one).
 DEFAULT_PORT = 5006
-#: Runs with at most this many ranks are analysed in-process (a LocalCluster costs more).
-SYNC_RANKS = 8
 #: URL path of the app.
 APP_PATH = "timeline"
 
@@ -60,11 +58,11 @@ def free_port(address: str) -> int:
         return int(s.getsockname()[1])
 
 
-def _analysis(store_path: Path, n_ranks: int) -> Any:
-    from rankscope.analysis.pipeline import LOCAL, SYNCHRONOUS, ClusterSpec
+def _analysis(store_path: Path) -> Any:
+    from rankscope.analysis.pipeline import ClusterSpec
     from rankscope.orchestrator.analyze import run_analysis
 
-    spec = ClusterSpec(scheduler=SYNCHRONOUS if n_ranks <= SYNC_RANKS else LOCAL)
+    spec = ClusterSpec(main_is_guarded=True)
     return run_analysis(store_path, spec, show_progress=sys.stderr.isatty())
 
 
@@ -80,7 +78,7 @@ def main(args: argparse.Namespace) -> int:
     store_path = resolve_store(args.path)
     store = open_store(store_path)
     try:
-        analysis = None if args.no_analysis else _analysis(store_path, len(store.ranks))
+        analysis = None if args.no_analysis else _analysis(store_path)
         import panel as pn
         from rankscope.analysis.app import APP_TITLE, build_app
 

@@ -1,17 +1,25 @@
 #!/usr/bin/env bash
-# The whole test suite, on a fresh machine: installs what it needs (apt + pip), then
-# ruff (lint + format), mypy and pytest. Extra arguments go to pytest (e.g. -m "not slurm").
+# The whole test suite, on a fresh machine: installs what it needs (examples/setup.sh --dev: apt
+# packages, and pip into the active virtual environment, else ./.venv), then ruff (lint +
+# format), mypy and pytest. Extra arguments go to pytest (e.g. -m "not slurm").
 #
-#   bash tests/run.sh
+#   bash tests/run.sh            everything (what CI runs)
+#   bash tests/run.sh --fast     the inner loop: no Slurm, browser, torchrun or other slow tests
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-bash examples/setup.sh --dev
+PY=$(bash examples/setup.sh --dev | sed -n 's/^python: //p')
+export PATH="$(dirname "$PY"):$PATH"
+
+args=()
+for a in "$@"; do
+  if [ "$a" = "--fast" ]; then args+=(-m "not slow and not slurm and not browser and not gpu"); else args+=("$a"); fi
+done
 
 echo "== ruff" >&2
-ruff check .
-ruff format --check .
+"$PY" -m ruff check .
+"$PY" -m ruff format --check .
 echo "== mypy" >&2
 bash tests/typecheck.sh
 echo "== pytest" >&2
-python -m pytest "$@"
+"$PY" -m pytest --durations=15 "${args[@]}"

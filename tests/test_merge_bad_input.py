@@ -207,3 +207,32 @@ def test_run_directory_with_a_truncated_window_keeps_the_rest(tmp_path: Path) ->
         problems = store.problems()
         assert problems["file"].tolist() == [str(bad)]
         assert "gzip" in problems["problem"].iloc[0]
+
+
+def test_other_json_without_a_trace_name_is_skipped(tmp_path: Path) -> None:
+    """JSON found in a folder that is neither named nor shaped like a trace is not an input."""
+    inputs = tmp_path / "in"
+    (inputs / "cfg").mkdir(parents=True)
+    _good(inputs)
+    (inputs / "results.json").write_text(json.dumps({"loss": [0.5, 0.4]}))
+    (inputs / "cfg" / "config.json.gz").write_bytes(gzip.compress(b'{"lr": 0.1}'))
+    (inputs / "notes.json").write_bytes(b"")
+    out = tmp_path / "trace.h5"
+    rc = cli(["merge", str(inputs), "-o", str(out), "--scheduler", "synchronous", "-q", "--strict"])
+    assert rc == 1, "only the missing ranks 2 and 3 are a problem"
+    with open_store(out) as store:
+        assert store.ranks == [0, 1]
+        (problem,) = store.problems()["problem"]
+        assert problem.startswith("2 of 4 rank(s) missing")
+
+
+def test_unnamed_trace_is_found_by_its_content(tmp_path: Path) -> None:
+    """A trace whose name says nothing (no rank, no .pt.trace) is still taken: its head says so."""
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    _good(inputs)
+    shutil.copy2(DATA / "rank2.step5.pt.trace.json", inputs / "profile.json")
+    out = tmp_path / "trace.h5"
+    assert cli(["merge", str(inputs), "-o", str(out), "--scheduler", "synchronous", "-q"]) == 0
+    with open_store(out) as store:
+        assert store.ranks == [0, 1, 2]

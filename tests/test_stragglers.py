@@ -47,14 +47,16 @@ def _run(
                     inp += extra
                 else:
                     idle += extra
-            wins.append((k, r, wstart, a[r], compute, inp, idle, 0))
+            wins.append((k, r, -1, wstart, a[r], a[r], compute, inp, idle, 0))
     waits = collective_waits(collectives(arr, end))
     windows = pd.DataFrame(
         wins,
         columns=[
             "coll",
             "rank",
+            "prev_coll",
             "window_start",
+            "window_end",
             "arrival",
             "compute_ns",
             "input_ns",

@@ -1,0 +1,152 @@
+"""The Python API from a plain script, and runs that profiled nothing (issue 8, items 2 and 3).
+
+A plain script calling ``analyze()`` at module level (no ``if __name__ == "__main__":``) used to
+start a LocalCluster whose spawned workers re-imported the script: ~480 lines of tracebacks and the
+script's top lines run three times. A run whose loop never stepped ended "completed … 0 windows"
+without a word about why.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+
+def _script(tmp_path: Path, body: str) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "plain.py"
+    script.write_text(textwrap.dedent(body))
+    return subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=tmp_path,
+    )
+
+
+@pytest.fixture(scope="module")
+def store(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from analysis_frames import merged
+
+    return merged(data_dir, "cpu_gloo_4rank_straggler", tmp_path_factory.mktemp("api"))
+
+
+def test_plain_script_analyze_at_module_level(store: Path, tmp_path: Path) -> None:
+    proc = _script(
+        tmp_path,
+        f"""
+        import rankscope
+        from rankscope.analysis import analyze
+        print("top of the script")
+        a = analyze({str(store)!r})
+        print("stragglers", a.straggler_ranks(), "ran", a.scheduler.scheduler)
+        """,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "Traceback" not in out
+    assert out.count("top of the script") == 1, out[-3000:]
+    assert "stragglers [2] ran synchronous" in out
+
+
+def test_plain_script_asking_for_processes_gets_threads_not_a_bootstrap_error(
+    store: Path, tmp_path: Path
+) -> None:
+    """Explicitly asking for a LocalCluster from an unguarded script: worker processes would
+    re-run the script, so the work runs on threads and says why."""
+    proc = _script(
+        tmp_path,
+        f"""
+        from rankscope.analysis import analyze
+        from rankscope.analysis.pipeline import ClusterSpec
+        print("top of the script")
+        a = analyze({str(store)!r}, ClusterSpec(scheduler="local"))
+        print("stragglers", a.straggler_ranks(), "ran", a.scheduler.scheduler)
+        print("why", a.scheduler.reason)
+        """,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "Traceback" not in out and "Nanny" not in out
+    assert out.count("top of the script") == 1
+    assert "stragglers [2] ran threads" in out
+    assert "__main__" in out  # the reason says how to get processes
+
+
+def test_scheduler_choice_follows_the_work() -> None:
+    from rankscope.analysis.pipeline import (
+        LOCAL,
+        SYNCHRONOUS,
+        THREADS,
+        ClusterSpec,
+        choose,
+    )
+
+    small, big = 10_000, 100_000_000
+    guarded = ClusterSpec(workers=4, main_is_guarded=True)
+    assert choose(guarded, 8, small).scheduler == SYNCHRONOUS
+    assert choose(guarded, 8, big).scheduler == LOCAL
+    # one worker (one core or one rank) never pays for a cluster
+    assert choose(ClusterSpec(workers=1, main_is_guarded=True), 8, big).scheduler == SYNCHRONOUS
+    assert choose(guarded, 1, big).scheduler == SYNCHRONOUS
+    # pytest's __main__ has a file, like a plain script: processes are not safe from here
+    assert choose(ClusterSpec(workers=4), 8, big).scheduler == THREADS
+    # an explicit choice is honoured
+    assert choose(ClusterSpec(scheduler=SYNCHRONOUS), 8, big).scheduler == SYNCHRONOUS
+    assert choose(ClusterSpec(scheduler="tcp://h:8786"), 8, small).scheduler == "tcp://h:8786"
+
+
+def test_nothing_profiled_says_why() -> None:
+    from rankscope.orchestrator.run import nothing_profiled
+
+    prof = {"skip_first": 0, "wait": 1, "warmup": 1, "active": 3}
+    rank = {"rank": 0, "windows": 0, "steps": 0, "profiler": prof}
+    none_seen = nothing_profiled({"windows": 0, "ranks": [rank]})
+    assert none_seen and "rankscope.step()" in none_seen and "optimizer.step()" in none_seen
+    short = nothing_profiled({"windows": 0, "ranks": [{**rank, "steps": 2}]})
+    assert short and "2 step(s)" in short and "step 3" in short and "--warmup" in short
+    assert nothing_profiled({"windows": 3, "ranks": [{**rank, "windows": 3}]}) is None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_run_without_steps_warns_at_the_end_and_analyze_says_why(tmp_path: Path) -> None:
+    train = tmp_path / "no_steps.py"
+    train.write_text(
+        "import torch\na = torch.randn(64, 64)\nfor _ in range(6):\n    a = torch.tanh(a @ a)\n"
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rankscope",
+            "run",
+            "--nproc-per-node",
+            "1",
+            "--out",
+            str(tmp_path / "runs"),
+            str(train),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "nothing was profiled: no training step was seen" in out
+    assert "rankscope.step()" in out.splitlines()[-1] or "rankscope.step()" in proc.stderr
+    (run,) = (tmp_path / "runs").iterdir()
+    ana = subprocess.run(
+        [sys.executable, "-m", "rankscope", "analyze", str(run)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = [ln for ln in (ana.stdout + ana.stderr).splitlines() if ln.strip()]
+    assert ana.returncode != 0
+    assert len(lines) == 1, lines
+    assert "no training step was seen" in lines[0] and str(run) in lines[0]
