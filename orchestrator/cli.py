@@ -45,6 +45,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "rankscope.orchestrator.export",
         "export one aligned trace (Perfetto / Chrome JSON)",
     ),
+    "synth": (
+        "rankscope.orchestrator.synth",
+        "generate a synthetic multi-GPU job's traces with ground truth",
+    ),
 }
 
 #: commands that parse their own arguments (everything after the command name).
@@ -57,14 +61,19 @@ SUGGEST_CUTOFF = 0.6
 NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
 
 
-def unknown_option_message(token: str, options: Iterable[str]) -> str:
-    """``unknown option --activ; did you mean --active?`` (the suggestion only when one is close).
+def suggestion(token: str, options: Iterable[str]) -> str:
+    """``"; did you mean --active?"`` for ``--activ`` (empty when no option is close).
 
     Shared with ``rankscope run``, which parses its own flags: one wording for every command.
     """
     flag = token.partition("=")[0]
     close = difflib.get_close_matches(flag, sorted(set(options)), n=1, cutoff=SUGGEST_CUTOFF)
-    return f"unknown option {flag}" + (f"; did you mean {close[0]}?" if close else "")
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def unknown_option_message(token: str, options: Iterable[str]) -> str:
+    """``unknown option --activ; did you mean --active?`` (the suggestion only when one is close)."""
+    return f"unknown option {token.partition('=')[0]}" + suggestion(token, options)
 
 
 class CommandParser(argparse.ArgumentParser):

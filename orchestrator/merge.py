@@ -921,18 +921,54 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
 
 
+@contextlib.contextmanager
+def interrupt_wins() -> Iterator[None]:
+    """Ctrl-C during the block is reported as an interrupt, whatever code it lands in.
+
+    A ``KeyboardInterrupt`` raised while h5py runs Cython code can come out as another exception
+    (seen in CI: a ``TypeError`` from h5py's type-conversion setup), which would print a traceback
+    instead of "interrupted" (exit 130). The handler notes that SIGINT arrived; an exception that
+    escapes after it becomes the ``KeyboardInterrupt`` it stands for. Only Python's default
+    handler is replaced (a user who ignores SIGINT keeps that).
+    """
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() or (
+        signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield
+        return
+    fired: list[int] = []
+
+    def handler(signum: int, frame: Any) -> None:
+        fired.append(signum)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    except Exception as exc:
+        if fired:
+            raise KeyboardInterrupt from exc
+        raise
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def main(args: argparse.Namespace) -> int:
     """Run ``rankscope merge``; returns the exit status."""
     paths = [Path(p) for p in args.inputs]
     missing = [p for p in paths if not p.exists()]
     if missing:
         raise UsageError(f"{missing[0]}: no such file or directory")
-    merge_run_dir(
-        paths[0],
-        output=args.output,
-        scheduler=args.scheduler,
-        quiet=args.quiet,
-        strict=args.strict,
-        extra_inputs=paths[1:],
-    )
+    with interrupt_wins():
+        merge_run_dir(
+            paths[0],
+            output=args.output,
+            scheduler=args.scheduler,
+            quiet=args.quiet,
+            strict=args.strict,
+            extra_inputs=paths[1:],
+        )
     return 0

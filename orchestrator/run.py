@@ -209,7 +209,7 @@ def parse_torchrun_args(tokens: list[str], ours: Sequence[str] = ()) -> argparse
     Every flag that is not ours reaches torchrun, so a mistyped flag of either kind fails here:
     it is named with the closest of torchrun's flags and ``ours``.
     """
-    from rankscope.orchestrator.cli import unknown_option_message
+    from rankscope.orchestrator.cli import suggestion
     from torch.distributed.run import get_args_parser
 
     tr = get_args_parser()
@@ -217,11 +217,11 @@ def parse_torchrun_args(tokens: list[str], ours: Sequence[str] = ()) -> argparse
     def fail(message: str) -> NoReturn:
         head, _, rest = message.partition(": ")
         unknown = [t for t in rest.split() if t.startswith("-")]
+        hint = ""
         if head == "unrecognized arguments" and unknown:
-            raise UsageError(
-                unknown_option_message(unknown[0], [*tr._option_string_actions, *ours])
-            )
-        raise UsageError(f"torchrun: {message}")
+            hint = suggestion(unknown[0], [*tr._option_string_actions, *ours])
+        # torchrun's own words (the flag went to torchrun), plus the closest flag when one is near
+        raise UsageError(f"torchrun: {message}{hint}")
 
     tr.error = fail  # type: ignore[method-assign]
     return tr.parse_args([*tokens, "rankscope-placeholder.py"])

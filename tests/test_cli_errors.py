@@ -236,10 +236,32 @@ def test_mistyped_flag_suggests_the_right_one(
     shutil.copytree(DATA, tmp_path / "RUN")
     rc, lines = _rankscope(*args, cwd=tmp_path)
     assert rc == 2
-    assert lines == [f"rankscope {args[0]}: error: unknown option {wrong}; did you mean {right}?"]
+    # run hands unknown flags to torchrun, and says so
+    what = "torchrun: unrecognized arguments:" if args[0] == "run" else "unknown option"
+    assert lines == [f"rankscope {args[0]}: error: {what} {wrong}; did you mean {right}?"]
 
 
 def test_argparse_errors_of_a_command_are_one_line(tmp_path: Path) -> None:
     rc, lines = _rankscope("export", str(tmp_path))  # --perfetto is required
     assert rc == 2 and len(lines) == 1, lines
     assert lines[0].startswith("rankscope export: error: ") and "--perfetto" in lines[0]
+
+
+def test_an_interrupt_turned_into_another_error_by_library_code_is_still_an_interrupt() -> None:
+    """CI saw h5py turn the KeyboardInterrupt of Ctrl-C into a TypeError (a traceback, exit 1)."""
+    import signal
+
+    from rankscope.orchestrator.merge import interrupt_wins
+
+    def library_call() -> None:
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            signal.sigtimedwait([], 0)  # let the handler run here
+        except KeyboardInterrupt:
+            raise TypeError("Operation not defined for data type class") from None
+
+    with pytest.raises(KeyboardInterrupt), interrupt_wins():
+        library_call()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with pytest.raises(TypeError), interrupt_wins():  # no interrupt: the error is the error
+        raise TypeError("a real one")

@@ -121,3 +121,33 @@ def test_shortened_op_names_stay_distinct() -> None:
     assert len(set(short)) == 3 and all(len(s) <= 38 for s in short)
     assert short[2] == "aten::mm"
     assert short[0].endswith("AddmmBackward0")
+
+
+def test_run_table_speaks_the_merges_clock_words() -> None:
+    """The run table said "via rank 0" where the analysis said "reference" for the same clock."""
+    from rankscope.orchestrator.run import _clock_label
+
+    row = {"rank": 1, "clock_leader": 0, "clock_reference": 0, "clock_samples": 0}
+    assert _clock_label(row) == "reference"
+    assert _clock_label({**row, "rank": 0}) == "reference"
+    assert _clock_label({**row, "clock_leader": 2, "rank": 3}) == "same clock as rank 2"
+    assert _clock_label({**row, "clock_leader": 2, "rank": 2, "clock_samples": 8}) == (
+        "runtime (8 samples)"
+    )
+    assert _clock_label({**row, "clock_leader": None}) == "-"
+
+
+def test_terminal_summary_points_to_how_to_read_it(analyses: dict) -> None:
+    import io
+
+    from rankscope.analysis.report import READING_DOC, print_summary
+    from rich.console import Console
+
+    out = io.StringIO()
+    print_summary(analyses["cpu_gloo_4rank_ddp_buckets"], Console(file=out, width=200))
+    text = out.getvalue()
+    assert READING_DOC in text
+    assert (Path(__file__).resolve().parents[1] / READING_DOC).is_file()
+    assert "fell " in text and "each delay counted once" in text
+    # the rank-time sums say what they sum over
+    assert "summed over their 24 (collective, rank) rows" in text
