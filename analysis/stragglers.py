@@ -52,7 +52,7 @@ class Cause(enum.StrEnum):
 WINDOW_COLUMNS: dict[str, str] = {
     "coll": "int64",
     "rank": "int32",
-    "prev_coll": "int64",  # collective whose arrival (on this rank) starts the window; -1: none
+    "step": "int64",  # profiled step holding the arrival; -1: outside every profiled step
     "window_start": "int64",  # latest sync point, own previous arrival or start of the steps
     "window_end": "int64",  # the arrival (or the end of the profiled step holding it)
     "arrival": "int64",
@@ -74,7 +74,7 @@ STRAGGLER_COLUMNS: dict[str, str] = {
     "wait_caused_s": "float64",
     "wait_share": "float64",  # of everybody's wait
     "mean_lateness_s": "float64",
-    "late_s": "float64",  # lateness vs the median rank, summed where it was last
+    "late_s": "float64",  # lateness vs the median rank where it was last, once per step
     "own_extra_s": "float64",  # extra own work before arriving, summed where it was last
     "compute_extra_s": "float64",
     "input_extra_s": "float64",
@@ -103,9 +103,8 @@ def arrival_windows(
     arrival (collectives in flight together, e.g. DDP buckets, get consecutive windows, so no
     instant is counted twice), and the start of the run of consecutive profiled steps holding
     the arrival (time between profiler windows was not recorded). Windows are thus disjoint and
-    inside the profiled time: their sum never exceeds the rank's profiled total. ``prev_coll``
-    names the collective whose arrival starts the window (-1 when it starts at a sync point or a
-    step), because the rank's lateness at that arrival is carried into this one.
+    inside the profiled time: their sum never exceeds the rank's profiled total. ``step`` is the
+    profiled step holding the arrival (lateness is judged once per step, :func:`find_stragglers`).
     """
     import numpy as np
     import pandas as pd
@@ -126,11 +125,10 @@ def arrival_windows(
 
     is_p2p = rows["op"].isin(P2P_OPS).to_numpy() if "op" in rows else np.zeros(len(rows), bool)
     prev_arrival = np.full(len(arrival), lowest, np.int64)
-    prev_coll = np.full(len(arrival), -1, np.int64)
     coll_idx = np.flatnonzero(~is_p2p)
     if len(coll_idx) > 1:
         prev_arrival[coll_idx[1:]] = arrival[coll_idx[:-1]]
-        prev_coll[coll_idx[1:]] = colls[coll_idx[:-1]]
+    step_of = np.full(len(arrival), -1, np.int64)
     real_steps = steps[steps["step"] >= 0] if len(steps) else steps
     block_start = np.full(len(arrival), lowest, np.int64)
     step_end = np.full(len(arrival), np.iinfo(np.int64).max, np.int64)
@@ -148,9 +146,9 @@ def arrival_windows(
         block_start = np.where(inside, s_start[first[np.maximum(idx, 0)]], lowest)
         # an arrival after the last profiled step of its block is measured up to that step's end
         step_end = np.where(inside, s_end[np.maximum(idx, 0)], arrival)
+        step_of = np.where(inside & (arrival <= step_end), s_num[np.maximum(idx, 0)], -1)
     sync_or_own = np.maximum(prev_end, prev_arrival)
     start = np.maximum(sync_or_own, block_start)
-    carried = (prev_arrival > prev_end) & (prev_arrival >= block_start) & (prev_arrival > lowest)
     no_start = start == lowest
     stop = np.minimum(arrival, step_end)
     start = np.where(no_start, stop, np.minimum(start, stop))
@@ -158,7 +156,7 @@ def arrival_windows(
         {
             "coll": colls,
             "rank": np.full(len(rows), rank, np.int32),
-            "prev_coll": np.where(carried, prev_coll, -1),
+            "step": step_of,
             "window_start": start,
             "window_end": stop,
             "arrival": arrival,
@@ -225,7 +223,7 @@ def find_stragglers(
         p = binomial_p_value(k, n, chance)
         blame = float(sub["blame_ns"].sum())
         mine = extras[(extras["rank"] == rank) & extras["is_last"]] if len(extras) else extras
-        late = float(mine["late_ns"].clip(lower=0).sum()) if len(mine) else 0.0
+        late = lateness_once_per_step(mine)
         own = float(mine["own_ns"].clip(lower=0).sum()) if len(mine) else 0.0
         parts = {
             Cause.OWN_COMPUTE: float(mine["d_compute"].clip(lower=0).sum()) if len(mine) else 0.0,
@@ -284,25 +282,29 @@ def _own_extras(waits: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
     """Per (collective, rank): how much later than the median rank it arrived, counted once, and
     how much of that came from its own extra work in its window (vs the median rank), in ns.
 
-    ``late_ns`` is the lateness this window *added*: the arrival's distance behind the median
-    rank, minus the distance already carried in from the window's start when it is the rank's
-    own previous arrival (``prev_coll``; a rank 20 ms late at the first of two DDP buckets is
-    still 20 ms late at the second, but fell behind only once). Summed over collectives it
-    therefore counts each delay once, like ``own_ns``, which compares disjoint windows.
+    ``late_ns`` is the arrival's distance behind the median rank's. Lateness is a level, not a
+    flow: a rank 20 ms late at the first of two DDP buckets is still 20 ms late at the second, and
+    on GPUs its compute stream stays behind across buckets whose NCCL kernels have ended. So
+    :func:`find_stragglers` counts it once per profiled step (its largest value in the step),
+    and ``own_ns`` compares the rank's disjoint windows: both then count each delay once.
     """
     import numpy as np
     import pandas as pd
 
-    cols_out = ["coll", "rank", "is_last", "late_ns", "own_ns", "d_compute", "d_input", "d_idle"]
-    cols_out.append("d_comm")
+    cols_out = ["coll", "rank", "step", "is_last", "late_ns", "own_ns", "d_compute", "d_input"]
+    cols_out += ["d_idle", "d_comm"]
     if len(windows) == 0:
         return pd.DataFrame(columns=cols_out)
     w = waits[["coll", "rank", "is_last", "arrival"]].merge(
         windows.drop(columns=["arrival"]), on=["coll", "rank"], how="inner"
     )
+    if "step" not in w:
+        w["step"] = -1  # windows from elsewhere: each collective stands alone
+    if "window_end" not in w:
+        w["window_end"] = w["arrival"]
     w["span"] = w["window_end"] - w["window_start"]
     cols = {
-        "arrival": "behind",
+        "arrival": "late_ns",
         "span": "own_ns",
         "compute_ns": "d_compute",
         "input_ns": "d_input",
@@ -319,12 +321,19 @@ def _own_extras(waits: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
         other = (g.transform("sum").to_numpy(dtype=float) - vals) / np.maximum(n - 1, 1)
         ref = np.where(n > 2, med, other)
         w[dst] = vals - ref
-    behind = w.set_index(["coll", "rank"])["behind"]
-    carried_key = pd.MultiIndex.from_arrays([w["prev_coll"], w["rank"]])
-    carried = behind.reindex(carried_key).to_numpy(dtype=float)
-    carried = np.where(w["prev_coll"].to_numpy() >= 0, np.nan_to_num(carried), 0.0)
-    w["late_ns"] = w["behind"].to_numpy() - np.maximum(carried, 0.0)
     return w[cols_out]
+
+
+def lateness_once_per_step(mine: pd.DataFrame) -> float:
+    """Lateness (ns) over the collectives in ``mine`` (one rank's rows of :func:`_own_extras`),
+    counted once per profiled step: the largest ``late_ns`` of each step, summed; rows outside
+    every profiled step (``step`` -1) count one by one."""
+    if len(mine) == 0:
+        return 0.0
+    late = mine["late_ns"].clip(lower=0)
+    inside = mine["step"] >= 0
+    per_step = late[inside].groupby(mine.loc[inside, "step"]).max().sum()
+    return float(per_step + late[~inside].sum())
 
 
 # -- pipelines: point-to-point pairs -----------------------------------------------------------

@@ -47,14 +47,14 @@ def _run(
                     inp += extra
                 else:
                     idle += extra
-            wins.append((k, r, -1, wstart, a[r], a[r], compute, inp, idle, 0))
+            wins.append((k, r, k, wstart, a[r], a[r], compute, inp, idle, 0))
     waits = collective_waits(collectives(arr, end))
     windows = pd.DataFrame(
         wins,
         columns=[
             "coll",
             "rank",
-            "prev_coll",
+            "step",
             "window_start",
             "window_end",
             "arrival",
