@@ -26,6 +26,7 @@ _EXPORTS: dict[str, str] = {
     "collective_waits": "collectives",
     "wait_totals": "collectives",
     "collective_summary": "collectives",
+    "arrival_points": "stragglers",
     "arrival_windows": "stragglers",
     "find_stragglers": "stragglers",
     "Cause": "stragglers",

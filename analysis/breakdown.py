@@ -297,6 +297,9 @@ def _gpu_categories(c: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         "other_ns": x & ~k & ~n & ~m,
         "input_ns": d,
         "idle_ns": ~(k | n | m | x),
+        # GPU idle while the host is in the DataLoader: waiting for input, not host overhead
+        # (not a breakdown column; the straggler windows take it out of idle)
+        "idle_input_ns": ~(k | n | m | x) & d,
     }
 
 

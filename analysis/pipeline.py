@@ -220,7 +220,7 @@ def rank_task(
     from rankscope.analysis.ops import annotation_stats, op_stats
     from rankscope.analysis.schema import EventKind
     from rankscope.analysis.store import open_store
-    from rankscope.analysis.stragglers import arrival_windows
+    from rankscope.analysis.stragglers import arrival_points
 
     with open_store(path) as store:
         events = store.events(rank)
@@ -233,7 +233,7 @@ def rank_task(
         "rank": rank,
         "host": host,
         "breakdown": bd.measure_windows(measure, device, steps, rank),
-        "windows": arrival_windows(coll_rows, measure, steps, rank),
+        "points": arrival_points(coll_rows, measure, steps, rank),
         "op_stats": op_stats(events, rank, spans=profiled),
         "annotations": annotation_stats(events, rank, spans=profiled),
         "hta": None,
@@ -332,7 +332,7 @@ def analyze(
     from rankscope.analysis.collectives import collective_waits, wait_totals
     from rankscope.analysis.ops import across_ranks
     from rankscope.analysis.store import open_store
-    from rankscope.analysis.stragglers import find_stragglers, pipeline_stages
+    from rankscope.analysis.stragglers import arrival_windows, find_stragglers, pipeline_stages
     from rankscope.analysis.verdict import verdicts
 
     spec = spec or ClusterSpec()
@@ -349,13 +349,16 @@ def analyze(
     choice = choose(spec, len(ranks), n_events)
     if choice.scheduler != spec.scheduler:
         spec = dataclasses.replace(spec, scheduler=choice.scheduler)
+    colls["last_start"] = colls.groupby("coll")["start"].transform("max")
     drop_last: bool | None = bool(steps["step"].nunique() >= 2) if len(steps) else None
     offsets = dict(zip(clock["rank"].astype(int), clock["offset_ns"].astype("int64"), strict=False))
     tasks = [
         dask.delayed(rank_task, pure=True)(
             str(store_path),
             rank,
-            colls[colls["rank"] == rank][["coll", "op", "start", "end"]].reset_index(drop=True),
+            colls[colls["rank"] == rank][["coll", "op", "start", "end", "last_start"]].reset_index(
+                drop=True
+            ),
             int(offsets.get(rank, 0)) % bd.HTA_GRID_NS,
             drop_last,
             dask_key_name=f"rankscope-rank-{rank}",
@@ -378,7 +381,7 @@ def analyze(
     breakdown = cat("breakdown")
     if len(breakdown) == 0:
         breakdown = pd.DataFrame(columns=list(bd.BREAKDOWN_COLUMNS))
-    windows = cat("windows")
+    windows = arrival_windows(cat("points"))
     waits = collective_waits(colls, clock)
     spans = breakdown[breakdown["step"] >= 0][["rank", "start", "end"]]
     totals = wait_totals(waits, spans)
@@ -395,7 +398,7 @@ def analyze(
         waits=waits,
         comm_totals=totals,
         windows=windows,
-        stragglers=find_stragglers(waits, windows, profiled),
+        stragglers=find_stragglers(waits, windows, profiled, clock),
         pipeline=pipeline_stages(waits, windows, profiled),
         verdicts=verdicts(whole, totals),
         op_stats=op_table,

@@ -2,18 +2,28 @@
 
 Two steps, matching how the pipeline runs them:
 
-1. :func:`arrival_windows` — per rank (a Dask task over ONE rank's events): for each collective,
-   what the rank did between the end of its previous collective and its arrival (compute, input,
-   host/idle, exposed communication), in ns.
+1. :func:`arrival_points` — per rank (a Dask task over ONE rank's events): for each collective,
+   how much compute, input, host/idle and exposed communication the rank had done by its arrival
+   and by the collective's end (prefix sums, ns), and whether it was computing just before the
+   end; then :func:`arrival_windows`, across ranks: the window of each arrival since the previous
+   sync point that every rank waited for.
 2. :func:`find_stragglers` — across ranks, on the small tables: how often each rank was last,
    the wait it caused the others (seconds), a one-sided binomial test of "last this often by
    chance" (chance = 1/ranks per collective), and the likely cause.
 
-A balanced run still has a last rank at every collective; a straggler must be both *significant*
-(p ≤ ``ALPHA``), *consistent* (last at ``MIN_LAST_FRACTION`` of its collectives or more) and
-*material*: it caused a clearly unfair share of all waiting
-(:func:`min_wait_share`: halfway between its fair share ``1/ranks`` and all of it), and that wait
-is at least ``MIN_RUN_FRACTION`` of the profiled time of the ranks that waited.
+A balanced run still has a last rank at every collective; a straggler must be *significant*
+(p ≤ ``ALPHA``), *dominant* — it caused a clearly unfair share of all waiting
+(:func:`min_wait_share`: halfway between its fair share ``1/ranks`` and all of it) — and
+*material*: that wait is at least ``MIN_RUN_FRACTION`` of the profiled time of the ranks that
+waited — and *explained*: its own extra work (compute, input, host time beyond the median rank's)
+explains its lateness. How often it was last is then evidence, not a threshold: a rank slow in
+70 % of the steps, or slow in every step of a job whose steps also hold collectives nobody is
+late for, is last at far fewer than all collectives yet causes nearly all the waiting. Only a
+rank whose lateness its own work does not explain (``propagated``) must also be *consistent*,
+last at ``MIN_LAST_FRACTION`` of its collectives: on an oversubscribed CPU, contention moves
+"last" around, and such a rank's lateness is measured to come from elsewhere. A second, smaller
+straggler hidden behind the first is found by setting the first aside (``masked_by``,
+:func:`find_stragglers`).
 """
 
 from __future__ import annotations
@@ -27,13 +37,17 @@ if TYPE_CHECKING:
 
 #: Significance level of the binomial test (one-sided, "last more often than chance").
 ALPHA = 0.05
-#: A straggler is last at no fewer than this fraction of its collectives (a systematic delay is
-#: last nearly always; CPU contention on an oversubscribed machine moves "last" around).
+#: A rank whose lateness its own extra work does not explain (cause propagated / unknown) must
+#: be last at this fraction of its collectives or more: without a measured cause, only a
+#: systematic pattern tells a straggler from CPU contention moving "last" around.
 MIN_LAST_FRACTION = 0.75
-#: ... and the wait it caused, per waiting rank, is at least this fraction of the profiled time.
+#: The wait a straggler caused, per waiting rank, is at least this fraction of the profiled time.
 MIN_RUN_FRACTION = 0.03
 #: Lateness counts as the rank's own when its own extra work explains at least this much of it.
 OWN_FRACTION = 0.5
+#: A collective's end is a sync point when no rank computed through most of its last phase
+#: (from the last arrival to the end, and at least this long, ns): they all waited for it.
+SYNC_PROBE_NS = 1_000
 #: Cap of the score (-log10 p) so that p == 0 stays finite in JSON.
 MAX_SCORE = 300.0
 
@@ -48,12 +62,35 @@ class Cause(enum.StrEnum):
     UNKNOWN = "unknown"
 
 
+#: Causes that are the rank's own measured extra work (compute, input, host time).
+OWN_CAUSES = frozenset({Cause.OWN_COMPUTE, Cause.INPUT, Cause.HOST})
+
+
+#: What the windows measure, in the painter's words (GPU idle during input is input).
+PARTS = ("compute_ns", "input_ns", "idle_ns", "comm_ns")
+
+#: Columns of :func:`arrival_points` (ns): one row per (collective, rank), from ONE rank's events.
+POINT_COLUMNS: dict[str, str] = {
+    "coll": "int64",
+    "rank": "int32",
+    "step": "int64",  # profiled step holding the arrival; -1: outside every profiled step
+    "arrival": "int64",
+    "stop": "int64",  # the arrival, or the end of the profiled step holding it
+    "block_start": "int64",  # start of the run of consecutive profiled steps holding the arrival
+    "end": "int64",  # the collective's end on this rank
+    "end_block_start": "int64",  # same for the end (INT64_MIN: the end is outside the steps)
+    "busy_before_end": "bool",  # the rank computed within SYNC_PROBE_NS before the end
+    # prefix sums from the block start to ``stop`` (at_) and to ``end`` (end_), per part
+    **{f"at_{p}": "int64" for p in PARTS},
+    **{f"end_{p}": "int64" for p in PARTS},
+}
+
 #: Columns of :func:`arrival_windows` (ns).
 WINDOW_COLUMNS: dict[str, str] = {
     "coll": "int64",
     "rank": "int32",
     "step": "int64",  # profiled step holding the arrival; -1: outside every profiled step
-    "window_start": "int64",  # latest sync point, own previous arrival or start of the steps
+    "window_start": "int64",  # the previous sync point (or the start of the profiled steps)
     "window_end": "int64",  # the arrival (or the end of the profiled step holding it)
     "arrival": "int64",
     "compute_ns": "int64",
@@ -81,30 +118,30 @@ STRAGGLER_COLUMNS: dict[str, str] = {
     "host_extra_s": "float64",
     "cause": "str",
     "is_straggler": "bool",
+    "masked_by": "int32",  # the straggler that hid it (found once that one was set aside); -1
 }
 
 
-def arrival_windows(
+def arrival_points(
     coll_rows: pd.DataFrame,
     measure: Any,
     steps: pd.DataFrame,
     rank: int = 0,
 ) -> pd.DataFrame:
-    """What ``rank`` did before arriving at each of its collectives (``WINDOW_COLUMNS``).
+    """Where ``rank`` stood at each of its collectives (``POINT_COLUMNS``); runs per rank.
 
     ``coll_rows``: this rank's rows of ``Store.collectives()`` (``coll``, ``start``, ``end``, and
-    ``op`` when known);
+    ``last_start``: the collective's last arrival over all ranks);
     ``measure``: the rank's painter (:func:`rankscope.analysis.breakdown.painter`);
-    ``steps``: its step windows (:func:`rankscope.analysis.breakdown.step_windows`), used to
-    start the window of the first collective at the start of its step.
+    ``steps``: its step windows (:func:`rankscope.analysis.breakdown.step_windows`).
 
-    A window starts at the latest of: the previous sync point (the end of a collective that
-    finished before this arrival: every rank leaves it together), the rank's own previous
-    arrival (collectives in flight together, e.g. DDP buckets, get consecutive windows, so no
-    instant is counted twice), and the start of the run of consecutive profiled steps holding
-    the arrival (time between profiler windows was not recorded). Windows are thus disjoint and
-    inside the profiled time: their sum never exceeds the rank's profiled total. ``step`` is the
-    profiled step holding the arrival (lateness is judged once per step, :func:`find_stragglers`).
+    For its arrival and for the collective's end: how much compute, input, idle and exposed
+    communication the rank had done since the start of its run of consecutive profiled steps
+    (prefix sums, so that :func:`arrival_windows` can cut any window between them once the sync
+    points are known across ranks), and whether it kept computing while the collective finished
+    (mostly busy from the last arrival to the end): then it did not wait for it. A gloo op's
+    recorded end can trail the moment the main thread resumed by a little, so "mostly", not
+    "at all".
     """
     import numpy as np
     import pandas as pd
@@ -112,61 +149,119 @@ def arrival_windows(
     lowest = np.iinfo(np.int64).min
     rows = coll_rows.sort_values(["start", "coll"], kind="stable")
     arrival = rows["start"].to_numpy(np.int64)
-    ends = rows["end"].to_numpy(np.int64)
-    colls = rows["coll"].to_numpy(np.int64)
-    # the previous sync point: the latest end of a collective that finished before this arrival
-    sorted_ends = np.sort(ends)
-    k = np.searchsorted(sorted_ends, arrival, side="left") - 1
-    prev_end = np.where(k >= 0, sorted_ends[np.maximum(k, 0)], lowest)
-    # the rank's own previous arrival at a collective (rows are in arrival order); point-to-point
-    # ops keep the sync point alone: a batched isend/irecv pair is posted together, and the work
-    # before the send is what a pipeline's bottleneck test measures
-    from rankscope.analysis.schema import P2P_OPS
-
-    is_p2p = rows["op"].isin(P2P_OPS).to_numpy() if "op" in rows else np.zeros(len(rows), bool)
-    prev_arrival = np.full(len(arrival), lowest, np.int64)
-    coll_idx = np.flatnonzero(~is_p2p)
-    if len(coll_idx) > 1:
-        prev_arrival[coll_idx[1:]] = arrival[coll_idx[:-1]]
-    step_of = np.full(len(arrival), -1, np.int64)
+    ends = np.maximum(rows["end"].to_numpy(np.int64), arrival)
     real_steps = steps[steps["step"] >= 0] if len(steps) else steps
-    block_start = np.full(len(arrival), lowest, np.int64)
-    step_end = np.full(len(arrival), np.iinfo(np.int64).max, np.int64)
-    if len(real_steps):
-        st = real_steps.sort_values("start", kind="stable")
-        s_start = st["start"].to_numpy(np.int64)
-        s_end = st["end"].to_numpy(np.int64)
-        s_num = st["step"].to_numpy(np.int64)
-        # a block is a run of consecutive step numbers: the start of its first step
-        new_block = np.ones(len(s_num), bool)
-        new_block[1:] = s_num[1:] != s_num[:-1] + 1
-        first = np.maximum.accumulate(np.where(new_block, np.arange(len(s_num)), 0))
-        idx = np.searchsorted(s_start, arrival, side="right") - 1
-        inside = idx >= 0
-        block_start = np.where(inside, s_start[first[np.maximum(idx, 0)]], lowest)
-        # an arrival after the last profiled step of its block is measured up to that step's end
-        step_end = np.where(inside, s_end[np.maximum(idx, 0)], arrival)
-        step_of = np.where(inside & (arrival <= step_end), s_num[np.maximum(idx, 0)], -1)
-    sync_or_own = np.maximum(prev_end, prev_arrival)
-    start = np.maximum(sync_or_own, block_start)
-    no_start = start == lowest
-    stop = np.minimum(arrival, step_end)
-    start = np.where(no_start, stop, np.minimum(start, stop))
+    n = len(arrival)
     out = pd.DataFrame(
         {
-            "coll": colls,
-            "rank": np.full(len(rows), rank, np.int32),
-            "step": step_of,
-            "window_start": start,
-            "window_end": stop,
+            "coll": rows["coll"].to_numpy(np.int64),
+            "rank": np.full(n, rank, np.int32),
             "arrival": arrival,
+            "end": ends,
         }
     )
-    values = measure(start, stop) if len(out) else {}
-    for col in ("compute_ns", "input_ns", "idle_ns"):
-        out[col] = values.get(col, np.zeros(len(out), np.int64))
-    out["comm_ns"] = values.get("comm_exposed_ns", np.zeros(len(out), np.int64))
-    return out.astype(WINDOW_COLUMNS)
+    st = real_steps.sort_values("start", kind="stable")
+    s_start = st["start"].to_numpy(np.int64)
+    s_end = st["end"].to_numpy(np.int64)
+    s_num = st["step"].to_numpy(np.int64)
+    # a block is a run of consecutive step numbers: the start of its first step
+    new_block = np.ones(len(s_num), bool)
+    new_block[1:] = s_num[1:] != s_num[:-1] + 1
+    first = np.maximum.accumulate(np.where(new_block, np.arange(len(s_num)), 0))
+
+    def locate(t: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(step, block start, point clipped to its step, inside) of each time ``t``."""
+        if len(s_start) == 0:
+            return (np.full(len(t), -1), np.full(len(t), lowest), t, np.zeros(len(t), bool))
+        idx = np.maximum(np.searchsorted(s_start, t, side="right") - 1, 0)
+        inside = np.searchsorted(s_start, t, side="right") > 0
+        clipped = np.where(inside, np.minimum(t, s_end[idx]), t)
+        step = np.where(inside & (t <= s_end[idx]), s_num[idx], -1)
+        return step, np.where(inside, s_start[first[idx]], lowest), clipped, inside
+
+    step, block, stop, inside = locate(arrival)
+    _, end_block, end_stop, end_inside = locate(ends)
+    out["step"] = step
+    out["stop"] = stop
+    out["block_start"] = block
+    out["end_block_start"] = np.where(end_inside & (ends <= end_stop), end_block, lowest)
+    zeros = np.zeros(n, np.int64)
+    at = measure(np.where(inside, block, stop), stop) if n else {}
+    at_end = measure(np.where(end_inside, end_block, end_stop), end_stop) if n else {}
+    # computing while the collective finished: through its last phase (from the last rank's
+    # arrival to its end on this rank, at least SYNC_PROBE_NS), mostly busy
+    last = rows["last_start"].to_numpy(np.int64) if "last_start" in rows else ends
+    since = np.minimum(np.clip(last, arrival, ends), ends - SYNC_PROBE_NS)
+    probe = measure(since, ends) if n else {}
+    out["busy_before_end"] = 2 * probe.get("compute_ns", zeros) >= ends - since
+    for prefix, values in (("at_", at), ("end_", at_end)):
+        idle = values.get("idle_ns", zeros)
+        if "idle_input_ns" in values:
+            # GPU ranks: the device idling while the host waits for the DataLoader is input,
+            # not host time (counted once, under input)
+            idle = idle - values["idle_input_ns"]
+        out[f"{prefix}compute_ns"] = values.get("compute_ns", zeros)
+        out[f"{prefix}input_ns"] = values.get("input_ns", zeros)
+        out[f"{prefix}idle_ns"] = idle
+        out[f"{prefix}comm_ns"] = values.get("comm_exposed_ns", zeros)
+    return out[list(POINT_COLUMNS)].astype(POINT_COLUMNS)
+
+
+def arrival_windows(points: pd.DataFrame) -> pd.DataFrame:
+    """What each rank did before arriving at each collective (``WINDOW_COLUMNS``), cross-rank.
+
+    ``points``: every rank's :func:`arrival_points`. A window runs from the rank's previous
+    **sync point** to its arrival. A sync point is the end of a collective that *every* rank of it
+    waited for — none kept computing while it finished (:func:`arrival_points`) — so all resumed from it
+    together and their windows start alike. The end of a DDP bucket whose all-reduce ran under
+    backward compute (a GPU compute stream running through an NCCL kernel's end, a CPU main thread
+    busy when a gloo bucket finishes) is no sync point: a late rank's backlog runs on across it.
+    An end at exactly the arrival counts (``<=``: integer-µs traces often start a kernel where
+    the previous one ended). Windows stay inside the run of consecutive profiled steps holding
+    the arrival (time between profiler windows was not recorded); collectives between two sync
+    points share a start, and :func:`find_stragglers` counts each such group once.
+    """
+    import numpy as np
+    import pandas as pd
+
+    if len(points) == 0:
+        return pd.DataFrame({c: pd.Series(dtype=d) for c, d in WINDOW_COLUMNS.items()})
+    lowest = np.iinfo(np.int64).min
+    p = points.copy()
+    positive = p["end"] > p["arrival"]
+    nobody_busy = ~p.groupby("coll")["busy_before_end"].transform("any")
+    p["is_sync"] = positive & nobody_busy & (p["end_block_start"] > lowest)
+    frames = []
+    for _, r in p.groupby("rank", sort=True):
+        r = r.sort_values(["arrival", "coll"], kind="stable")
+        sync = r[r["is_sync"]].sort_values("end", kind="stable")
+        # a sentinel first row, so that "no sync point yet" indexes something
+        s_end = np.concatenate([[lowest], sync["end"].to_numpy(np.int64)])
+        s_block = np.concatenate([[lowest], sync["end_block_start"].to_numpy(np.int64)])
+        kk = np.searchsorted(s_end, r["arrival"].to_numpy(np.int64), side="right") - 1
+        block = r["block_start"].to_numpy(np.int64)
+        # the sync point counts when it lies in the arrival's block (else: the block's start)
+        same_block = (kk > 0) & (s_block[kk] == block) & (block > lowest)
+        start = np.where(same_block, s_end[kk], np.where(block > lowest, block, r["stop"]))
+        stop = r["stop"].to_numpy(np.int64)
+        start = np.minimum(start, stop)
+        w = pd.DataFrame(
+            {
+                "coll": r["coll"].to_numpy(np.int64),
+                "rank": r["rank"].to_numpy(np.int32),
+                "step": r["step"].to_numpy(np.int64),
+                "window_start": start,
+                "window_end": stop,
+                "arrival": r["arrival"].to_numpy(np.int64),
+            }
+        )
+        for part in PARTS:
+            at = r[f"at_{part}"].to_numpy(np.int64)
+            ends = np.concatenate([[0], sync[f"end_{part}"].to_numpy(np.int64)])
+            base = np.where(same_block, ends[kk], 0)
+            w[part] = np.where(block > lowest, np.maximum(at - base, 0), 0)
+        frames.append(w)
+    return pd.concat(frames, ignore_index=True).astype(WINDOW_COLUMNS)
 
 
 def min_wait_share(world: int) -> float:
@@ -192,14 +287,23 @@ def find_stragglers(
     waits: pd.DataFrame,
     windows: pd.DataFrame,
     profiled_ns: pd.Series | None = None,
+    clock: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """Per rank: times last, wait caused, significance, cause; most significant first.
 
     ``waits``: :func:`rankscope.analysis.collectives.collective_waits`; ``windows``: all ranks'
     :func:`arrival_windows`; ``profiled_ns``: profiled time per rank (index rank), for the
-    materiality test (when absent, only significance and wait share count).
+    materiality test (when absent, only significance and wait share count); ``clock``: the
+    store's clock table, used when the waits are recomputed without a straggler.
+
+    **Masked stragglers.** A second, smaller straggler is rarely last — the big one is — so it
+    looks innocent. Once stragglers are named, the waits are recomputed as if they had arrived
+    with the others (their rows removed), and the same tests run on what remains: a rank named
+    then is reported with ``masked_by`` (the rank that hid it), provided its significance holds
+    after correcting for the choice among the ranks left. Repeated until nobody new.
     """
     import pandas as pd
+    from rankscope.analysis.collectives import collective_waits
     from rankscope.analysis.schema import P2P_OPS
 
     # Point-to-point pairs are left out: in a pipeline the earlier stage is "last" at every
@@ -209,12 +313,66 @@ def find_stragglers(
         return pd.DataFrame(
             {c: pd.Series(dtype=d if d != "str" else object) for c, d in STRAGGLER_COLUMNS.items()}
         )
+    candidates = int(multi["rank"].nunique())
+    base = _rank_rows(multi, windows, profiled_ns)
+    named = [r for r in base if r["is_straggler"]]
+    removed = {int(r["rank"]) for r in named}
+    masker = int(named[0]["rank"]) if named else -1
+    current = multi
+    while named and len(removed) < candidates - 1:
+        # the rows without the named ranks: who would the others wait for once they are fixed?
+        kept = current[~current["rank"].isin(removed)]
+        table = kept.rename(columns={"arrival": "start"})[
+            ["coll", "group", "seq", "op", "bytes", "rank", "start", "end"]
+        ].assign(event=-1)
+        current = collective_waits(table, clock)
+        current = current[current["n_ranks"] >= 2]
+        if len(current) == 0:
+            break
+        rows = _rank_rows(current, windows, profiled_ns)
+        # This round only runs because a straggler was found, and among the few ranks left one
+        # easily dominates the little waiting that remains: its significance is corrected for
+        # picking one of them (Bonferroni over the ranks left), so noise is not named.
+        left = max(candidates - len(removed), 1)
+        named = [
+            r
+            for r in rows
+            if r["is_straggler"] and int(r["rank"]) not in removed and r["p_value"] <= ALPHA / left
+        ]
+        by_rank = {int(r["rank"]): i for i, r in enumerate(base)}
+        for r in named:
+            r["masked_by"] = masker
+            base[by_rank[int(r["rank"])]] = r
+            removed.add(int(r["rank"]))
+        if named:
+            masker = int(named[0]["rank"])
+    out = pd.DataFrame(base)
+    out["unmasked"] = out["masked_by"] < 0
+    out = out.sort_values(
+        ["is_straggler", "unmasked", "score", "wait_caused_s"],
+        ascending=[False, False, False, False],
+    ).drop(columns="unmasked")
+    return out.reset_index(drop=True).astype(
+        {k: v for k, v in STRAGGLER_COLUMNS.items() if v != "str"}
+    )
+
+
+def _rank_rows(
+    multi: pd.DataFrame,
+    windows: pd.DataFrame,
+    profiled_ns: pd.Series | None,
+) -> list[dict[str, Any]]:
+    """The straggler tests on one set of waits: one dict (``STRAGGLER_COLUMNS``) per rank."""
     # blame is split from arrival gaps, so its total (not the duration-capped waits) is the base
     total_wait = float(multi["blame_ns"].sum())
     extras = _own_extras(multi, windows)
     median_profiled = (
         float(profiled_ns.median()) if profiled_ns is not None and len(profiled_ns) else 0.0
     )
+    # No per-rank correction of ALPHA: the dominance test (an unfair share, at least half of all
+    # waiting) already picks at most one candidate per round, so testing many ranks does not
+    # multiply the chances of naming a balanced job's rank.
+    alpha = ALPHA
     rows: list[dict[str, Any]] = []
     for rank, sub in multi.groupby("rank", sort=True):
         n = len(sub)
@@ -223,7 +381,8 @@ def find_stragglers(
         p = binomial_p_value(k, n, chance)
         blame = float(sub["blame_ns"].sum())
         mine = extras[(extras["rank"] == rank) & extras["is_last"]] if len(extras) else extras
-        late = lateness_once_per_step(mine)
+        mine = once_per_sync_interval(mine)
+        late = float(mine["late_ns"].clip(lower=0).sum()) if len(mine) else 0.0
         own = float(mine["own_ns"].clip(lower=0).sum()) if len(mine) else 0.0
         parts = {
             Cause.OWN_COMPUTE: float(mine["d_compute"].clip(lower=0).sum()) if len(mine) else 0.0,
@@ -261,21 +420,16 @@ def find_stragglers(
                 "host_extra_s": parts[Cause.HOST] / 1e9,
                 "cause": str(cause),
                 "is_straggler": bool(
-                    p <= ALPHA
-                    and k >= MIN_LAST_FRACTION * n
+                    p <= alpha
                     and share >= min_wait_share(others + 1)
                     and material
                     and k > 0
+                    and (cause in OWN_CAUSES or k >= MIN_LAST_FRACTION * n)
                 ),
+                "masked_by": -1,
             }
         )
-    out = pd.DataFrame(rows)
-    out = out.sort_values(
-        ["is_straggler", "score", "wait_caused_s"], ascending=[False, False, False]
-    )
-    return out.reset_index(drop=True).astype(
-        {k: v for k, v in STRAGGLER_COLUMNS.items() if v != "str"}
-    )
+    return rows
 
 
 def _own_extras(waits: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
@@ -285,14 +439,14 @@ def _own_extras(waits: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
     ``late_ns`` is the arrival's distance behind the median rank's. Lateness is a level, not a
     flow: a rank 20 ms late at the first of two DDP buckets is still 20 ms late at the second, and
     on GPUs its compute stream stays behind across buckets whose NCCL kernels have ended. So
-    :func:`find_stragglers` counts it once per profiled step (its largest value in the step),
-    and ``own_ns`` compares the rank's disjoint windows: both then count each delay once.
+    :func:`find_stragglers` counts lateness and own work once per sync interval
+    (:func:`once_per_sync_interval`): both then count each delay once.
     """
     import numpy as np
     import pandas as pd
 
-    cols_out = ["coll", "rank", "step", "is_last", "late_ns", "own_ns", "d_compute", "d_input"]
-    cols_out += ["d_idle", "d_comm"]
+    cols_out = ["coll", "rank", "step", "window_start", "window_end", "is_last", "late_ns"]
+    cols_out += ["own_ns", "d_compute", "d_input", "d_idle", "d_comm"]
     if len(windows) == 0:
         return pd.DataFrame(columns=cols_out)
     w = waits[["coll", "rank", "is_last", "arrival"]].merge(
@@ -324,16 +478,19 @@ def _own_extras(waits: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
     return w[cols_out]
 
 
-def lateness_once_per_step(mine: pd.DataFrame) -> float:
-    """Lateness (ns) over the collectives in ``mine`` (one rank's rows of :func:`_own_extras`),
-    counted once per profiled step: the largest ``late_ns`` of each step, summed; rows outside
-    every profiled step (``step`` -1) count one by one."""
-    if len(mine) == 0:
-        return 0.0
-    late = mine["late_ns"].clip(lower=0)
-    inside = mine["step"] >= 0
-    per_step = late[inside].groupby(mine.loc[inside, "step"]).max().sum()
-    return float(per_step + late[~inside].sum())
+def once_per_sync_interval(mine: pd.DataFrame) -> pd.DataFrame:
+    """One row per sync interval of one rank's rows of :func:`_own_extras`.
+
+    Collectives between two sync points share their window's start: their windows are nested,
+    and the rank's lateness carries from one to the next (still 20 ms late at the second DDP
+    bucket is the same 20 ms). Each interval keeps its largest window where the rank was last —
+    the most of its own work that was measured before an arrival — so summed over intervals
+    lateness and own work count each delay once and stay within the rank's profiled time.
+    """
+    if len(mine) == 0 or "window_start" not in mine:
+        return mine
+    order = mine.sort_values(["window_start", "window_end"], kind="stable")
+    return order.groupby("window_start", sort=False).tail(1)
 
 
 # -- pipelines: point-to-point pairs -----------------------------------------------------------
