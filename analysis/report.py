@@ -159,6 +159,7 @@ def summary(a: Analysis) -> dict[str, Any]:
             "wait_caused_s": round(float(s.wait_caused_s), 6),
             "wait_share": round(float(s.wait_share), 4),
             "cause": s.cause,
+            "masked_by": int(s.masked_by),
         }
         for s in a.stragglers.itertuples(index=False)
         if s.is_straggler
@@ -280,7 +281,14 @@ def straggler_evidence(row: Any) -> str:
     Lateness and own extra work are each counted once per delay (docs/analysis.md): a rank late
     at two DDP buckets in flight together fell behind once, so both stay within its own time.
     """
-    return (
+    masked = int(row.get("masked_by", -1)) if hasattr(row, "get") else -1
+    hidden = (
+        f"masked by rank {masked} (found once rank {masked} is set aside: the numbers are those "
+        "of that second look); "
+        if masked >= 0
+        else ""
+    )
+    return hidden + (
         f"last at {row['times_last']} of {row['collectives']} collectives "
         f"({row['expected_last']:.1f} expected by chance); fell {row['late_s'] * 1e3:.1f} ms "
         f"behind the median rank (each delay counted once); its own extra work before arriving: "

@@ -1,0 +1,162 @@
+"""The straggler scenario matrix at scale: synthetic jobs with known truth, through rankscope.
+
+    python benchmarks/scenarios.py                   # 256 ranks, every scenario
+    python benchmarks/scenarios.py --ranks 32 --only intermittent two-stragglers
+    python benchmarks/scenarios.py --hta             # also load one set with HTA 0.5.0
+
+For each scenario of ``tests/test_scenarios.py`` (the same definitions): generate the job with
+``rankscope synth`` (orchestrator/synth.py; 32 hosts of 8 GPUs at 256 ranks), merge it and
+analyse it as whole processes (what a user runs), and print one row: the true stragglers and
+causes, what rankscope named, precision and recall, the worst clock error (µs), the worst
+compute/exposed-communication error against the truth (%), and the wall seconds of each step.
+A figure-printing script, never a test; docs/performance.md records its output.
+
+``--hta`` loads the 8-rank balanced set with ``HolisticTraceAnalysis==0.5.0`` in its own venv
+(benchmarks/merge_vs_hta.py ``--setup-hta`` creates it) and compares HTA's per-rank compute time
+with the truth: the generator's traces must be readable by the peer tool too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+HTA_PYTHON = Path("/tmp/hta-venv/bin/python")
+
+HTA_SCRIPT = """
+import json, sys, logging
+logging.disable(logging.WARNING)
+from hta.trace_analysis import TraceAnalysis
+ta = TraceAnalysis(trace_dir=sys.argv[1])
+df = ta.get_temporal_breakdown(visualize=False)
+print(json.dumps({int(r["rank"]): float(r["compute_time(us)"]) for _, r in df.iterrows()}))
+"""
+
+
+def run(cmd: list[str]) -> float:
+    """Wall seconds of a whole process (stdout/stderr kept out of the table)."""
+    t = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
+    return time.perf_counter() - t
+
+
+def one(root: Path, ranks: int, name: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    from rankscope.analysis.pipeline import SYNCHRONOUS, ClusterSpec, analyze
+    from rankscope.orchestrator.synth import SynthConfig, generate
+
+    out = root / f"{ranks}-{name}"
+    per_host = ranks // 2 if name == "clock-skew-drift" else min(8, ranks)
+    t = time.perf_counter()
+    generate(SynthConfig(ranks=ranks, ranks_per_host=per_host, steps=10, seed=1, **kwargs), out)
+    gen_s = time.perf_counter() - t
+    rs = [sys.executable, "-m", "rankscope"]
+    merge_s = run([*rs, "merge", str(out), "-q"])
+    analyze_s = run([*rs, "analyze", str(out / "trace.h5"), "--json", str(out / "s.json")])
+    truth = json.loads((out / "truth.json").read_text())
+    a = analyze(out / "trace.h5", ClusterSpec(scheduler=SYNCHRONOUS))
+    s = a.stragglers
+    named = {int(r.rank): str(r.cause) for r in s[s["is_straggler"]].itertuples()}
+    expected = {int(t["rank"]): t["cause"] for t in truth["stragglers"]}
+    right = {r for r in named if expected.get(r) == named[r]}
+    clock = a.clock.set_index("rank")["offset_ns"]
+    whole = a.whole().set_index("rank")
+    clock_err = max(
+        abs(int(clock[r["rank"]]) - int(r["offset_to_rank0_ns"])) for r in truth["ranks"]
+    )
+    part_err = max(
+        abs(float(whole.loc[r["rank"], ours]) - r[theirs]) / max(r[theirs], 1)
+        for r in truth["ranks"]
+        for ours, theirs in (("compute_ns", "compute_ns"), ("comm_exposed_ns", "exposed_comm_ns"))
+    )
+    shutil.rmtree(out)
+    return {
+        "scenario": name,
+        "truth": ", ".join(f"{r} {c}" for r, c in sorted(expected.items())) or "none",
+        "named": ", ".join(f"{r} {c}" for r, c in sorted(named.items())) or "none",
+        "precision": len(right) / len(named) if named else 1.0,
+        "recall": len(right) / len(expected) if expected else 1.0,
+        "clock_err_us": clock_err / 1e3,
+        "part_err_pct": 100 * part_err,
+        "gen_s": gen_s,
+        "merge_s": merge_s,
+        "analyze_s": analyze_s,
+    }
+
+
+def hta_check(root: Path) -> str:
+    from rankscope.orchestrator.synth import SynthConfig, generate
+
+    if not HTA_PYTHON.exists():
+        return f"HTA: no {HTA_PYTHON} (python benchmarks/merge_vs_hta.py --setup-hta)"
+    out = root / "hta-8"
+    generate(SynthConfig(ranks=8, steps=5, seed=1), out)
+    truth = json.loads((out / "truth.json").read_text())
+    # HTA takes every *.json of its folder as a rank trace: give it the traces alone
+    traces = out / "traces"
+    traces.mkdir()
+    for f in out.glob("rank-*.json.gz"):
+        f.rename(traces / f.name)
+    proc = subprocess.run(
+        [str(HTA_PYTHON), "-c", HTA_SCRIPT, str(traces)], capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        return f"HTA failed to load the set: {proc.stderr.strip().splitlines()[-1:]}"
+    hta = json.loads(proc.stdout.strip().splitlines()[-1])
+
+    def truth_ns(r: dict[str, Any]) -> float:
+        # HTA 0.5.0 keeps only GPU events launched before the last ProfilerStep (several steps)
+        return float(sum(r["steps"]["compute_ns"][:-1]))
+
+    # json keys are strings; HTA's compute time is in µs, the truth's in ns
+    err = max(abs(hta[str(r["rank"])] * 1e3 - truth_ns(r)) / truth_ns(r) for r in truth["ranks"])
+    return (
+        "HTA 0.5.0 loads the 8-rank set; its compute time per rank (all steps but the last, as "
+        f"HTA counts) is within {100 * err:.3f} % of the truth"
+    )
+
+
+def main() -> None:
+    from test_scenarios import SCENARIOS
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ranks", type=int, default=256)
+    ap.add_argument("--only", nargs="*", default=None, help="scenario names (default: all)")
+    ap.add_argument("--hta", action="store_true", help="also load a set with HTA 0.5.0")
+    args = ap.parse_args()
+    names = args.only or list(SCENARIOS)
+    root = Path(tempfile.mkdtemp(prefix="rankscope-scenarios-"))
+    print(
+        f"{args.ranks} ranks, 10 steps, load average {os.getloadavg()[0]:.1f}, {os.cpu_count()} cores"
+    )
+    head = "| scenario | truth | named | precision | recall | clock err µs | compute/comm err % | generate s | merge s | analyze s |"
+    print(head)
+    print("|---" * (head.count("|") - 1) + "|")
+    try:
+        for name in names:
+            r = one(root, args.ranks, name, SCENARIOS[name])
+            print(
+                f"| {r['scenario']} | {r['truth']} | {r['named']} | {r['precision']:.2f} | "
+                f"{r['recall']:.2f} | {r['clock_err_us']:.2f} | {r['part_err_pct']:.3f} | "
+                f"{r['gen_s']:.1f} | {r['merge_s']:.1f} | {r['analyze_s']:.1f} |",
+                flush=True,
+            )
+        if args.hta:
+            print(hta_check(root))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
