@@ -11,7 +11,6 @@ of rank 0 after clock alignment, Unix epoch based); ``dur`` is a duration in ns.
 from __future__ import annotations
 
 import enum
-import re
 
 SCHEMA_NAME = "rankscope-store"
 SCHEMA_VERSION = 1
@@ -103,12 +102,6 @@ LANE_COLUMNS: dict[str, str] = {
 #: Point-to-point ops: a collective of these is a matched (send, recv) PAIR, or one rank's op alone
 #: when the peer is unknown. Their waits are the pipeline's schedule (bubbles), not stragglers.
 P2P_OPS = frozenset({"send", "recv"})
-#: Name of the annotation (``record_function``) the rank runtime puts around every isend / irecv
-#: (and so around send / recv / batch_isend_irecv), naming the peer's GLOBAL rank: Kineto traces
-#: of gloo carry no peer at all, and NCCL's ``record_param_comms`` none either.
-P2P_ANNOTATION_FORMAT = "rankscope::p2p {op} peer={peer}"
-#: Parses :data:`P2P_ANNOTATION_FORMAT` (groups: op, peer).
-P2P_ANNOTATION_PATTERN = re.compile(r"rankscope::p2p (send|recv) peer=(\d+)")
 
 #: Columns of ``Store.collectives()``: LONG form, one row per (collective, rank).
 COLLECTIVE_COLUMNS: dict[str, str] = {

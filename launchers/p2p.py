@@ -4,7 +4,7 @@ Kineto traces name no peer for a send or recv (gloo ops carry no args; NCCL's
 ``record_param_comms`` has the group, not the peer), so without help the merge cannot tell which
 recv on rank 2 belongs to which send on rank 1. The rank runtime therefore wraps
 ``torch.distributed.isend`` / ``irecv`` — which ``send``, ``recv`` and ``batch_isend_irecv`` call —
-in a ``record_function`` named :data:`~rankscope.analysis.schema.P2P_ANNOTATION_FORMAT` with the
+in a ``record_function`` named :data:`~rankscope.launchers.rundir.P2P_ANNOTATION_FORMAT` with the
 peer's global rank. Only while the profiler records: outside windows the wrapper costs one C call
 (~0.1 µs) on top of the op.
 
@@ -74,7 +74,7 @@ def peer_of(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | Non
 
 def _wrap(original: Callable[..., Any], op: str) -> Callable[..., Any]:
     import torch
-    from rankscope.analysis.schema import P2P_ANNOTATION_FORMAT
+    from rankscope.launchers.rundir import P2P_ANNOTATION_FORMAT
 
     profiler_enabled = torch._C._autograd._profiler_enabled
     record_function = torch.profiler.record_function

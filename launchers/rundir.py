@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import enum
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,14 @@ REPORT_DIR = "report"
 SUMMARY_JSON = "summary.json"
 REPORT_HTML = "report.html"
 LOGS_DIR = "logs"
+
+#: Name of the annotation (``record_function``) the rank runtime puts around every isend / irecv
+#: (and so around send / recv / batch_isend_irecv), naming the peer's GLOBAL rank: Kineto traces
+#: of gloo carry no peer at all, and NCCL's ``record_param_comms`` none either. Part of what a run
+#: directory's traces hold (written by the launchers' runtime, read by the merge).
+P2P_ANNOTATION_FORMAT = "rankscope::p2p {op} peer={peer}"
+#: Parses :data:`P2P_ANNOTATION_FORMAT` (groups: op, peer).
+P2P_ANNOTATION_PATTERN = re.compile(r"rankscope::p2p (send|recv) peer=(\d+)")
 
 #: Environment variable that tells the per-rank runtime where the run directory is.
 ENV_RUN_DIR = "RANKSCOPE_RUN_DIR"

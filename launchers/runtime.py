@@ -322,8 +322,11 @@ class RankRuntime:
         self.meta["previous_errors"] = [*previous.get("previous_errors", [])]
         if previous.get("error"):
             self.meta["previous_errors"].append(previous["error"])
+        # (the regex, not a slice of the name: window 1000 has four digits)
         existing = [
-            int(p.name[7:10]) for p in self.dir.glob(rundir.WINDOW_GLOB) if p.name[7:10].isdigit()
+            int(m.group(1))
+            for p in self.dir.glob(rundir.WINDOW_GLOB)
+            if (m := WINDOW_INDEX_RE.fullmatch(p.name))
         ]
         self.window = (
             max([w.get("index", -1) for w in self.meta["windows"]] + existing, default=-1) + 1

@@ -123,10 +123,8 @@ def _store_for_trace(trace: Path, *, merge: bool, scheduler: str | None) -> Path
 
 def _merge(path: Path, scheduler: str | None) -> Path:
     """Merge ``path`` into its default store (prints the clock line and where it went)."""
-    try:
-        from rankscope.orchestrator.merge import merge_run_dir
-    except ModuleNotFoundError:
-        raise InputFileError(f"{path}: no {rundir.STORE_NAME} and no merge available") from None
+    from rankscope.orchestrator.merge import merge_run_dir
+
     return Path(merge_run_dir(path, scheduler=scheduler))
 
 

@@ -121,12 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"rankscope {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=CommandParser)
     for name, (module_name, help_text) in COMMANDS.items():
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name == module_name:
-                continue  # command not built yet
-            raise
+        module = importlib.import_module(module_name)
         if name in RAW_COMMANDS:
             p = sub.add_parser(name, help=help_text, add_help=False)
             p.add_argument("argv", nargs=argparse.REMAINDER)

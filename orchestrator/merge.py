@@ -48,8 +48,9 @@ TMP_FORMAT = ".{name}.{pid}.tmp"
 FOREIGN_TIME_NS = 24 * 3600 * 10**9
 #: Window index in a run directory's window file name.
 WINDOW_INDEX = re.compile(r"window-(\d+)")
-#: Scheduler value that runs the parse tasks in this process (no Dask cluster).
-SYNCHRONOUS = "synchronous"
+#: Scheduler value that runs the parse tasks in this process (no Dask cluster): the analysis
+#: driver's, so that one word means the same for merge and analyze.
+SYNCHRONOUS = "synchronous"  # == rankscope.analysis.pipeline.SYNCHRONOUS (test_layering checks)
 
 
 @dataclass
@@ -398,7 +399,7 @@ MAX_P2P_NESTING = 4
 def _p2p_peers(
     ops: np.ndarray, ev: np.ndarray, columns: dict[str, np.ndarray], strings: list[str]
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(op, peer) of each comm event: the p2p annotation (schema.P2P_ANNOTATION_FORMAT) around it.
+    """(op, peer) of each comm event: the p2p annotation (rundir.P2P_ANNOTATION_FORMAT) around it.
 
     The annotation wraps the host call, so a gloo op starts inside it, while a GPU kernel runs
     later: for kernels the host time is that of the runtime call that launched them (same
@@ -407,7 +408,8 @@ def _p2p_peers(
     Events outside any annotation keep their op and peer -1.
     """
     import numpy as np
-    from rankscope.analysis.schema import P2P_ANNOTATION_PATTERN, P2P_OPS
+    from rankscope.analysis.schema import P2P_OPS
+    from rankscope.launchers.rundir import P2P_ANNOTATION_PATTERN
 
     peers = np.full(len(ev), -1, dtype=np.int64)
     parsed = {

@@ -467,23 +467,14 @@ def print_summary(run_dir: Path) -> dict[str, Any]:
 
 
 def after_run(run_dir: Path, *, merge: bool, analyze: bool) -> None:
-    """Merge and analyse the run when those steps exist; their failures never touch the run."""
+    """Merge and analyse the run; their failures never touch the run (its traces are kept)."""
     steps = []
     if merge:
         steps.append(("rankscope.orchestrator.merge", "merge_run_dir"))
     if analyze:
         steps.append(("rankscope.orchestrator.analyze", "print_run_summary"))
     for module_name, func_name in steps:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name == module_name:
-                continue
-            print(f"rankscope run: warning: cannot import {module_name}: {exc}", file=sys.stderr)
-            continue
-        func = getattr(module, func_name, None)
-        if func is None:
-            continue
+        func = getattr(importlib.import_module(module_name), func_name)
         try:
             func(run_dir)
         except Exception as exc:

@@ -15,6 +15,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from rankscope.launchers.rundir import RunState
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``rankscope status``."""
@@ -96,7 +98,8 @@ def describe(run_dir: Path, record: dict[str, Any]) -> dict[str, Any]:
         out["merge_state"] = None if state is None else str(state)
     else:
         pid = (record.get("local") or {}).get("pid")
-        finished = record.get("state") not in ("pending", "queued", "running")
+        state = record.get("state")
+        finished = RunState(state).finished if state in set(RunState) else True
         if not finished and pid is not None and not _pid_alive(pid):
             out["notes"].append(
                 f"torchrun (pid {pid}) is gone but the run was never finished: the launcher died"
@@ -111,15 +114,15 @@ def print_status(info: dict[str, Any]) -> None:
     from rich.table import Table
 
     console = Console(highlight=False, soft_wrap=True)
-    colour = {
-        "completed": "green",
-        "running": "cyan",
-        "queued": "yellow",
-        "pending": "yellow",
-        "failed": "red",
-        "timeout": "red",
-        "cancelled": "magenta",
-        "interrupted": "magenta",
+    colour: dict[str, str] = {
+        RunState.COMPLETED: "green",
+        RunState.RUNNING: "cyan",
+        RunState.QUEUED: "yellow",
+        RunState.PENDING: "yellow",
+        RunState.FAILED: "red",
+        RunState.TIMEOUT: "red",
+        RunState.CANCELLED: "magenta",
+        RunState.INTERRUPTED: "magenta",
     }
     state = str(info["state"])
     head = f"[bold]{escape(info['run_dir'])}[/bold]: [{colour.get(state, 'white')}]{state}[/]"

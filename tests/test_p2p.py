@@ -20,9 +20,10 @@ import pandas as pd
 import pytest
 from rankscope.analysis.collectives import collective_waits
 from rankscope.analysis.pipeline import SYNCHRONOUS, ClusterSpec, analyze
-from rankscope.analysis.schema import P2P_ANNOTATION_PATTERN, EventKind
+from rankscope.analysis.schema import EventKind
 from rankscope.analysis.store import open_store
 from rankscope.analysis.stragglers import Cause, find_stragglers, p2p_roots
+from rankscope.launchers.rundir import P2P_ANNOTATION_PATTERN
 from rankscope.orchestrator.cli import main as cli
 from rankscope.orchestrator.collectives import match
 from rankscope.orchestrator.merge import _p2p_peers, merge_run_dir
