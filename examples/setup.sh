@@ -24,6 +24,12 @@ else
   PY="$PWD/.venv/bin/python"
 fi
 
+# pip, without its "Location 'file://…' is ignored" lines for index folders that a machine's pip
+# configuration names but does not have (noise on every install; real warnings still show)
+pip_install() {
+  "$PY" -m pip install -q "$@" 2> >(grep -v "^WARNING: Location 'file://.*' is ignored" >&2)
+}
+
 if [ "$DEV" = 1 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   need=()
   for p in faketime chromium chromium-driver; do
@@ -42,17 +48,17 @@ fi
 if ! "$PY" -c "import torch" 2>/dev/null; then
   echo "== pip install torch" >&2
   if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
-    "$PY" -m pip install -q torch
+    pip_install torch
   else
-    "$PY" -m pip install -q torch==2.13.0 || "$PY" -m pip install -q torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+    pip_install torch==2.13.0 || pip_install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
   fi
 fi
 echo "== pip install -e ." >&2
 if [ "$DEV" = 1 ]; then
   # mypy follows the package-dir layout through tests/typecheck.sh, so a plain editable
   # install (new modules importable at once) serves both development and the tests.
-  "$PY" -m pip install -q -e ".[dev]"
+  pip_install -e ".[dev]"
 else
-  "$PY" -m pip install -q -e .
+  pip_install -e .
 fi
 echo "python: $PY"
