@@ -29,12 +29,19 @@ _EXPORTS: dict[str, str] = {
     "arrival_points": "stragglers",
     "arrival_windows": "stragglers",
     "find_stragglers": "stragglers",
+    "p2p_roots": "bottleneck",
+    "pipeline_stages": "bottleneck",
     "Cause": "stragglers",
     "verdicts": "verdict",
     "Verdict": "verdict",
     "op_stats": "ops",
     "annotation_stats": "ops",
     "across_ranks": "ops",
+    # the function findings() is not listed: importing the module rankscope.analysis.findings
+    # binds that name on this package to the module, so the export would depend on import order
+    "Finding": "findings",
+    "FindingKind": "findings",
+    "Severity": "findings",
     "summary": "report",
     "render_html": "report",
     "render_json": "report",
@@ -45,6 +52,7 @@ _EXPORTS: dict[str, str] = {
     "verdict_table": "pipeline",
     "ops_table": "pipeline",
     "annotations_table": "pipeline",
+    "analysis_of": "pipeline",
     "timeline": "timeline",
     "export_perfetto": "perfetto",
 }

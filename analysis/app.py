@@ -3,7 +3,8 @@
 Left: rank selector, step selector (zooms to that ProfilerStep on every rank), event-kind filter.
 Middle: the timeline (:func:`rankscope.analysis.timeline.timeline`), re-read from the store on
 every zoom. Right: the per-rank summary (verdict and where the time went, % of profiled time)
-and the stragglers with their evidence, from :func:`rankscope.analysis.analyze`.
+and the findings (stragglers with their evidence, the pipeline finding), from
+:func:`rankscope.analysis.findings.findings` — the same sentences as the terminal and the report.
 
 Built per browser session by :func:`build_app`; the store and the analysis are shared and
 read-only (all Bokeh sessions of one server run on its single IO-loop thread).
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from rankscope.analysis.schema import EventKind
 
 if TYPE_CHECKING:
-    import pandas as pd
+    from rankscope.analysis.findings import Finding
     from rankscope.analysis.pipeline import Analysis
     from rankscope.analysis.store import Store
 
@@ -70,28 +71,40 @@ def summary_html(analysis: Analysis) -> str:
     return f'<table class="rs-summary">{head}{"".join(body)}</table>'
 
 
-def stragglers_markdown(stragglers: pd.DataFrame) -> str:
-    """One bullet per straggler rank with its evidence; a plain sentence when there is none."""
-    rows = stragglers[stragglers["is_straggler"]] if len(stragglers) else stragglers
-    if len(rows) == 0:
-        return "No straggler: no rank was last at its collectives more often than chance."
-    lines = []
-    for r in rows.itertuples():
-        lines.append(
-            f"- **rank {int(r.rank)}** — last at {int(r.times_last)}/{int(r.collectives)} "
-            f"collectives (p = {float(r.p_value):.2g}); made the others wait "
-            f"{1000 * float(r.wait_caused_s):.1f} ms ({_pct(r.wait_share)} of all wait); "
-            f"cause: {r.cause}"
+#: Characters that markdown would read as emphasis, links or HTML (backticks stay: code spans).
+MARKDOWN_SPECIALS = str.maketrans({c: "\\" + c for c in "\\*_[]<>"})
+
+
+def _md(text: str) -> str:
+    """Plain text as markdown that shows it as is (a file name's underscores stay underscores)."""
+    return text.translate(MARKDOWN_SPECIALS)
+
+
+def finding_markdown(f: Finding) -> str:
+    """One finding as a markdown bullet: bold headline, then the evidence and cause as everywhere
+    else; a straggler adds its p-value and the wait it caused (the figures the table shows)."""
+    from rankscope.analysis.findings import FindingKind
+
+    extra = ""
+    if f.kind == FindingKind.STRAGGLER:
+        g = f.figures
+        extra = (
+            f" (p = {g['p_value']:.2g}; made the others wait {g['wait_caused_s'] * 1e3:.1f} ms, "
+            f"{g['wait_share']:.0%} of all wait)"
         )
-    return "\n".join(lines)
+    return f"- **{_md(f.headline)}**{_md(f.tail)}{extra}"
+
+
+def findings_markdown(items: list[Finding]) -> str:
+    """The findings column's text: one bullet per finding, in the order they were found."""
+    return "\n".join(finding_markdown(f) for f in items)
 
 
 def pipeline_markdown(analysis: Analysis) -> str:
-    """The pipeline finding (a paragraph after the stragglers); empty without send/recv pairs."""
-    from rankscope.analysis.report import RICH_MARKUP, pipeline_lines, summary
+    """The pipeline finding alone (empty without send/recv ops), as in the findings column."""
+    from rankscope.analysis.findings import findings, pipeline_findings
 
-    lines = pipeline_lines(analysis, summary(analysis))
-    return "".join("\n\n" + RICH_MARKUP.sub("", line) for line in lines)
+    return findings_markdown(pipeline_findings(findings(analysis)))
 
 
 def _default_ranks(store: Store, analysis: Analysis | None) -> list[int]:
@@ -165,16 +178,15 @@ def build_app(store: Store, analysis: Analysis | None = None) -> Any:
         hint,
         width=SIDEBAR_WIDTH,
     )
-    findings: list[Any] = []
+    column: list[Any] = []
     if analysis is not None:
-        findings = [
+        from rankscope.analysis.findings import findings
+
+        column = [
             pn.pane.Markdown("### Per rank (% of profiled time)", margin=(0, 10)),
             pn.pane.HTML(summary_html(analysis), width=FINDINGS_WIDTH, stylesheets=[TABLE_CSS]),
             pn.pane.Markdown("### Stragglers", margin=(10, 10, 0, 10)),
-            pn.pane.Markdown(
-                stragglers_markdown(analysis.stragglers) + pipeline_markdown(analysis),
-                width=FINDINGS_WIDTH,
-            ),
+            pn.pane.Markdown(findings_markdown(findings(analysis)), width=FINDINGS_WIDTH),
         ]
     header = pn.pane.Markdown(
         f"## {APP_TITLE} — {run_id}\n"
@@ -187,6 +199,6 @@ def build_app(store: Store, analysis: Analysis | None = None) -> Any:
         pn.Row(
             controls,
             pn.panel(pn.bind(plot, rank_w, step_w, kind_w), linked_axes=False),
-            pn.Column(*findings, width=FINDINGS_WIDTH),
+            pn.Column(*column, width=FINDINGS_WIDTH),
         ),
     )

@@ -14,6 +14,7 @@ them: every task is deterministic and results are assembled in rank order.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
 from collections.abc import Callable
@@ -169,7 +170,7 @@ class Analysis:
     stragglers: pd.DataFrame
     """Per rank, most significant first: stragglers.STRAGGLER_COLUMNS."""
     pipeline: pd.DataFrame
-    """Per rank that sends point to point: stragglers.PIPELINE_COLUMNS (empty without pairs)."""
+    """Per rank that sends point to point: bottleneck.PIPELINE_COLUMNS (empty without pairs)."""
     verdicts: pd.DataFrame
     """Per rank: verdict.VERDICT_COLUMNS."""
     op_stats: pd.DataFrame
@@ -329,10 +330,11 @@ def analyze(
     import dask
     import pandas as pd
     from rankscope.analysis import breakdown as bd
+    from rankscope.analysis.bottleneck import pipeline_stages
     from rankscope.analysis.collectives import collective_waits, wait_totals
     from rankscope.analysis.ops import across_ranks
     from rankscope.analysis.store import open_store
-    from rankscope.analysis.stragglers import arrival_windows, find_stragglers, pipeline_stages
+    from rankscope.analysis.stragglers import arrival_windows, find_stragglers
     from rankscope.analysis.verdict import verdicts
 
     spec = spec or ClusterSpec()
@@ -413,7 +415,11 @@ def analyze(
 # -- one DataFrame per call, from a store (for notebooks) ------------------------------------
 
 StoreLike = Any
-"""A :class:`rankscope.analysis.store.Store`, a ``trace.h5`` path or a run directory."""
+"""An :class:`Analysis`, a :class:`rankscope.analysis.store.Store`, a ``trace.h5`` path or a run
+directory."""
+
+#: Analyses kept in this process for the ``*_table`` helpers (most recent stores).
+CACHED_ANALYSES = 4
 
 
 def _path_of(store: StoreLike) -> Path:
@@ -421,9 +427,36 @@ def _path_of(store: StoreLike) -> Path:
     return Path(path if path is not None else store)
 
 
+_CACHE: collections.OrderedDict[tuple[Path, int, int, str], Analysis] = collections.OrderedDict()
+
+
+def _cached(path: Path, stamp: tuple[int, int], spec: ClusterSpec | None) -> Analysis:
+    """One analysis per (store, its mtime and size, spec): the table helpers share it."""
+    key = (path, *stamp, repr(spec))
+    if key in _CACHE:
+        _CACHE.move_to_end(key)
+        return _CACHE[key]
+    result = _CACHE[key] = analyze(path, spec)
+    while len(_CACHE) > CACHED_ANALYSES:
+        _CACHE.popitem(last=False)
+    return result
+
+
+def analysis_of(store: StoreLike, spec: ClusterSpec | None = None) -> Analysis:
+    """``store`` itself when it is an :class:`Analysis`, else its analysis, computed once per
+    version of the store file in this process (a re-merged store is analysed again)."""
+    from rankscope.analysis.store import resolve_store_path
+
+    if isinstance(store, Analysis):
+        return store
+    path = resolve_store_path(_path_of(store)).resolve()
+    st = path.stat()
+    return _cached(path, (st.st_mtime_ns, st.st_size), spec)
+
+
 def breakdown_table(store: StoreLike, spec: ClusterSpec | None = None) -> pd.DataFrame:
     """Breakdown per rank and step (+ whole-run rows, step -1): breakdown.BREAKDOWN_COLUMNS."""
-    return analyze(_path_of(store), spec).breakdown
+    return analysis_of(store, spec).breakdown
 
 
 def waits_table(store: StoreLike) -> pd.DataFrame:
@@ -431,25 +464,27 @@ def waits_table(store: StoreLike) -> pd.DataFrame:
     from rankscope.analysis.collectives import collective_waits
     from rankscope.analysis.store import open_store
 
+    if isinstance(store, Analysis):
+        return store.waits
     with open_store(_path_of(store)) as s:
         return collective_waits(s.collectives(), s.clock())
 
 
 def stragglers_table(store: StoreLike, spec: ClusterSpec | None = None) -> pd.DataFrame:
     """Per rank, most significant first: stragglers.STRAGGLER_COLUMNS."""
-    return analyze(_path_of(store), spec).stragglers
+    return analysis_of(store, spec).stragglers
 
 
 def verdict_table(store: StoreLike, spec: ClusterSpec | None = None) -> pd.DataFrame:
     """A verdict per rank: verdict.VERDICT_COLUMNS."""
-    return analyze(_path_of(store), spec).verdicts
+    return analysis_of(store, spec).verdicts
 
 
 def ops_table(store: StoreLike, spec: ClusterSpec | None = None) -> pd.DataFrame:
     """Top ops across ranks with their spread: ops.ACROSS_COLUMNS."""
-    return analyze(_path_of(store), spec).ops
+    return analysis_of(store, spec).ops
 
 
 def annotations_table(store: StoreLike, spec: ClusterSpec | None = None) -> pd.DataFrame:
     """record_function ranges across ranks: ops.ACROSS_COLUMNS."""
-    return analyze(_path_of(store), spec).annotations
+    return analysis_of(store, spec).annotations

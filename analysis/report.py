@@ -1,7 +1,9 @@
 """What a user reads: the terminal summary (rich), ``summary.json``, and an offline HTML report.
 
-All three render an :class:`rankscope.analysis.pipeline.Analysis`. They return text (or print to a
-console); writing files (atomically) is the caller's job. The HTML report is one self-contained
+All three render an :class:`rankscope.analysis.pipeline.Analysis` and its findings
+(:func:`rankscope.analysis.findings.findings`: the conclusions and their evidence sentences, worded
+once there; here they are only styled and escaped). They return text (or print to a console);
+writing files (atomically) is the caller's job. The HTML report is one self-contained
 file: inline CSS and inline SVG charts, no script, no font, nothing fetched from the network.
 The JSON contract is documented in ``docs/summary.md`` (``SUMMARY_SCHEMA`` / ``SUMMARY_VERSION``).
 """
@@ -11,8 +13,16 @@ from __future__ import annotations
 import html
 import json
 import math
-import re
 from typing import TYPE_CHECKING, Any
+
+from rankscope.analysis.findings import (
+    Finding,
+    FindingKind,
+    Severity,
+    findings,
+    pipeline_findings,
+    point_to_point,
+)
 
 if TYPE_CHECKING:
     from rankscope.analysis.pipeline import Analysis
@@ -22,8 +32,6 @@ if TYPE_CHECKING:
 SUMMARY_SCHEMA = "rankscope-summary"
 #: ``version`` field of summary.json; bump on any incompatible change (docs/summary.md).
 SUMMARY_VERSION = 1
-#: rich console markup ([bold red] … [/bold red]), stripped for HTML.
-RICH_MARKUP = re.compile(r"\[/?[a-z ]+\]")
 #: Where "how to read this output" lives (printed under the terminal summary).
 READING_DOC = "docs/reading-output.md"
 #: Longest op / range name shown in tables before it is shortened.
@@ -103,10 +111,13 @@ def _finite(x: float) -> float | None:
     return None if x is None or (isinstance(x, float) and not math.isfinite(x)) else x
 
 
-def summary(a: Analysis) -> dict[str, Any]:
-    """The summary.json document (contract: docs/summary.md)."""
+def summary(a: Analysis, found: list[Finding] | None = None) -> dict[str, Any]:
+    """The summary.json document (contract: docs/summary.md).
+
+    ``found``: :func:`findings` of ``a`` when the caller already has them (they are built once per
+    rendering, so that every part of it shows the same list).
+    """
     from rankscope.analysis.collectives import collective_summary
-    from rankscope.analysis.schema import P2P_OPS
 
     totals = a.comm_totals.set_index("rank") if len(a.comm_totals) else None
     verdicts = a.verdicts.set_index("rank") if len(a.verdicts) else None
@@ -176,7 +187,7 @@ def summary(a: Analysis) -> dict[str, Any]:
         for c in a.clock.itertuples(index=False)
     ]
     by_op = collective_summary(a.waits)
-    p2p = a.waits[a.waits["op"].isin(P2P_OPS)] if len(a.waits) else a.waits
+    pairs, unmatched = point_to_point(a)
     w = a.waits
     colls = {
         "count": int(w["coll"].nunique()) if len(w) else 0,
@@ -219,8 +230,8 @@ def summary(a: Analysis) -> dict[str, Any]:
         "steps": steps,
         "stragglers": stragglers,
         "pipeline": {
-            "pairs": int(p2p.loc[p2p["n_ranks"] == 2, "coll"].nunique()),
-            "unmatched": int((p2p["n_ranks"] == 1).sum()),
+            "pairs": pairs,
+            "unmatched": unmatched,
             "bottlenecks": [
                 {
                     "rank": int(p.rank),
@@ -241,6 +252,7 @@ def summary(a: Analysis) -> dict[str, Any]:
             {"file": str(p.file), "rank": int(p.rank), "problem": str(p.problem)}
             for p in a.problems.itertuples(index=False)
         ],
+        "findings": [f.as_json() for f in (findings(a) if found is None else found)],
     }
 
 
@@ -263,66 +275,34 @@ _SHORT_VERDICT = {
 }
 
 
+#: rich style of a finding's headline in the terminal, by severity.
+SEVERITY_STYLE: dict[Severity, str] = {
+    Severity.PROBLEM: "bold red",
+    Severity.OK: "green",
+    Severity.NOTE: "yellow",
+}
+
+
 def _pct(part: float, whole: float) -> str:
     return f"{100.0 * part / whole:.0f}%" if whole > 0 else "-"
 
 
-def extra_parts(row: Any) -> str:
-    """'compute +a, input +b, host +c ms' from a row with ``*_extra_s`` (seconds)."""
-    return (
-        f"compute +{row['compute_extra_s'] * 1e3:.1f}, input +{row['input_extra_s'] * 1e3:.1f}, "
-        f"host +{row['host_extra_s'] * 1e3:.1f} ms"
-    )
+def pipeline_lines(a: Analysis, doc: object = None) -> list[str]:
+    """The pipeline findings as plain lines; nothing when the run has no send/recv ops.
 
-
-def straggler_evidence(row: Any) -> str:
-    """The evidence sentence of one straggler (a row of ``Analysis.stragglers``), in ms.
-
-    Lateness and own extra work are each counted once per delay (docs/analysis.md): a rank late
-    at two DDP buckets in flight together fell behind once, so both stay within its own time.
+    Kept for callers of the pre-findings API (``doc`` is no longer needed and is ignored);
+    new code reads :func:`rankscope.analysis.findings.findings`.
     """
-    masked = int(row.get("masked_by", -1)) if hasattr(row, "get") else -1
-    hidden = (
-        f"masked by rank {masked} (found once rank {masked} is set aside: the numbers are those "
-        "of that second look); "
-        if masked >= 0
-        else ""
-    )
-    return hidden + (
-        f"last at {row['times_last']} of {row['collectives']} collectives "
-        f"({row['expected_last']:.1f} expected by chance); fell {row['late_s'] * 1e3:.1f} ms "
-        f"behind the median rank (each delay counted once); its own extra work before arriving: "
-        f"{row['own_extra_s'] * 1e3:.1f} ms ({extra_parts(row)} vs the median rank)"
-    )
+    return [f.text for f in pipeline_findings(findings(a))]
 
 
-def pipeline_lines(a: Analysis, doc: dict[str, Any]) -> list[str]:
-    """What the point-to-point pairs say (rich markup); nothing when the run has none."""
-    pipe = doc["pipeline"]
-    if not pipe["pairs"]:
-        if not pipe["unmatched"]:
-            return []
-        return [
-            f"Point-to-point: {pipe['unmatched']} send/recv op(s) without a known peer (traces "
-            "recorded without `rankscope run`'s peer annotations): not paired, no pipeline analysis."
-        ]
-    if not pipe["bottlenecks"]:
-        return [
-            f"[green]No pipeline bottleneck[/green]: the waiting in recvs ({pipe['pairs']} "
-            "send/recv pair(s)) traces back to no stage's own extra work."
-        ]
-    ev = a.pipeline.set_index("rank")
-    lines = []
-    for b in pipe["bottlenecks"]:
-        row = ev.loc[b["rank"]]
-        lines.append(
-            f"[bold red]Pipeline bottleneck: rank {b['rank']}[/bold red] — {b['root_pairs']} "
-            f"receivers' waits ({b['wait_traced_s'] * 1e3:.1f} ms, {b['wait_share']:.0%} of the "
-            f"waiting in recvs, {pipe['pairs']} pairs) trace back to it; its own extra work before "
-            f"sending explains {b['wait_caused_s'] * 1e3:.1f} ms ({extra_parts(row)} vs the "
-            f"typical stage) → {b['cause']}"
-        )
-    return lines
+def finding_markup(f: Finding) -> str:
+    """One finding as rich console markup: the headline coloured by severity, all text escaped
+    (an input problem's message may hold brackets that rich would read as markup)."""
+    from rich.markup import escape
+
+    style = SEVERITY_STYLE[f.severity]
+    return f"[{style}]{escape(f.headline)}[/{style}]{escape(f.tail)}"
 
 
 def print_summary(a: Analysis, console: Console | None = None, *, top_ops: int = 8) -> None:
@@ -332,7 +312,8 @@ def print_summary(a: Analysis, console: Console | None = None, *, top_ops: int =
     from rich.table import Table
 
     console = console or Console()
-    doc = summary(a)
+    found = findings(a)
+    doc = summary(a, found)
     title = f"rankscope · {a.path} · {doc['ranks_present']} of {a.world_size} rank(s)"
     show_host = len({r["host"] for r in doc["ranks"]}) > 1
     show_mem = any(r["memory_s"] >= 0.01 * r["total_s"] for r in doc["ranks"])
@@ -389,7 +370,6 @@ def print_summary(a: Analysis, console: Console | None = None, *, top_ops: int =
         )
         for col in ("rank", "last", "p-value", "confidence", "wait caused s", "share", "cause"):
             st.add_column(col, justify="left" if col == "cause" else "right", no_wrap=True)
-        ev = a.stragglers.set_index("rank")
         for s in doc["stragglers"]:
             st.add_row(
                 str(s["rank"]),
@@ -401,17 +381,11 @@ def print_summary(a: Analysis, console: Console | None = None, *, top_ops: int =
                 s["cause"],
             )
         console.print(st)
-        for s in doc["stragglers"]:
-            row = ev.loc[s["rank"]]
-            console.print(f"  rank {s['rank']}: {straggler_evidence(row)} → {s['cause']}")
-    else:
-        n = doc["collectives"]["count"]
-        console.print(
-            f"[green]No straggler[/green]: no rank was last significantly more often than chance "
-            f"and caused a material share of the wait ({n} collective(s))."
-        )
-    for line in pipeline_lines(a, doc):
-        console.print(line)
+    # the stragglers' evidence (or "no straggler") and the pipeline finding under the table;
+    # input problems close the summary
+    for f in found:
+        if f.kind != FindingKind.INPUT_PROBLEMS:
+            console.print(finding_markup(f))
     if doc["clock"]:
         ct = Table(
             title="Clock alignment", title_justify="left", header_style="bold", box=box.SIMPLE_HEAD
@@ -461,11 +435,9 @@ def print_summary(a: Analysis, console: Console | None = None, *, top_ops: int =
                 str(o.slowest_rank),
             )
         console.print(ot)
-    if doc["problems"]:
-        console.print(
-            f"[yellow]{len(doc['problems'])} input problem(s)[/yellow] recorded by the merge "
-            f"(first: {doc['problems'][0]['problem']})."
-        )
+    for f in found:
+        if f.kind == FindingKind.INPUT_PROBLEMS:
+            console.print(finding_markup(f))
 
 
 # -- HTML ------------------------------------------------------------------------------------
@@ -490,6 +462,7 @@ td.l,th.l{text-align:left}td.wrap{white-space:normal;min-width:280px}td.name{max
 .legend i{display:inline-block;width:11px;height:11px;border-radius:2px;margin-right:5px;vertical-align:-1px}
 .verdict{font-weight:600}.muted{color:#778}
 .note{color:#556;font-size:12px;margin-top:8px}
+.finding.sev-problem b{color:#c0392b}.finding.sev-ok b{color:#1e8449}.finding.sev-note b{color:#9a7d0a}
 """
 
 
@@ -679,9 +652,16 @@ def _across_rows(table: Any, *, with_kind: bool) -> list[list[Any]]:
     ]
 
 
+def _finding_html(f: Finding, cls: str = "") -> str:
+    """One finding as a paragraph: the headline in bold (coloured by severity), escaped text."""
+    classes = " ".join(c for c in ("finding", f"sev-{f.severity}", cls) if c)
+    return f"<p class='{classes}'><b>{_e(f.headline)}</b>{_e(f.tail)}</p>"
+
+
 def render_html(a: Analysis) -> str:
     """The self-contained HTML report (inline CSS and SVG; opens offline)."""
-    doc = summary(a)
+    found = findings(a)
+    doc = summary(a, found)
     strag = doc["stragglers"]
     cards = [
         ("ranks", f"{doc['ranks_present']} / {a.world_size}", ""),
@@ -742,8 +722,14 @@ def render_html(a: Analysis) -> str:
         f"<li><b>rank {r['rank']}</b>: <span class='verdict'>{_e(r['verdict'])}</span> — {_e(r['verdict_reason'])}</li>"
         for r in doc["ranks"]
     )
+    # the figures of each straggler in a table, then every straggler finding (or "no
+    # straggler") as the terminal prints it
+    strag_html = "".join(
+        _finding_html(f)
+        for f in found
+        if f.kind in (FindingKind.STRAGGLER, FindingKind.NO_STRAGGLER)
+    )
     if strag:
-        ev = a.stragglers.set_index("rank")
         st_rows = [
             [
                 s["rank"],
@@ -753,29 +739,14 @@ def render_html(a: Analysis) -> str:
                 f"{s['wait_caused_s']:.4f}",
                 f"{s['wait_share']:.0%}",
                 s["cause"],
-                straggler_evidence(ev.loc[s["rank"]]),
             ]
             for s in strag
         ]
-        strag_html = _table(
-            [
-                "rank",
-                "last",
-                "p-value",
-                "confidence",
-                "wait caused s",
-                "share of wait",
-                "cause",
-                "evidence",
-            ],
-            st_rows,
-            {6, 7},
-            {7},
-        )
-    else:
-        strag_html = "<p>No straggler: no rank was last significantly more often than chance while causing a material share of the others' wait.</p>"
-    pipe_html = "".join(
-        f"<p class='note'>{_e(RICH_MARKUP.sub('', line))}</p>" for line in pipeline_lines(a, doc)
+        header = ["rank", "last", "p-value", "confidence", "wait caused s", "share of wait"]
+        strag_html = _table([*header, "cause"], st_rows, {6}) + strag_html
+    pipe_html = "".join(_finding_html(f, "note") for f in pipeline_findings(found))
+    input_html = "".join(
+        _finding_html(f, "note") for f in found if f.kind == FindingKind.INPUT_PROBLEMS
     )
     all_ranks = [
         [
@@ -836,7 +807,7 @@ def render_html(a: Analysis) -> str:
     body = f"""
 <header><h1>rankscope report</h1><div class='sub'>{_e(a.path)} · run {_e(doc["run_id"] or "-")} · world size {a.world_size}</div></header>
 <main>
-<div class='cards'>{card_html}</div>
+<div class='cards'>{card_html}</div>{input_html}
 <section><h2>Where the time went, per rank</h2>{_bars_svg(a)}{ranks_table}<ul>{reasons}</ul>
 <p class='note'>Every figure is a part of the rank's profiled time (total s). Wait and transfer: time with a collective in flight, waiting until the last rank arrives (aligned clock) / moving data; each instant counts once, however many collectives are in flight. Comm exposed: communication with nothing hiding it. How to read this report: {READING_DOC}.</p></section>
 <section><h2>Stragglers</h2>{strag_html}{pipe_html}</section>

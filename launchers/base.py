@@ -257,6 +257,24 @@ class Launcher(ABC):
         """Rebuild the backend handle from ``run.json`` in another process (None if impossible)."""
         return None
 
+    # --------------------------------------------- hooks for `rankscope status` / `cancel`
+    def refresh(self, run_dir: Path) -> str | None:
+        """Ask the backend for news of a run (from any process) and record them in ``run.json``.
+
+        Returns a note when the backend cannot be asked (the record then stays as last written).
+        """
+        self.attach(run_dir).state()
+        return None
+
+    def status_details(self, run_dir: Path, record: dict[str, Any]) -> dict[str, Any]:
+        """What ``rankscope status`` shows beyond ``run.json``'s common fields: ``tasks`` (one dict
+        per task: node, host, state, exit code), ``notes`` (lines), and backend ids."""
+        return {"tasks": [], "notes": []}
+
+    def cancel_run(self, run_dir: Path) -> str:
+        """Stop a run from another shell (``rankscope cancel``); returns what happens, one line."""
+        raise UsageError(f"{run_dir}: a {self.kind} run cannot be cancelled from another shell")
+
     # ----------------------------------------------------------------- shared logic
     def launch(self, spec: RunSpec) -> RunHandle:
         """Create the run directory, write ``run.json`` and start the job."""
@@ -372,11 +390,16 @@ def launcher_for(kind: LauncherKind | str) -> Launcher:
     return launcher
 
 
-def open_run(run_dir: Path | str) -> RunHandle:
-    """A handle on an existing run, with the backend named in its ``run.json``."""
-    record = load_run(run_dir)
+def launcher_of(run_dir: Path | str, record: dict[str, Any] | None = None) -> Launcher:
+    """The backend named in a run's ``run.json`` (local when it names none)."""
+    record = load_run(run_dir) if record is None else record
     try:
         kind = LauncherKind(record.get("launcher", LauncherKind.LOCAL))
     except ValueError as exc:
         raise InputFileError(f"{Path(run_dir) / rundir.RUN_JSON}: unknown launcher") from exc
-    return launcher_for(kind).attach(run_dir)
+    return launcher_for(kind)
+
+
+def open_run(run_dir: Path | str) -> RunHandle:
+    """A handle on an existing run, with the backend named in its ``run.json``."""
+    return launcher_of(run_dir).attach(run_dir)

@@ -26,6 +26,18 @@ from rankscope.launchers.rundir import RunState
 from rankscope.launchers.spec import LauncherKind, RunSpec
 from rankscope.launchers.torchrun import rank_command, rank_env, torchrun_failures
 
+
+def pid_alive(pid: Any) -> bool:
+    """Is process ``pid`` alive (on this host)? Unknown pids are not."""
+    try:
+        os.kill(int(pid), 0)
+    except (TypeError, ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 #: Log of torchrun's combined stdout/stderr inside ``RUN/logs/``.
 TORCHRUN_LOG = "torchrun.log"
 #: Seconds the ranks get to flush after SIGINT before SIGTERM, and after SIGTERM before SIGKILL.
@@ -145,6 +157,28 @@ class LocalLauncher(Launcher):
     def _signal(self, job: LocalJob, sig: signal.Signals) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(job.proc.pid, sig)
+
+    # ------------------------------------------------------ `rankscope status` / `cancel`
+    def status_details(self, run_dir: Path, record: dict[str, Any]) -> dict[str, Any]:
+        """A note when the run is still marked running but its torchrun is gone."""
+        notes = []
+        pid = (record.get("local") or {}).get("pid")
+        state = record.get("state")
+        finished = RunState(state).finished if state in set(RunState) else True
+        if not finished and pid is not None and not pid_alive(pid):
+            notes.append(
+                f"torchrun (pid {pid}) is gone but the run was never finished: the launcher died"
+            )
+        return {"tasks": [], "notes": notes}
+
+    def cancel_run(self, run_dir: Path) -> str:
+        """A local run is stopped in its own terminal: say how, with its torchrun pid."""
+        from rankscope.errors import UsageError
+        from rankscope.launchers.base import load_run
+
+        pid = (load_run(run_dir).get("local") or {}).get("pid")
+        where = f" (torchrun pid {pid})" if pid else ""
+        raise UsageError(f"{run_dir} is a local run{where}: stop it with Ctrl-C in its terminal")
 
     def _cancel(self, job: LocalJob, *, interrupt: bool) -> JobOutcome:
         """SIGINT (ranks flush), then SIGTERM, then SIGKILL, each after a grace period."""

@@ -1049,6 +1049,52 @@ class SlurmLauncher(Launcher):
         self.echo = echo
         """Print the job ids when submitting (``rankscope run`` prints them)."""
 
+    # ---------------------------------------------------- `rankscope status` / `cancel`
+    def refresh(self, run_dir: Path) -> str | None:
+        """Ask Slurm (sacct, then squeue); a note when Slurm cannot be asked."""
+        try:
+            self.attach(run_dir).state()
+        except SlurmError as exc:
+            return f"{exc} (showing run.json as last written)"
+        return None
+
+    def status_details(self, run_dir: Path, record: dict[str, Any]) -> dict[str, Any]:
+        """The job ids, Slurm's state and pending reason, one row per task, the merge job."""
+        slurm = record.get("slurm") or {}
+        out: dict[str, Any] = {
+            "job_id": slurm.get("job_id"),
+            "slurm_state": slurm.get("state"),
+            "slurm_reason": (slurm.get("reason") or None)
+            if slurm.get("state") == "PENDING"
+            else None,
+            "merge_job_id": slurm.get("merge_job_id"),
+            "tasks": task_states(run_dir, record),
+            "notes": [],
+        }
+        try:
+            state = merge_state(
+                {**record, "run_dir": str(run_dir)}, _slurm_env(slurm.get("slurm_conf"))
+            )
+        except SlurmError as exc:
+            state = None
+            out["notes"].append(f"cannot ask Slurm about the merge job: {exc}")
+        out["merge_state"] = None if state is None else str(state)
+        return out
+
+    def cancel_run(self, run_dir: Path) -> str:
+        """scancel the job (every rank gets SIGTERM and flushes); the merge job still runs."""
+        handle = self.attach(run_dir)
+        before = RunState(handle.record()["state"])
+        if not before.finished:
+            before = handle.state()  # it may have ended meanwhile
+        if before.finished:
+            return f"{run_dir} already ended: {before}"
+        state = handle.cancel()
+        slurm = handle.record().get("slurm") or {}
+        merge = slurm.get("merge_job_id")
+        then = f"; merge job {merge} merges the windows already written" if merge else ""
+        return f"Slurm job {slurm.get('job_id')} {state}{then}"
+
     # ---------------------------------------------------------------- hooks
     def _start(self, spec: RunSpec, run_dir: Path) -> SlurmJobRef:
         import submitit

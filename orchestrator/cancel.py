@@ -18,31 +18,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Cancel the run's Slurm job; say what happens next."""
-    from rankscope.errors import UsageError
-    from rankscope.launchers.base import load_run
-    from rankscope.launchers.rundir import RunState
-    from rankscope.launchers.spec import LauncherKind
+    """Cancel the run through its backend (Slurm: scancel); say what happens next."""
+    from rankscope.launchers.base import launcher_of
 
     run_dir = Path(args.run_dir).resolve()
-    record = load_run(run_dir)
-    if record.get("launcher") != LauncherKind.SLURM:
-        pid = (record.get("local") or {}).get("pid")
-        where = f" (torchrun pid {pid})" if pid else ""
-        raise UsageError(f"{run_dir} is a local run{where}: stop it with Ctrl-C in its terminal")
-    from rankscope.launchers.slurm import SlurmLauncher
-
-    launcher = SlurmLauncher(echo=False)
-    handle = launcher.attach(run_dir)
-    before = RunState(handle.record()["state"])
-    if not before.finished:
-        before = handle.state()  # it may have ended meanwhile
-    if before.finished:
-        print(f"rankscope cancel: {run_dir} already ended: {before}")
-        return 0
-    state = handle.cancel()
-    slurm = handle.record().get("slurm") or {}
-    merge = slurm.get("merge_job_id")
-    then = f"; merge job {merge} merges the windows already written" if merge else ""
-    print(f"rankscope cancel: Slurm job {slurm.get('job_id')} {state}{then}")
+    print(f"rankscope cancel: {launcher_of(run_dir).cancel_run(run_dir)}")
     return 0

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -24,43 +23,22 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the refreshed run.json")
 
 
-def _pid_alive(pid: Any) -> bool:
-    try:
-        os.kill(int(pid), 0)
-    except (TypeError, ValueError, ProcessLookupError):
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def refresh(run_dir: Path) -> tuple[dict[str, Any], str | None]:
-    """Ask the backend for news, record them in ``run.json``; return the record and a note.
+    """Ask the run's backend for news, record them in ``run.json``; return the record and a note.
 
     The note says why the backend could not be asked (Slurm down): the record is then shown
     as last written.
     """
-    from rankscope.launchers.base import load_run, open_run
-    from rankscope.launchers.spec import LauncherKind
+    from rankscope.launchers.base import launcher_of, load_run
 
-    record = load_run(run_dir)
-    note = None
-    if record.get("launcher") == LauncherKind.SLURM:
-        from rankscope.launchers.slurm import SlurmError, SlurmLauncher
-
-        try:
-            SlurmLauncher(echo=False).attach(run_dir).state()
-        except SlurmError as exc:
-            note = f"{exc} (showing run.json as last written)"
-    else:
-        open_run(run_dir).state()
+    note = launcher_of(run_dir).refresh(run_dir)
     return load_run(run_dir), note
 
 
 def describe(run_dir: Path, record: dict[str, Any]) -> dict[str, Any]:
     """The figures ``status`` prints (also handy for tests): state, tasks, merge, failures."""
     from rankscope.launchers import rundir
-    from rankscope.launchers.spec import LauncherKind
+    from rankscope.launchers.base import launcher_of
 
     out: dict[str, Any] = {
         "run_dir": str(run_dir),
@@ -74,36 +52,8 @@ def describe(run_dir: Path, record: dict[str, Any]) -> dict[str, Any]:
         "store": str(run_dir / rundir.STORE_NAME)
         if (run_dir / rundir.STORE_NAME).exists()
         else None,
-        "tasks": [],
-        "notes": [],
     }
-    if record.get("launcher") == LauncherKind.SLURM:
-        from rankscope.launchers.slurm import SlurmError, _slurm_env, merge_state, task_states
-
-        slurm = record.get("slurm") or {}
-        out["job_id"] = slurm.get("job_id")
-        out["slurm_state"] = slurm.get("state")
-        out["slurm_reason"] = (
-            (slurm.get("reason") or None) if slurm.get("state") == "PENDING" else None
-        )
-        out["merge_job_id"] = slurm.get("merge_job_id")
-        out["tasks"] = task_states(run_dir, record)
-        try:
-            state = merge_state(
-                {**record, "run_dir": str(run_dir)}, _slurm_env(slurm.get("slurm_conf"))
-            )
-        except SlurmError as exc:
-            state = None
-            out["notes"].append(f"cannot ask Slurm about the merge job: {exc}")
-        out["merge_state"] = None if state is None else str(state)
-    else:
-        pid = (record.get("local") or {}).get("pid")
-        state = record.get("state")
-        finished = RunState(state).finished if state in set(RunState) else True
-        if not finished and pid is not None and not _pid_alive(pid):
-            out["notes"].append(
-                f"torchrun (pid {pid}) is gone but the run was never finished: the launcher died"
-            )
+    out.update(launcher_of(run_dir, record).status_details(run_dir, record))
     return out
 
 

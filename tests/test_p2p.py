@@ -18,11 +18,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from rankscope.analysis.bottleneck import p2p_roots
 from rankscope.analysis.collectives import collective_waits
 from rankscope.analysis.pipeline import SYNCHRONOUS, ClusterSpec, analyze
 from rankscope.analysis.schema import EventKind
 from rankscope.analysis.store import open_store
-from rankscope.analysis.stragglers import Cause, find_stragglers, p2p_roots
+from rankscope.analysis.stragglers import Cause, find_stragglers
 from rankscope.launchers.rundir import P2P_ANNOTATION_PATTERN
 from rankscope.orchestrator.cli import main as cli
 from rankscope.orchestrator.collectives import match

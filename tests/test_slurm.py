@@ -73,6 +73,8 @@ def record(run_dir: Path) -> dict[str, Any]:
 
 def merge_finished(run_dir: Path) -> bool:
     """The dependent job has finished the merge (whatever the outcome)."""
+    if not (run_dir / rundir.RUN_JSON).exists():
+        return False  # the job made the run folder but has not written run.json yet
     merge = (record(run_dir).get("slurm") or {}).get("merge") or {}
     return merge.get("state") in ("completed", "failed", "cancelled", "skipped")
 

@@ -1,0 +1,336 @@
+"""Holds the findings model: what an :class:`~rankscope.analysis.pipeline.Analysis` concluded, as data.
+
+Every renderer — the terminal summary, summary.json, the HTML report, the Panel app — shows the
+same conclusions (a straggler and its evidence, a pipeline bottleneck, the lack of either, send/recv
+ops that could not be paired, input problems). They used to be written as rich markup once per
+renderer and regex-stripped for the others, so the same sentence lived in three places and drifted.
+Now :func:`findings` builds each conclusion ONCE, as a :class:`Finding` of plain text and figures;
+renderers only choose how to show it (colour by :class:`Severity`, escaping for their medium).
+
+The sentences are worded here and nowhere else; their figures come from the same rows as
+summary.json's ``stragglers[]`` and ``pipeline`` (rounded the same way), so a reader can check one
+against the other. This module imports nothing heavy at module level.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rankscope.analysis.pipeline import Analysis
+
+#: Between a finding's headline and its evidence in the one-line form (:attr:`Finding.text`)...
+HEADLINE_SEPARATOR = ": "
+#: ...unless the headline has a colon of its own ("Pipeline bottleneck: rank 1 — …").
+NAMED_SEPARATOR = " — "
+#: Before the cause, when a finding has one.
+CAUSE_ARROW = " → "
+
+
+class FindingKind(enum.StrEnum):
+    """What a finding is about; summary.json's ``findings[].kind``.
+
+    One member per conclusion a renderer shows; a reader filters on these rather than on the
+    wording of the sentences, which may improve.
+    """
+
+    STRAGGLER = "straggler"
+    NO_STRAGGLER = "no_straggler"
+    PIPELINE_BOTTLENECK = "pipeline_bottleneck"
+    NO_PIPELINE_BOTTLENECK = "no_pipeline_bottleneck"
+    UNPAIRED_P2P = "unpaired_p2p"
+    INPUT_PROBLEMS = "input_problems"
+
+
+#: The kinds that answer "is there a pipeline bottleneck?" (at most one of them per analysis).
+PIPELINE_KINDS = frozenset(
+    {
+        FindingKind.PIPELINE_BOTTLENECK,
+        FindingKind.NO_PIPELINE_BOTTLENECK,
+        FindingKind.UNPAIRED_P2P,
+    }
+)
+
+
+class Severity(enum.StrEnum):
+    """How a renderer should weigh a finding (the terminal colours by it)."""
+
+    PROBLEM = "problem"
+    """Something slows the job down and has a rank to blame: a straggler, a bottleneck."""
+    OK = "ok"
+    """A check that came out clean: no straggler, no bottleneck."""
+    NOTE = "note"
+    """Worth knowing, not a verdict on the job: unpaired send/recv, unreadable input files."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    """One conclusion of the analysis, in plain text and figures (no markup of any renderer)."""
+
+    kind: FindingKind
+    """What it is about; renderers and readers select on this, never on the text."""
+    severity: Severity
+    """How to weigh it; renderers style by it so that every renderer agrees on what is bad."""
+    rank: int | None
+    """The rank it names (the straggler, the bottleneck stage); None when it names none."""
+    masked_by: int = -1
+    """For a masked straggler, the straggler that hid it (docs/analysis.md); -1 otherwise."""
+    headline: str = ""
+    """Short plain text that names it ("Straggler: rank 2"): what a reader scans for."""
+    evidence: str = ""
+    """The sentence that supports it, plain text, ms: the one wording every renderer shows."""
+    cause: str = ""
+    """Why (a :class:`~rankscope.analysis.stragglers.Cause` value), or "" when it has none."""
+    figures: dict[str, float] = dataclasses.field(default_factory=dict)
+    """The numbers behind it, units in the keys (``_s``, ``_ms``, ``_share``; counts and p-values
+    bare), so that tools need not parse the evidence sentence."""
+
+    @property
+    def tail(self) -> str:
+        """Everything after the headline in the one-line form: ": evidence → cause"."""
+        sep = NAMED_SEPARATOR if ":" in self.headline else HEADLINE_SEPARATOR
+        arrow = f"{CAUSE_ARROW}{self.cause}" if self.cause else ""
+        return f"{sep}{self.evidence}{arrow}"
+
+    @property
+    def text(self) -> str:
+        """The finding as one plain line; renderers that style the headline use :attr:`tail`."""
+        return self.headline + self.tail
+
+    def as_json(self) -> dict[str, Any]:
+        """summary.json's ``findings[]`` entry (docs/summary.md)."""
+        return {
+            "kind": str(self.kind),
+            "severity": str(self.severity),
+            "rank": self.rank,
+            "masked_by": self.masked_by,
+            "headline": self.headline,
+            "evidence": self.evidence,
+            "cause": self.cause,
+            "figures": dict(self.figures),
+        }
+
+
+# -- the sentences ---------------------------------------------------------------------------
+
+
+def extra_parts(row: Mapping[str, Any]) -> str:
+    """'compute +a, input +b, host +c ms' from a row with ``*_extra_s`` (seconds)."""
+    return (
+        f"compute +{row['compute_extra_s'] * 1e3:.1f}, input +{row['input_extra_s'] * 1e3:.1f}, "
+        f"host +{row['host_extra_s'] * 1e3:.1f} ms"
+    )
+
+
+def straggler_evidence(row: Mapping[str, Any]) -> str:
+    """The evidence sentence of one straggler (a row of ``Analysis.stragglers``), in ms.
+
+    Lateness and own extra work are each counted once per delay (docs/analysis.md): a rank late
+    at two DDP buckets in flight together fell behind once, so both stay within its own time.
+    """
+    masked = int(row.get("masked_by", -1))
+    hidden = (
+        f"masked by rank {masked} (found once rank {masked} is set aside: the numbers are those "
+        "of that second look); "
+        if masked >= 0
+        else ""
+    )
+    return hidden + (
+        f"last at {row['times_last']} of {row['collectives']} collectives "
+        f"({row['expected_last']:.1f} expected by chance); fell {row['late_s'] * 1e3:.1f} ms "
+        f"behind the median rank (each delay counted once); its own extra work before arriving: "
+        f"{row['own_extra_s'] * 1e3:.1f} ms ({extra_parts(row)} vs the median rank)"
+    )
+
+
+def no_straggler_evidence(collectives: int) -> str:
+    """Why "no straggler" is a finding, not a lack of one: a balanced run always has a last rank."""
+    return (
+        "no rank was last significantly more often than chance and caused a material share of "
+        f"the wait ({collectives} collective(s))."
+    )
+
+
+def bottleneck_evidence(figures: Mapping[str, float]) -> str:
+    """The evidence sentence of one pipeline bottleneck, from its :attr:`Finding.figures`."""
+    return (
+        f"{int(figures['root_pairs'])} receivers' waits ({figures['wait_traced_s'] * 1e3:.1f} ms, "
+        f"{figures['wait_share']:.0%} of the waiting in recvs, {int(figures['pairs'])} pairs) "
+        "trace back to it; its own extra work before sending explains "
+        f"{figures['wait_caused_s'] * 1e3:.1f} ms ({extra_parts(figures)} vs the typical stage)"
+    )
+
+
+def no_bottleneck_evidence(pairs: int) -> str:
+    """Why no stage is blamed: the recv waits are the schedule's bubble, not a stage's work."""
+    return (
+        f"the waiting in recvs ({pairs} send/recv pair(s)) traces back to no stage's own extra "
+        "work."
+    )
+
+
+def unpaired_evidence(unmatched: int) -> str:
+    """Why a job with send/recv ops gets no pipeline analysis: their peers are unknown."""
+    return (
+        f"{unmatched} send/recv op(s) without a known peer (traces recorded without "
+        "`rankscope run`'s peer annotations): not paired, no pipeline analysis."
+    )
+
+
+def input_problems_evidence(count: int, first: str) -> str:
+    """How many inputs the merge could not ingest, and the first of them."""
+    return f"{count} input problem(s) recorded by the merge (first: {first})."
+
+
+# -- from an Analysis ------------------------------------------------------------------------
+
+
+def point_to_point(a: Analysis) -> tuple[int, int]:
+    """(matched send/recv pairs, send/recv ops whose peer is unknown) in ``a.waits``."""
+    from rankscope.analysis.schema import P2P_OPS
+
+    if not len(a.waits):
+        return 0, 0
+    p2p = a.waits[a.waits["op"].isin(P2P_OPS)]
+    return int(p2p.loc[p2p["n_ranks"] == 2, "coll"].nunique()), int((p2p["n_ranks"] == 1).sum())
+
+
+def _straggler_findings(a: Analysis) -> list[Finding]:
+    """One finding per straggler, most significant first (masked ones after: that is the order of
+    ``a.stragglers``), or the one "no straggler" finding."""
+    s = a.stragglers
+    rows = s[s["is_straggler"]] if len(s) else s
+    out = []
+    for _, row in rows.iterrows():
+        rank = int(row["rank"])
+        figures: dict[str, float] = {
+            "times_last": int(row["times_last"]),
+            "collectives": int(row["collectives"]),
+            "expected_last": round(float(row["expected_last"]), 3),
+            "p_value": float(row["p_value"]),
+            "score": round(float(row["score"]), 3),
+            "confidence": round(float(row["confidence"]), 6),
+            "wait_caused_s": round(float(row["wait_caused_s"]), 6),
+            "wait_share": round(float(row["wait_share"]), 4),
+            "late_s": round(float(row["late_s"]), 6),
+            "own_extra_s": round(float(row["own_extra_s"]), 6),
+            "compute_extra_s": round(float(row["compute_extra_s"]), 6),
+            "input_extra_s": round(float(row["input_extra_s"]), 6),
+            "host_extra_s": round(float(row["host_extra_s"]), 6),
+        }
+        out.append(
+            Finding(
+                kind=FindingKind.STRAGGLER,
+                severity=Severity.PROBLEM,
+                rank=rank,
+                masked_by=int(row["masked_by"]),
+                headline=f"Straggler: rank {rank}",
+                # from the unrounded row: the sentence as it has always read
+                evidence=straggler_evidence(row),
+                cause=str(row["cause"]),
+                figures=figures,
+            )
+        )
+    if out:
+        return out
+    collectives = int(a.waits["coll"].nunique()) if len(a.waits) else 0
+    return [
+        Finding(
+            kind=FindingKind.NO_STRAGGLER,
+            severity=Severity.OK,
+            rank=None,
+            headline="No straggler",
+            evidence=no_straggler_evidence(collectives),
+            figures={"collectives": collectives},
+        )
+    ]
+
+
+def _pipeline_findings(a: Analysis) -> list[Finding]:
+    """The bottleneck stages, or why there is none, or why there is no pipeline analysis; nothing
+    for a job without send/recv ops."""
+    pairs, unmatched = point_to_point(a)
+    if not pairs:
+        if not unmatched:
+            return []
+        return [
+            Finding(
+                kind=FindingKind.UNPAIRED_P2P,
+                severity=Severity.NOTE,
+                rank=None,
+                headline="Point-to-point not paired",
+                evidence=unpaired_evidence(unmatched),
+                figures={"unmatched": unmatched},
+            )
+        ]
+    p = a.pipeline
+    rows = p[p["is_bottleneck"]] if len(p) else p
+    out = []
+    for _, row in rows.iterrows():
+        rank = int(row["rank"])
+        # rounded as summary.json's pipeline.bottlenecks[], and the sentence is written from these
+        figures: dict[str, float] = {
+            "root_pairs": int(row["root_pairs"]),
+            "pairs": pairs,
+            "wait_traced_s": round(float(row["wait_traced_s"]), 6),
+            "wait_share": round(float(row["wait_share"]), 4),
+            "wait_caused_s": round(float(row["wait_caused_s"]), 6),
+            "compute_extra_s": round(float(row["compute_extra_s"]), 6),
+            "input_extra_s": round(float(row["input_extra_s"]), 6),
+            "host_extra_s": round(float(row["host_extra_s"]), 6),
+        }
+        out.append(
+            Finding(
+                kind=FindingKind.PIPELINE_BOTTLENECK,
+                severity=Severity.PROBLEM,
+                rank=rank,
+                headline=f"Pipeline bottleneck: rank {rank}",
+                evidence=bottleneck_evidence(figures),
+                cause=str(row["cause"]),
+                figures=figures,
+            )
+        )
+    if out:
+        return out
+    return [
+        Finding(
+            kind=FindingKind.NO_PIPELINE_BOTTLENECK,
+            severity=Severity.OK,
+            rank=None,
+            headline="No pipeline bottleneck",
+            evidence=no_bottleneck_evidence(pairs),
+            figures={"pairs": pairs},
+        )
+    ]
+
+
+def _input_findings(a: Analysis) -> list[Finding]:
+    """One finding for all of the merge's input problems (each was printed by the merge)."""
+    n = len(a.problems)
+    if not n:
+        return []
+    return [
+        Finding(
+            kind=FindingKind.INPUT_PROBLEMS,
+            severity=Severity.NOTE,
+            rank=None,
+            headline="Input problems",
+            evidence=input_problems_evidence(n, str(a.problems["problem"].iloc[0])),
+            figures={"problems": n},
+        )
+    ]
+
+
+def findings(a: Analysis) -> list[Finding]:
+    """Every finding of ``a``, in reading order: stragglers (or "no straggler"), the pipeline
+    finding when the job has send/recv ops, input problems. Pure: the same analysis gives the
+    same list, so every renderer of one analysis shows the same findings."""
+    return _straggler_findings(a) + _pipeline_findings(a) + _input_findings(a)
+
+
+def pipeline_findings(items: list[Finding]) -> list[Finding]:
+    """The pipeline findings among ``items`` (bottlenecks, no bottleneck, unpaired send/recv)."""
+    return [f for f in items if f.kind in PIPELINE_KINDS]
