@@ -94,28 +94,8 @@ MERGE_LOG = "merge-%j.out"
 #: The file of configuration defaults, unless ``$RANKSCOPE_SLURM_CONFIG`` names another.
 DEFAULT_CONFIG_PATH = Path("~/.config/rankscope/slurm.toml")
 ENV_CONFIG = "RANKSCOPE_SLURM_CONFIG"
-#: SlurmOptions field -> environment variable giving its default.
-ENV_DEFAULTS: dict[str, str] = {
-    "partition": "RANKSCOPE_SLURM_PARTITION",
-    "account": "RANKSCOPE_SLURM_ACCOUNT",
-    "time": "RANKSCOPE_SLURM_TIME",
-    "qos": "RANKSCOPE_SLURM_QOS",
-    "constraint": "RANKSCOPE_SLURM_CONSTRAINT",
-}
-#: Keys the TOML file may set (top level, or in a ``[slurm]`` table).
-CONFIG_KEYS = frozenset(
-    {
-        "partition",
-        "account",
-        "time",
-        "qos",
-        "constraint",
-        "mem",
-        "cpus_per_task",
-        "gpus_per_node",
-        "sbatch_args",
-    }
-)
+#: Prefix of the environment variables giving option defaults (``RANKSCOPE_SLURM_PARTITION``).
+ENV_PREFIX = "RANKSCOPE_SLURM_"
 #: Default time limit of the job, in minutes.
 DEFAULT_TIME_MIN = 60
 #: Time limit of the merge job, in minutes.
@@ -246,29 +226,78 @@ class MergeState(enum.StrEnum):
 
 
 # ------------------------------------------------------------------------------ options
+def option(
+    default: Any,
+    *,
+    metavar: str,
+    help: str,
+    config: bool = True,
+    env: bool = False,
+    submit: bool = True,
+    flag: str | None = None,
+    unit: str | None = None,
+) -> Any:
+    """A :class:`SlurmOptions` field: its ``rankscope run`` flag (``--name-with-dashes`` unless
+    ``flag``), its place in the config file (``config``), its ``RANKSCOPE_SLURM_<NAME>`` default
+    (``env``), whether it is passed on to sbatch as ``--name`` (``submit``), and the ``unit`` of a
+    number (for messages): everything about
+    an option is said here once, and the flags, config keys, environment defaults and sbatch
+    parameters are generated from the fields."""
+    meta = {"metavar": metavar, "help": help, "config": config, "env": env, "submit": submit}
+    if flag:
+        meta["flag"] = flag
+    if unit:
+        meta["unit"] = unit
+    return dataclasses.field(default=default, metadata=meta)
+
+
 @dataclass(frozen=True)
 class SlurmOptions:
-    """What the job asks Slurm for. Built from flags, environment and config file; validated."""
+    """What the job asks Slurm for. Built from flags, environment and config file; validated.
 
-    nodes: int = 1
+    To add a Slurm option, add a field here (with :func:`option`): ``rankscope run`` gets its flag,
+    the config file its key, sbatch the value (as a submitit parameter when submitit knows it,
+    else as an extra ``--name=value``), and docs/slurm.md lists the fields.
+    """
+
+    nodes: int = option(
+        1, metavar="N", help="nodes; one torchrun per node (1)", config=False, submit=False
+    )
     """Nodes of the job; one submitit task (one torchrun) runs on each."""
-    gpus_per_node: int = 0
+    gpus_per_node: int = option(0, metavar="N", help="GPUs per node; 0 = CPU (0)", submit=False)
     """GPUs per node (``--gpus-per-node``); 0 asks Slurm for none (CPU jobs, gloo)."""
-    cpus_per_task: int | None = None
+    cpus_per_task: int | None = option(
+        None, metavar="N", help="CPUs per node (one per rank)", submit=False
+    )
     """CPUs for each node's task (torchrun and its ranks); None: one per local rank."""
-    mem: str | None = None
+    mem: str | None = option(None, metavar="SIZE", help="memory per node, e.g. 64G")
     """Memory per node as sbatch writes it (``64G``, ``500M``); None: the partition's default."""
-    partition: str | None = None
+    partition: str | None = option(
+        None, metavar="NAME", help="partition (cluster default)", env=True
+    )
     """Partition to run in; None: the cluster's default partition."""
-    time: int = DEFAULT_TIME_MIN
+    time: int = option(
+        DEFAULT_TIME_MIN,
+        metavar="MIN",
+        help=f"time limit in minutes ({DEFAULT_TIME_MIN})",
+        env=True,
+        submit=False,
+        unit="minutes",
+    )
     """Time limit of the job in minutes (Slurm ends it with state ``timeout`` after that)."""
-    account: str | None = None
+    account: str | None = option(None, metavar="NAME", help="account to charge", env=True)
     """Account to charge (``--account``); None: the user's default."""
-    qos: str | None = None
+    qos: str | None = option(None, metavar="NAME", help="quality of service", env=True)
     """Quality of service (``--qos``); None: the default."""
-    constraint: str | None = None
+    constraint: str | None = option(None, metavar="EXPR", help="required node features", env=True)
     """Node features required (``--constraint``, e.g. ``a100&ib``)."""
-    sbatch_args: tuple[str, ...] = ()
+    sbatch_args: tuple[str, ...] = option(
+        (),
+        metavar="ARG",
+        help="extra sbatch option, repeatable: --sbatch-arg=--exclusive --sbatch-arg=--reservation=r1",
+        submit=False,
+        flag="--sbatch-arg",
+    )
     """Further sbatch options, each ``--key=value`` or ``--flag`` (e.g. ``--exclusive``)."""
 
     def __post_init__(self) -> None:
@@ -285,12 +314,15 @@ class SlurmOptions:
             raise ValueError(f"--cpus-per-task must be an integer >= 1, got {self.cpus_per_task!r}")
         if self.mem is not None and not re.fullmatch(r"\d+[KMGT]?B?", str(self.mem), re.IGNORECASE):
             raise ValueError(f"--mem must be a size like 64G or 500M, got {self.mem!r}")
-        for name in ("partition", "account", "qos", "constraint"):
-            value = getattr(self, name)
-            if value is not None and (
-                not isinstance(value, str) or not value.strip() or "\n" in value
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if (
+                f.type == "str | None"
+                and f.name != "mem"
+                and value is not None
+                and (not isinstance(value, str) or not value.strip() or "\n" in value)
             ):
-                raise ValueError(f"--{name} must be a non-empty word, got {value!r}")
+                raise ValueError(f"{_flag(f)} must be a non-empty word, got {value!r}")
         object.__setattr__(self, "sbatch_args", tuple(self.sbatch_args))
         for arg in self.sbatch_args:
             key = _sbatch_key(arg)
@@ -323,10 +355,15 @@ class SlurmOptions:
         }
         if self.gpus_per_node:
             params["gpus_per_node"] = self.gpus_per_node
-        for name in ("partition", "account", "qos", "constraint", "mem"):
-            value = getattr(self, name)
-            if value is not None:
-                params[name] = value
+        known = submitit_parameters()
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if not f.metadata.get("submit") or value is None:
+                continue
+            if f.name in known:
+                params[f.name] = value
+            else:  # an sbatch option submitit has no parameter for: --name=value
+                params["additional_parameters"][f.name] = value
         return params
 
     def to_dict(self) -> dict[str, Any]:
@@ -340,6 +377,28 @@ class SlurmOptions:
         """Inverse of :meth:`to_dict`; unknown keys are ignored."""
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def _flag(f: dataclasses.Field[Any]) -> str:
+    """The ``rankscope run`` flag of a :class:`SlurmOptions` field."""
+    return str(f.metadata.get("flag") or "--" + f.name.replace("_", "-"))
+
+
+def submitit_parameters() -> frozenset[str]:
+    """The parameters submitit's SlurmExecutor takes by name (others go as extra sbatch args)."""
+    from submitit.slurm import slurm
+
+    return frozenset(slurm._get_default_parameters())
+
+
+#: Keys the TOML file may set (top level, or in a ``[slurm]`` table): fields with ``config``.
+CONFIG_KEYS = frozenset(f.name for f in dataclasses.fields(SlurmOptions) if f.metadata["config"])
+#: SlurmOptions field -> environment variable giving its default: fields with ``env``.
+ENV_DEFAULTS: dict[str, str] = {
+    f.name: ENV_PREFIX + f.name.upper()
+    for f in dataclasses.fields(SlurmOptions)
+    if f.metadata["env"]
+}
 
 
 def _sbatch_key(arg: str) -> str:
@@ -385,12 +444,15 @@ def load_defaults(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
                 f"{path}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(CONFIG_KEYS))})"
             )
         defaults.update({k: v for k, v in table.items() if k in CONFIG_KEYS})
+    fields = {f.name: f for f in dataclasses.fields(SlurmOptions)}
     for name, var in ENV_DEFAULTS.items():
         value = env.get(var)
         if value:
-            if name == "time":
+            if fields[name].type in ("int", "int | None"):
+                unit = fields[name].metadata.get("unit")
                 if not value.isdigit():
-                    raise UsageError(f"${var} must be a whole number of minutes, got {value!r}")
+                    what = f"whole number of {unit}" if unit else "whole number"
+                    raise UsageError(f"${var} must be a {what}, got {value!r}")
                 defaults[name] = int(value)
             else:
                 defaults[name] = value
@@ -398,58 +460,37 @@ def load_defaults(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------ command line
-#: CLI flag dest -> SlurmOptions field (flags whose default is None: "not given").
-_FLAG_FIELDS = {
-    "nodes": "nodes",
-    "gpus_per_node": "gpus_per_node",
-    "cpus_per_task": "cpus_per_task",
-    "mem": "mem",
-    "partition": "partition",
-    "time": "time",
-    "account": "account",
-    "qos": "qos",
-    "constraint": "constraint",
-    "sbatch_arg": "sbatch_args",
-}
+def _dest(f: dataclasses.Field[Any]) -> str:
+    return _flag(f)[2:].replace("-", "_")
+
+
+#: CLI flag dest -> SlurmOptions field (every flag's default is None: "not given").
+_FLAG_FIELDS = {_dest(f): f.name for f in dataclasses.fields(SlurmOptions)}
 
 
 def add_slurm_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``--slurm`` flags of ``rankscope run`` (all rankscope flags: they go before SCRIPT)."""
+    """The ``--slurm`` flags of ``rankscope run`` (all rankscope flags: they go before SCRIPT),
+    one per :class:`SlurmOptions` field."""
+    envs = "/".join(
+        "_" + v.removeprefix(ENV_PREFIX) if i else v for i, v in enumerate(ENV_DEFAULTS.values())
+    )
     g = parser.add_argument_group(
-        "Slurm (with --slurm; defaults from $RANKSCOPE_SLURM_PARTITION/_ACCOUNT/_TIME/_QOS/_CONSTRAINT "
-        "or ~/.config/rankscope/slurm.toml)"
+        f"Slurm (with --slurm; defaults from ${envs} or ~/.config/rankscope/slurm.toml)"
     )
     g.add_argument(
         "--slurm", action="store_true", help="submit to Slurm (submitit) instead of running here"
     )
-    g.add_argument(
-        "--nodes", type=int, default=None, metavar="N", help="nodes; one torchrun per node (1)"
-    )
-    g.add_argument(
-        "--gpus-per-node", type=int, default=None, metavar="N", help="GPUs per node; 0 = CPU (0)"
-    )
-    g.add_argument(
-        "--cpus-per-task", type=int, default=None, metavar="N", help="CPUs per node (one per rank)"
-    )
-    g.add_argument("--mem", default=None, metavar="SIZE", help="memory per node, e.g. 64G")
-    g.add_argument("--partition", default=None, metavar="NAME", help="partition (cluster default)")
-    g.add_argument(
-        "--time",
-        type=int,
-        default=None,
-        metavar="MIN",
-        help=f"time limit in minutes ({DEFAULT_TIME_MIN})",
-    )
-    g.add_argument("--account", default=None, metavar="NAME", help="account to charge")
-    g.add_argument("--qos", default=None, metavar="NAME", help="quality of service")
-    g.add_argument("--constraint", default=None, metavar="EXPR", help="required node features")
-    g.add_argument(
-        "--sbatch-arg",
-        action="append",
-        default=None,
-        metavar="ARG",
-        help="extra sbatch option, repeatable: --sbatch-arg=--exclusive --sbatch-arg=--reservation=r1",
-    )
+    for f in dataclasses.fields(SlurmOptions):
+        kwargs: dict[str, Any] = {
+            "default": None,
+            "metavar": f.metadata["metavar"],
+            "help": f.metadata["help"],
+        }
+        if f.type.startswith("tuple"):
+            kwargs["action"] = "append"
+        elif f.type.startswith("int"):
+            kwargs["type"] = int
+        g.add_argument(_flag(f), **kwargs)
     g.add_argument(
         "--follow",
         action="store_true",
