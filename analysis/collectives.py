@@ -149,21 +149,19 @@ def wall_factor(waits: pd.DataFrame) -> pd.Series:
     """Per rank: wall time spent waiting / wait summed over its collectives (1 without overlap).
 
     The wait of each (collective, rank) is ``[arrival, arrival + wait_ns)``; concurrent
-    collectives wait at the same instants, which the union counts once. Index: rank.
+    collectives wait at the same instants, which the union counts once. Index: rank; ranks that
+    never waited are left out (their factor is 1).
     """
     import numpy as np
     import pandas as pd
     from rankscope.analysis.breakdown import interval_measure, interval_union
 
     out: dict[int, float] = {}
-    wait = waits["wait_ns"].to_numpy(np.int64)
-    arrival = waits["arrival"].to_numpy(np.int64)
-    ranks = waits["rank"].to_numpy()
-    for rank in np.unique(ranks):
-        sel = (ranks == rank) & (wait > 0)
-        summed = int(wait[sel].sum())
-        wall = interval_measure(interval_union(arrival[sel], arrival[sel] + wait[sel]))
-        out[int(rank)] = wall / summed if summed > 0 else 1.0
+    waiting = waits[waits["wait_ns"] > 0]
+    for rank, sub in waiting.groupby("rank", sort=False):  # one pass, not a mask per rank
+        arrival = sub["arrival"].to_numpy(np.int64)
+        wait = sub["wait_ns"].to_numpy(np.int64)
+        out[int(rank)] = interval_measure(interval_union(arrival, arrival + wait)) / int(wait.sum())
     return pd.Series(out, dtype="float64")
 
 

@@ -87,9 +87,9 @@ def processes_are_safe(main_is_guarded: bool = False) -> bool:
     Dask starts workers with ``multiprocessing``'s *spawn*, which re-imports the ``__main__``
     module. From a plain script without an ``if __name__ == "__main__":`` guard that re-runs the
     script's top level in every worker (and the workers' own ``analyze()`` call fails to
-    bootstrap). Safe: the REPL and Jupyter (``__main__`` has no file), ``python -m`` modules and
-    console scripts that carry the guard (rankscope's own CLI passes an explicit scheduler), and
-    never inside a worker process itself.
+    bootstrap). Safe: the REPL and Jupyter (``__main__`` has no file), and callers that know their
+    ``__main__`` carries the guard (``main_is_guarded``: rankscope's own CLI); never inside a
+    worker process itself.
     """
     import multiprocessing
     import sys
@@ -358,7 +358,7 @@ def analyze(
         dask.delayed(rank_task, pure=True)(
             str(store_path),
             rank,
-            colls[colls["rank"] == rank][["coll", "op", "start", "end", "last_start"]].reset_index(
+            colls[colls["rank"] == rank][["coll", "start", "end", "last_start"]].reset_index(
                 drop=True
             ),
             int(offsets.get(rank, 0)) % bd.HTA_GRID_NS,

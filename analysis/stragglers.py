@@ -80,7 +80,7 @@ POINT_COLUMNS: dict[str, str] = {
     "block_start": "int64",  # start of the run of consecutive profiled steps holding the arrival
     "end": "int64",  # the collective's end on this rank
     "end_block_start": "int64",  # same for the end (INT64_MIN: the end is outside the steps)
-    "busy_before_end": "bool",  # the rank computed within SYNC_PROBE_NS before the end
+    "busy_before_end": "bool",  # mostly computing from the last arrival to the end: no wait
     # prefix sums from the block start to ``stop`` (at_) and to ``end`` (end_), per part
     **{f"at_{p}": "int64" for p in PARTS},
     **{f"end_{p}": "int64" for p in PARTS},
@@ -112,7 +112,7 @@ STRAGGLER_COLUMNS: dict[str, str] = {
     "wait_caused_s": "float64",
     "wait_share": "float64",  # of everybody's wait
     "mean_lateness_s": "float64",
-    "late_s": "float64",  # lateness vs the median rank where it was last, once per step
+    "late_s": "float64",  # lateness vs the median rank where it was last, once per sync interval
     "own_extra_s": "float64",  # extra own work before arriving, summed where it was last
     "compute_extra_s": "float64",
     "input_extra_s": "float64",
@@ -174,8 +174,8 @@ def arrival_points(
         """(step, block start, point clipped to its step, inside) of each time ``t``."""
         if len(s_start) == 0:
             return (np.full(len(t), -1), np.full(len(t), lowest), t, np.zeros(len(t), bool))
-        idx = np.maximum(np.searchsorted(s_start, t, side="right") - 1, 0)
-        inside = np.searchsorted(s_start, t, side="right") > 0
+        after = np.searchsorted(s_start, t, side="right")
+        idx, inside = np.maximum(after - 1, 0), after > 0
         clipped = np.where(inside, np.minimum(t, s_end[idx]), t)
         step = np.where(inside & (t <= s_end[idx]), s_num[idx], -1)
         return step, np.where(inside, s_start[first[idx]], lowest), clipped, inside
@@ -370,10 +370,8 @@ def _rank_rows(
     median_profiled = (
         float(profiled_ns.median()) if profiled_ns is not None and len(profiled_ns) else 0.0
     )
-    # No per-rank correction of ALPHA: the dominance test (an unfair share, at least half of all
-    # waiting) already picks at most one candidate per round, so testing many ranks does not
-    # multiply the chances of naming a balanced job's rank.
-    alpha = ALPHA
+    # No per-rank correction of ALPHA here: the dominance test (an unfair share, at least half of
+    # all waiting) already picks at most one candidate per round (masked rounds: find_stragglers)
     rows: list[dict[str, Any]] = []
     for rank, sub in multi.groupby("rank", sort=True):
         n = len(sub)
@@ -421,7 +419,7 @@ def _rank_rows(
                 "host_extra_s": parts[Cause.HOST] / 1e9,
                 "cause": str(cause),
                 "is_straggler": bool(
-                    p <= alpha
+                    p <= ALPHA
                     and share >= min_wait_share(others + 1)
                     and material
                     and k > 0
@@ -446,15 +444,13 @@ def _own_extras(waits: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
     import numpy as np
     import pandas as pd
 
-    cols_out = ["coll", "rank", "step", "window_start", "window_end", "is_last", "late_ns"]
-    cols_out += ["own_ns", "d_compute", "d_input", "d_idle", "d_comm"]
+    cols_out = ["coll", "rank", "window_start", "window_end", "is_last", "late_ns", "own_ns"]
+    cols_out += ["d_compute", "d_input", "d_idle", "d_comm"]
     if len(windows) == 0:
         return pd.DataFrame(columns=cols_out)
     w = waits[["coll", "rank", "is_last", "arrival"]].merge(
         windows.drop(columns=["arrival"]), on=["coll", "rank"], how="inner"
     )
-    if "step" not in w:
-        w["step"] = -1  # windows from elsewhere: each collective stands alone
     if "window_end" not in w:
         w["window_end"] = w["arrival"]
     w["span"] = w["window_end"] - w["window_start"]

@@ -104,30 +104,38 @@ def test_clocks_within_10_us_and_breakdown_equal_to_the_truth(
         assert d_idle == pytest.approx(d_span, abs=0.005 * r["span_ns"]), (rank, d_idle, d_span)
 
 
-def test_a_sync_point_ending_exactly_at_the_next_arrival_starts_its_window() -> None:
-    """Finding 4: integer-µs traces often start a kernel exactly where the previous one ended."""
+def _windows(points: list[tuple[int, int, int, int, bool]], block: int) -> Any:
+    """:func:`arrival_windows` of hand-made points: (coll, rank, arrival, end, busy_before_end),
+    all in one block of steps starting at ``block``, computing from there without a pause."""
     import pandas as pd
     from rankscope.analysis.stragglers import POINT_COLUMNS, arrival_windows
 
     rows = []
-    for rank in (0, 1):
-        for coll, arrival, end in ((0, 100 + 10 * rank, 200), (1, 200, 300)):
-            row = dict.fromkeys(POINT_COLUMNS, 0)
-            row.update(
-                coll=coll,
-                rank=rank,
-                step=0,
-                arrival=arrival,
-                stop=arrival,
-                block_start=0,
-                end=end,
-                end_block_start=0,
-                busy_before_end=False,
-                at_compute_ns=arrival,
-                end_compute_ns=end,
-            )
-            rows.append(row)
-    w = arrival_windows(pd.DataFrame(rows).astype(POINT_COLUMNS))
+    for coll, rank, arrival, end, busy in points:
+        row = dict.fromkeys(POINT_COLUMNS, 0)
+        row.update(
+            coll=coll,
+            rank=rank,
+            arrival=arrival,
+            stop=arrival,
+            block_start=block,
+            end=end,
+            end_block_start=block,
+            busy_before_end=busy,
+            at_compute_ns=arrival - block,
+            end_compute_ns=end - block,
+        )
+        rows.append(row)
+    return arrival_windows(pd.DataFrame(rows).astype(POINT_COLUMNS))
+
+
+def test_a_sync_point_ending_exactly_at_the_next_arrival_starts_its_window() -> None:
+    """Finding 4: integer-µs traces often start a kernel exactly where the previous one ended."""
+    w = _windows(
+        [(0, r, 100 + 10 * r, 200, False) for r in (0, 1)]
+        + [(1, r, 200, 300, False) for r in (0, 1)],
+        block=0,
+    )
     second = w[w["coll"] == 1]
     assert (second["window_start"] == 200).all(), second
     assert (second["compute_ns"] == 0).all()  # nothing between the sync point and the arrival
@@ -136,27 +144,9 @@ def test_a_sync_point_ending_exactly_at_the_next_arrival_starts_its_window() -> 
 def test_a_bucket_end_under_compute_is_no_sync_point() -> None:
     """A rank that keeps computing while a collective finishes did not wait for it: its window
     for the next collective still starts at the previous real sync point."""
-    import pandas as pd
-    from rankscope.analysis.stragglers import POINT_COLUMNS, arrival_windows
-
-    rows = []
-    for rank in (0, 1):
-        for coll, arrival, end, busy in ((0, 100, 200, rank == 1), (1, 300, 400, False)):
-            row = dict.fromkeys(POINT_COLUMNS, 0)
-            row.update(
-                coll=coll,
-                rank=rank,
-                step=0,
-                arrival=arrival,
-                stop=arrival,
-                block_start=50,
-                end=end,
-                end_block_start=50,
-                busy_before_end=busy,
-                at_compute_ns=arrival - 50,
-                end_compute_ns=end - 50,
-            )
-            rows.append(row)
-    w = arrival_windows(pd.DataFrame(rows).astype(POINT_COLUMNS))
+    w = _windows(
+        [(0, r, 100, 200, r == 1) for r in (0, 1)] + [(1, r, 300, 400, False) for r in (0, 1)],
+        block=50,
+    )
     second = w[w["coll"] == 1]
     assert (second["window_start"] == 50).all(), second  # not 200: rank 1 computed through it
