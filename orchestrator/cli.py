@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib
+import os
 import re
 import sys
 from collections.abc import Iterable, Sequence
@@ -23,6 +24,7 @@ from typing import NoReturn
 
 from rankscope import __version__
 from rankscope.errors import RankscopeError
+from rankscope.launchers.base import EXIT_INTERRUPTED
 
 #: sub-command -> (module, one-line help). The module provides configure() and main().
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -133,7 +135,34 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``rankscope`` console script; returns the exit status."""
+    """Entry point of the ``rankscope`` console script; returns the exit status.
+
+    Called without ``argv`` it is the process itself (the console script, ``python -m
+    rankscope``): after an interrupt, once every ``finally`` block has run, it then ends the
+    process with that status at once (:func:`_end_interrupted`).
+    """
+    code = _main(argv)
+    if argv is None and code == EXIT_INTERRUPTED:
+        _end_interrupted()
+    return code
+
+
+def _end_interrupted() -> NoReturn:
+    """Leave the process with ``EXIT_INTERRUPTED`` through :func:`os._exit`, not ``sys.exit``.
+
+    CPython 3.11 marks a ``KeyboardInterrupt`` raised inside ``exec()`` of a string (as
+    dataclasses and namedtuples do while a lazily imported module loads) as unhandled even when it
+    was caught, and at exit ends the process by SIGINT instead of the status returned: seen as -2
+    instead of 130 when Ctrl-C landed while ``rich.progress`` was being imported. All cleanup has
+    run by now (it lives in ``finally`` blocks); only the output is left to flush.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(EXIT_INTERRUPTED)
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    """:func:`main` proper: parse, run the command, turn user errors and Ctrl-C into a status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     if argv and argv[0] in RAW_COMMANDS and argv[0] in COMMANDS:
@@ -160,7 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         print(f"rankscope {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
 
 
 def _sub_parser(parser: argparse.ArgumentParser, name: str) -> CommandParser | None:
