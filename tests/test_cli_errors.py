@@ -213,6 +213,9 @@ def test_analyze_folder_remerges_when_a_trace_is_newer_than_its_store(tmp_path: 
     store = folder / "trace.h5"
     old = time.time() - 3600
     os.utime(store, (old, old))
+    # copytree keeps the checkout's mtimes, which may be older than that: make one trace newer
+    trace = next(p for p in sorted(folder.rglob("*.json*")) if "meta" not in p.name)
+    os.utime(trace, None)
     stamp = store.stat().st_mtime_ns
     assert cli(["analyze", str(folder), *SYNC]) == 0
     assert store.stat().st_mtime_ns != stamp
