@@ -20,7 +20,7 @@ _EXPORTS: dict[str, str] = {
     "Store": "store",
     "analyze": "pipeline",
     "Analysis": "pipeline",
-    "ClusterSpec": "pipeline",
+    "ClusterSpec": "scheduler",
     "rank_breakdown": "breakdown",
     "hta_temporal_breakdown": "breakdown",
     "collective_waits": "collectives",

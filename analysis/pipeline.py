@@ -6,143 +6,33 @@ step, HTA's temporal numbers, what the rank did before each collective, op and r
 The full store is never loaded into one pandas frame. The cross-rank steps (waits, stragglers,
 verdicts, op spread) then run on the small collectives table and on those results.
 
-Where the tasks run (:class:`ClusterSpec`): a ``LocalCluster`` sized to the machine (default),
-the in-process synchronous scheduler, an existing scheduler (``scheduler="tcp://host:8786"``), or
-a dask-jobqueue ``SLURMCluster`` with N single-core workers. Results are identical whatever runs
-them: every task is deterministic and results are assembled in rank order.
+Where the tasks run (:class:`ClusterSpec`, chosen and run by :mod:`rankscope.analysis.scheduler`,
+which the merge shares): in-process while worker processes would not pay (the default, ``"auto"``),
+a ``LocalCluster`` sized to the machine, Dask's thread pool, an existing scheduler
+(``scheduler="tcp://host:8786"``), or a dask-jobqueue ``SLURMCluster`` with N single-core workers.
+Results are identical whatever runs them: every task is deterministic and results are assembled
+in rank order. The scheduler names are re-exported here, beside :func:`analyze` that takes them.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rankscope.analysis.scheduler import AUTO as AUTO
+from rankscope.analysis.scheduler import LOCAL as LOCAL
+from rankscope.analysis.scheduler import SYNCHRONOUS as SYNCHRONOUS
+from rankscope.analysis.scheduler import THREADS as THREADS
+from rankscope.analysis.scheduler import Choice as Choice
+from rankscope.analysis.scheduler import ClusterSpec as ClusterSpec
+from rankscope.analysis.scheduler import choose as choose
+from rankscope.analysis.scheduler import run_each
+
 if TYPE_CHECKING:
     import pandas as pd
-
-#: ``ClusterSpec.scheduler`` value that runs every task in this process, one after another.
-SYNCHRONOUS = "synchronous"
-#: ``ClusterSpec.scheduler`` value that starts a LocalCluster sized to the machine.
-LOCAL = "local"
-#: ``ClusterSpec.scheduler`` value (the default): in-process unless processes pay (:func:`choose`).
-AUTO = "auto"
-#: ``ClusterSpec.scheduler`` value: Dask's thread pool in this process (no child processes).
-THREADS = "threads"
-#: Events one core analyses per second in-process (measured on the 64-rank scale set:
-#: 15.8 M events in 20 s on this project's 2-core machine, docs/performance.md).
-IN_PROCESS_EVENTS_PER_S = 800_000
-#: Seconds a LocalCluster costs before its first task (start-up, imports in every worker).
-CLUSTER_START_S = 2.5
-#: How long to wait for SLURMCluster workers to come up, in seconds.
-SLURM_WORKER_TIMEOUT_S = 300
-
-
-@dataclasses.dataclass
-class ClusterSpec:
-    """Where the per-rank tasks run."""
-
-    scheduler: str = AUTO
-    """``"auto"`` (in-process unless worker processes pay for their start-up, see :func:`choose`),
-    ``"local"`` (a LocalCluster sized to the machine), ``"synchronous"`` (in-process, one task
-    after another), ``"threads"`` (Dask's thread pool in this process), or the address of a
-    running Dask scheduler (``tcp://host:8786``)."""
-    slurm_workers: int | None = None
-    """Start a dask-jobqueue SLURMCluster with this many single-core workers instead."""
-    slurm_partition: str | None = None
-    """Slurm partition for the SLURMCluster workers (Slurm's default when None)."""
-    slurm_memory: str = "4GB"
-    """Memory per SLURMCluster worker (a Slurm ``--mem`` value)."""
-    slurm_log_dir: Path | None = None
-    """Folder for the SLURMCluster job logs (the current folder when None)."""
-    workers: int | None = None
-    """LocalCluster workers (default: CPU cores, at most one per rank)."""
-    main_is_guarded: bool = False
-    """True when the caller knows ``__main__`` is safe to re-import in worker processes
-    (rankscope's own CLI); otherwise ``"auto"`` decides from ``__main__`` itself."""
-
-    def __post_init__(self) -> None:
-        if self.slurm_workers is not None and self.slurm_workers < 1:
-            raise ValueError(f"slurm_workers must be >= 1, got {self.slurm_workers}")
-        if self.slurm_workers is not None and self.scheduler not in (LOCAL, AUTO, ""):
-            raise ValueError("give either a scheduler address or slurm_workers, not both")
-        if self.workers is not None and self.workers < 1:
-            raise ValueError(f"workers must be >= 1, got {self.workers}")
-        if not self.scheduler:
-            self.scheduler = AUTO
-
-
-def _cores() -> int:
-    return (
-        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    )
-
-
-def processes_are_safe(main_is_guarded: bool = False) -> bool:
-    """Can worker processes start here without re-running the user's code?
-
-    Dask starts workers with ``multiprocessing``'s *spawn*, which re-imports the ``__main__``
-    module. From a plain script without an ``if __name__ == "__main__":`` guard that re-runs the
-    script's top level in every worker (and the workers' own ``analyze()`` call fails to
-    bootstrap). Safe: the REPL and Jupyter (``__main__`` has no file), and callers that know their
-    ``__main__`` carries the guard (``main_is_guarded``: rankscope's own CLI); never inside a
-    worker process itself.
-    """
-    import multiprocessing
-    import sys
-
-    if multiprocessing.parent_process() is not None:
-        return False  # a child process: never start another cluster from here
-    if main_is_guarded:
-        return True
-    main = sys.modules.get("__main__")
-    return main is None or getattr(main, "__file__", None) is None
-
-
-@dataclasses.dataclass(frozen=True)
-class Choice:
-    """Where the per-rank tasks run, and why (one short line for the user)."""
-
-    scheduler: str
-    """SYNCHRONOUS, THREADS, LOCAL, or a scheduler address."""
-    reason: str
-    """Why, in a few words (printed by the CLI)."""
-
-
-def choose(spec: ClusterSpec, n_ranks: int, n_events: int) -> Choice:
-    """Pick where an ``"auto"`` analysis runs: in-process unless processes pay.
-
-    With ``w = min(cores, ranks)`` workers the work takes about ``T / w + CLUSTER_START_S``
-    instead of ``T = n_events / IN_PROCESS_EVENTS_PER_S`` in-process, so processes pay when
-    ``T * (1 - 1/w) > CLUSTER_START_S``. Where processes cannot start safely (a plain script,
-    :func:`processes_are_safe`) threads run instead, even when ``"local"`` was asked for: a
-    bootstrapping error in every worker helps nobody. Any other explicit scheduler is honoured.
-    """
-    if spec.slurm_workers is not None:
-        return Choice(LOCAL, f"{spec.slurm_workers} Slurm worker(s)")
-    safe = processes_are_safe(spec.main_is_guarded)
-    unsafe_note = (
-        "threads: worker processes would re-run this script's top level (call analyze() under "
-        '`if __name__ == "__main__":` and pass ClusterSpec(main_is_guarded=True) for processes)'
-    )
-    if spec.scheduler == LOCAL:
-        return Choice(LOCAL, "a LocalCluster, as asked") if safe else Choice(THREADS, unsafe_note)
-    if spec.scheduler != AUTO:
-        return Choice(spec.scheduler, "as asked")
-    workers = _local_workers(spec, n_ranks)
-    seconds = n_events / IN_PROCESS_EVENTS_PER_S
-    if workers < 2 or seconds * (1 - 1 / workers) <= CLUSTER_START_S:
-        return Choice(
-            SYNCHRONOUS,
-            f"in-process ({n_events:,} events, ~{seconds:.1f} s of work: "
-            "worker processes would not pay off)",
-        )
-    if not safe:
-        return Choice(THREADS, unsafe_note)
-    return Choice(LOCAL, f"{workers} worker processes ({n_events:,} events)")
 
 
 @dataclasses.dataclass
@@ -249,71 +139,6 @@ def rank_task(
     return out
 
 
-def _local_workers(spec: ClusterSpec, n_ranks: int) -> int:
-    return max(1, min(spec.workers or _cores(), max(n_ranks, 1)))
-
-
-def _run_tasks(
-    tasks: list[Any], spec: ClusterSpec, on_done: Callable[[], None], n_ranks: int
-) -> list[dict[str, Any]]:
-    """Compute the delayed ``tasks`` where ``spec`` says; results in task order."""
-    import dask
-
-    if spec.scheduler == SYNCHRONOUS and spec.slurm_workers is None:
-        results = []
-        for t in tasks:
-            results.append(dask.compute(t, scheduler="synchronous")[0])
-            on_done()
-        return results
-    if spec.scheduler == THREADS and spec.slurm_workers is None:
-        from concurrent.futures import ThreadPoolExecutor
-        from concurrent.futures import as_completed as done_in_order
-
-        with ThreadPoolExecutor(max_workers=_local_workers(spec, n_ranks)) as pool:
-            futs = [pool.submit(dask.compute, t, scheduler="synchronous") for t in tasks]
-            for _ in done_in_order(futs):
-                on_done()
-            return [f.result()[0] for f in futs]
-    from distributed import Client, as_completed
-
-    cluster: Any = None
-    if spec.slurm_workers is not None:
-        from dask_jobqueue import SLURMCluster
-
-        kwargs: dict[str, Any] = {"cores": 1, "processes": 1, "memory": spec.slurm_memory}
-        if spec.slurm_partition:
-            kwargs["queue"] = spec.slurm_partition
-        if spec.slurm_log_dir is not None:
-            kwargs["log_directory"] = str(spec.slurm_log_dir)
-        cluster = SLURMCluster(**kwargs)
-        cluster.scale(jobs=spec.slurm_workers)
-        address: Any = cluster
-    elif spec.scheduler == LOCAL:
-        from distributed import LocalCluster
-
-        cluster = LocalCluster(
-            n_workers=_local_workers(spec, n_ranks),
-            threads_per_worker=1,
-            processes=True,
-            dashboard_address=None,
-            silence_logs=40,
-        )
-        address = cluster
-    else:
-        address = spec.scheduler
-    try:
-        with Client(address, set_as_default=False) as client:
-            if spec.slurm_workers is not None:
-                client.wait_for_workers(spec.slurm_workers, timeout=SLURM_WORKER_TIMEOUT_S)
-            futures = client.compute(tasks)
-            for _ in as_completed(futures, loop=client.loop):
-                on_done()
-            return list(client.gather(futures))
-    finally:
-        if cluster is not None:
-            cluster.close()
-
-
 def analyze(
     path: str | Path,
     spec: ClusterSpec | None = None,
@@ -327,7 +152,6 @@ def analyze(
     (:func:`choose`); ``Analysis.scheduler`` says what ran. Works from a plain script, a notebook
     and the REPL alike.
     """
-    import dask
     import pandas as pd
     from rankscope.analysis import breakdown as bd
     from rankscope.analysis.bottleneck import pipeline_stages
@@ -354,8 +178,8 @@ def analyze(
     colls["last_start"] = colls.groupby("coll")["start"].transform("max")
     drop_last: bool | None = bool(steps["step"].nunique() >= 2) if len(steps) else None
     offsets = dict(zip(clock["rank"].astype(int), clock["offset_ns"].astype("int64"), strict=False))
-    tasks = [
-        dask.delayed(rank_task, pure=True)(
+    calls = [
+        (
             str(store_path),
             rank,
             colls[colls["rank"] == rank][["coll", "start", "end", "last_start"]].reset_index(
@@ -363,7 +187,6 @@ def analyze(
             ),
             int(offsets.get(rank, 0)) % bd.HTA_GRID_NS,
             drop_last,
-            dask_key_name=f"rankscope-rank-{rank}",
         )
         for rank in ranks
     ]
@@ -372,9 +195,13 @@ def analyze(
     def tick() -> None:
         done[0] += 1
         if progress is not None:
-            progress(done[0], len(tasks))
+            progress(done[0], len(calls))
 
-    results = sorted(_run_tasks(tasks, spec, tick, len(ranks)), key=lambda r: r["rank"])
+    results = []
+    for result in run_each(rank_task, calls, spec, len(ranks)):
+        results.append(result)
+        tick()
+    results.sort(key=lambda r: r["rank"])
 
     def cat(key: str) -> pd.DataFrame:
         frames = [r[key] for r in results if r[key] is not None and len(r[key])]

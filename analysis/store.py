@@ -130,9 +130,10 @@ def read_table(
 class StoreWriter:
     """Writes a store file; used by the merge (``rankscope.orchestrator.merge``).
 
-    Usage: create, :meth:`intern` strings, :meth:`write_rank` one rank at a time (so only one
-    rank's arrays are ever in memory), :meth:`update_events` to rewrite columns once clocks and
-    collectives are known, :meth:`write_tables`, then :meth:`close` (writes ``/strings``).
+    Usage: create, :meth:`intern` strings, :meth:`write_rank` one rank at a time, complete and
+    final (so only one rank's arrays are ever in memory, and no space is written twice: HDF5
+    does not give back the space of deleted or rewritten compressed data), :meth:`write_tables`,
+    then :meth:`close` (writes ``/strings``).
     The caller writes to a temporary name and renames (the merge does this).
     """
 
@@ -185,26 +186,6 @@ class StoreWriter:
         for key, value in attrs.items():
             group.attrs[key] = _attr_value(value)
         write_table(group, LANES, lanes, schema.LANE_COLUMNS)
-
-    def drop_rank(self, rank: int) -> None:
-        """Remove a rank written earlier (e.g. found to come from another job)."""
-        key = _rank_group(rank)
-        if key in self._file:
-            del self._file[key]
-
-    def read_events(self, rank: int, columns: Sequence[str]) -> dict[str, np.ndarray]:
-        """Columns of a rank already written (to rewrite them after alignment)."""
-        ev = self._file[_rank_group(rank)][EVENTS]
-        return {c: ev[c][()] for c in columns}
-
-    def update_events(self, rank: int, columns: Mapping[str, np.ndarray]) -> None:
-        """Overwrite event columns of ``rank`` in place (same length and dtype)."""
-        group = self._file[_rank_group(rank)]
-        ev = group[EVENTS]
-        for col, values in columns.items():
-            ev[col][...] = values
-            if col == "dur":
-                group.attrs["max_dur_ns"] = int(values.max()) if len(values) else 0
 
     def set_rank_attrs(self, rank: int, attrs: Mapping[str, Any]) -> None:
         """Set attributes of ``/ranks/NNNNN``."""

@@ -62,7 +62,7 @@ def hwm():
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) * 1024
 import h5py, msgspec, numpy, pandas  # the merge's imports, loaded before the baseline
-from rankscope.orchestrator import merge, kineto, clock, collectives
+from rankscope.orchestrator import merge, decode, discovery, rank_columns, clock, collectives
 import rankscope.analysis.store
 base = hwm()
 merge.merge_run_dir(Path(sys.argv[1]), output=Path(sys.argv[2]), scheduler="synchronous", quiet=True)
@@ -106,7 +106,7 @@ def time_hta(folder: Path, python: Path) -> float | None:
 
 
 def ingest(tmp: Path, hta_python: Path) -> dict[str, float]:
-    from rankscope.orchestrator.kineto import read_trace
+    from rankscope.orchestrator.decode import read_trace
 
     folder = tmp / "one"
     folder.mkdir()
@@ -135,7 +135,7 @@ def ingest(tmp: Path, hta_python: Path) -> dict[str, float]:
         "hta_s": t_hta or float("nan"),
     }
     print(f"ingest: {DF_INDEX.name}, {mb:.1f} MB of JSON")
-    print(f"  reader only (kineto.read_trace)      {t_read:6.2f} s  {mb / t_read:7.1f} MB/s")
+    print(f"  reader only (decode.read_trace)      {t_read:6.2f} s  {mb / t_read:7.1f} MB/s")
     print(f"  rankscope merge, in-process          {t_sync:6.2f} s  {mb / t_sync:7.1f} MB/s")
     print(f"  rankscope merge, on a LocalCluster   {t_cluster:6.2f} s  {mb / t_cluster:7.1f} MB/s")
     print(f"    (+ starting that cluster            {t_start:6.2f} s)")
@@ -213,7 +213,7 @@ def peak_rss(tmp: Path) -> list[dict[str, float]]:
 def compression(tmp: Path) -> None:
     import h5py
     import numpy as np
-    from rankscope.orchestrator.kineto import read_trace
+    from rankscope.orchestrator.decode import read_trace
 
     ft = read_trace(DF_INDEX)
     cols = {k: v for k, v in ft.columns.items()}

@@ -12,7 +12,9 @@ turns the backend's answer into a final state. A backend (``local`` = torchrun c
   (extra ``run.json`` fields, e.g. the Slurm job id) and :meth:`Launcher._attach` (rebuild the
   backend handle from ``run.json`` in another process, for ``rankscope status/cancel``).
 
-The launchers never import the analysis floor.
+``run.json`` itself (:class:`~rankscope.launchers.rundir.RunRecord`, ``load_run``,
+``update_run``) belongs to the run directory's contract, ``rundir.py``. The launchers never import
+the analysis floor.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ from __future__ import annotations
 import datetime as dt
 import importlib
 import os
-import platform
 import secrets
 import time
 from abc import ABC, abstractmethod
@@ -28,10 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from rankscope import __version__
 from rankscope.errors import InputFileError, UsageError
 from rankscope.launchers import rundir
-from rankscope.launchers.rundir import RunState
+from rankscope.launchers.rundir import RunRecord, RunState, load_run, update_run, utc_now
 from rankscope.launchers.spec import LauncherKind, RunSpec, check_run_name
 
 #: Where each backend lives ("module:Class"), imported on demand.
@@ -48,11 +48,6 @@ META_ERROR_KEY = "error"
 
 #: Exit status used for runs stopped by Ctrl-C (128 + SIGINT), as shells do.
 EXIT_INTERRUPTED = 130
-
-
-def utc_now() -> str:
-    """Current UTC time as ISO-8601 with a ``Z`` suffix (``run.json`` timestamps)."""
-    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def make_run_id(name: str) -> str:
@@ -93,28 +88,6 @@ def create_run_dir(out: Path, name: str) -> Path:
     raise UsageError(f"could not create a unique run folder in {out}")
 
 
-def load_run(run_dir: Path | str) -> dict[str, Any]:
-    """Read ``run_dir/run.json``; InputFileError naming the file when missing or invalid."""
-    path = Path(run_dir) / rundir.RUN_JSON
-    try:
-        data = rundir.read_json(path)
-    except FileNotFoundError as exc:
-        raise InputFileError(f"{path}: not found (is {run_dir} a rankscope run folder?)") from exc
-    except (OSError, ValueError) as exc:
-        raise InputFileError(f"{path}: not valid JSON ({exc})") from exc
-    if not isinstance(data, dict) or "state" not in data:
-        raise InputFileError(f"{path}: not a rankscope run.json (no 'state')")
-    return data
-
-
-def update_run(run_dir: Path, **changes: Any) -> dict[str, Any]:
-    """Merge ``changes`` into ``run.json`` and rewrite it atomically; return the new record."""
-    record = load_run(run_dir)
-    record.update(changes)
-    rundir.write_json_atomic(Path(run_dir) / rundir.RUN_JSON, record)
-    return record
-
-
 def read_rank_metas(run_dir: Path) -> dict[int, dict[str, Any]]:
     """Every readable ``ranks/NNNNN/meta.json`` by rank (unreadable ones are skipped)."""
     metas: dict[int, dict[str, Any]] = {}
@@ -148,17 +121,6 @@ def rank_failures(run_dir: Path) -> list[dict[str, Any]]:
                 }
             )
     return failures
-
-
-def versions() -> dict[str, str | None]:
-    """Versions recorded in ``run.json`` (torch read from metadata: no torch import here)."""
-    from importlib import metadata
-
-    try:
-        torch_version: str | None = metadata.version("torch")
-    except metadata.PackageNotFoundError:
-        torch_version = None
-    return {"python": platform.python_version(), "torch": torch_version, "rankscope": __version__}
 
 
 @dataclass
@@ -279,22 +241,7 @@ class Launcher(ABC):
     def launch(self, spec: RunSpec) -> RunHandle:
         """Create the run directory, write ``run.json`` and start the job."""
         run_dir = create_run_dir(spec.out, spec.name)
-        record: dict[str, Any] = {
-            "rankscope_version": __version__,
-            "run_id": run_dir.name,
-            **spec.to_record(),
-            "launcher": str(self.kind),
-            "run_dir": str(run_dir),
-            "cwd": str(Path.cwd()),
-            "host": platform.node(),
-            "versions": versions(),
-            "state": str(RunState.PENDING),
-            "exit_code": None,
-            "started_at": utc_now(),
-            "ended_at": None,
-            "failures": [],
-        }
-        rundir.write_json_atomic(run_dir / rundir.RUN_JSON, record)
+        RunRecord.of_spec(spec, run_dir, launcher=self.kind, state=RunState.PENDING).write(run_dir)
         try:
             job = self._start(spec, run_dir)
         except BaseException as exc:

@@ -297,10 +297,17 @@ def exchange(sync: ClockSync, phase: str, rounds: int = ROUNDS) -> list[dict[str
 
 
 def offset_ns(sample: dict[str, Any]) -> float:
-    """Reference clock minus leader clock in ns for one round (positive: leader behind)."""
+    """Reference clock minus leader clock in ns for one round (positive: leader behind).
+
+    The one NTP offset formula: the merge's fit (``orchestrator/clock.py``) applies it to every
+    recorded round, and floors it to whole ns there.
+    """
     return ((sample["t2"] - sample["t1"]) + (sample["t3"] - sample["t4"])) / 2
 
 
 def rtt_ns(sample: dict[str, Any]) -> int:
-    """Round-trip time of one round in ns, without the reference's turnaround."""
+    """Round-trip time of one round in ns, without the reference's turnaround.
+
+    The one RTT formula: the merge's fit (``orchestrator/clock.py``) uses it too.
+    """
     return int((sample["t4"] - sample["t1"]) - (sample["t3"] - sample["t2"]))

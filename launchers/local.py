@@ -4,14 +4,14 @@ Every rank runs ``python -m rankscope.launchers.rank SCRIPT ARGS…`` under
 ``python -m torch.distributed.run <torchrun flags> -m …``. torchrun runs in its own process group
 (so Ctrl-C reaches rankscope first and is forwarded in order: SIGINT, then SIGTERM, then SIGKILL
 after grace periods). Its output goes both to the terminal and to ``RUN/logs/torchrun.log``;
-the terminal's copy leaves out Kineto's per-window trace markers (see :class:`ConsoleFilter`).
+the terminal's copy leaves out Kineto's per-window trace markers
+(:class:`rankscope.launchers.output.ConsoleFilter`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -22,6 +22,7 @@ from typing import IO, Any, ClassVar
 
 from rankscope.launchers import rundir
 from rankscope.launchers.base import EXIT_INTERRUPTED, JobOutcome, Launcher
+from rankscope.launchers.output import ConsoleFilter, tee
 from rankscope.launchers.rundir import RunState
 from rankscope.launchers.spec import LauncherKind, RunSpec
 from rankscope.launchers.torchrun import rank_command, rank_env, torchrun_failures
@@ -43,13 +44,6 @@ TORCHRUN_LOG = "torchrun.log"
 #: Seconds the ranks get to flush after SIGINT before SIGTERM, and after SIGTERM before SIGKILL.
 INTERRUPT_GRACE_S = 20.0
 TERMINATE_GRACE_S = 10.0
-#: Kineto's trace markers, printed to stderr by every rank each time a profiler window starts
-#: and stops ("USDT:2026-11-30 10:34:11 6603:6603 SyncActivityProfilerHandler.cpp:52]
-#: profiler_start"). Only ``KINETO_LOG_LEVEL=6`` silences them at the source, and that also
-#: silences Kineto's errors, so they are kept in the log and left out of the terminal instead.
-KINETO_MARKER_RE = re.compile(
-    rb"USDT:\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \d+:\d+ [\w.]+:\d+\] profiler_(?:start|stop)"
-)
 
 
 @dataclass
@@ -61,47 +55,6 @@ class LocalJob:
     pump: threading.Thread
     echo: IO[bytes] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
-
-
-class ConsoleFilter:
-    """Drops Kineto's trace markers (:data:`KINETO_MARKER_RE`) from the lines shown in the terminal.
-
-    Kineto writes a marker and its newline in two writes, so the markers of several ranks run
-    together on one line ("…profiler_startUSDT:…profiler_start") and their newlines follow as
-    empty lines: each line that held N markers owes N-1 newlines, and that many of the following
-    empty lines are dropped too. Whatever else a line holds is kept.
-    """
-
-    def __init__(self) -> None:
-        self._owed_newlines = 0
-
-    def __call__(self, line: bytes) -> bytes | None:
-        """The line to show, or None to show nothing."""
-        rest, markers = KINETO_MARKER_RE.subn(b"", line)
-        if not markers:
-            if self._owed_newlines and not line.strip(b"\r\n"):
-                self._owed_newlines -= 1
-                return None
-            return line
-        self._owed_newlines += markers - (1 if line.endswith(b"\n") else 0)
-        return rest if rest.strip() else None
-
-
-def _pump(src: IO[bytes], log: Path, echo: IO[bytes] | None) -> None:
-    """Copy the job's output to the log unchanged, and to ``echo`` without Kineto's markers."""
-    shown = ConsoleFilter()
-    with log.open("ab") as fh:
-        for line in iter(src.readline, b""):
-            fh.write(line)
-            fh.flush()
-            out = shown(line) if echo is not None else None
-            if echo is not None and out is not None:
-                try:
-                    echo.write(out)
-                    echo.flush()
-                except (OSError, ValueError):
-                    echo = None
-    src.close()
 
 
 class LocalLauncher(Launcher):
@@ -126,7 +79,9 @@ class LocalLauncher(Launcher):
         if proc.stdout is None:  # cannot happen with stdout=PIPE; keeps the type checker honest
             raise RuntimeError("torchrun started without an output pipe")
         echo = getattr(sys.stdout, "buffer", None) if self.echo else None
-        pump = threading.Thread(target=_pump, args=(proc.stdout, log_path, echo), daemon=True)
+        pump = threading.Thread(
+            target=tee, args=(proc.stdout, log_path, echo, ConsoleFilter()), daemon=True
+        )
         pump.start()
         return LocalJob(proc=proc, log_path=log_path, pump=pump, echo=echo)
 
@@ -174,7 +129,7 @@ class LocalLauncher(Launcher):
     def cancel_run(self, run_dir: Path) -> str:
         """A local run is stopped in its own terminal: say how, with its torchrun pid."""
         from rankscope.errors import UsageError
-        from rankscope.launchers.base import load_run
+        from rankscope.launchers.rundir import load_run
 
         pid = (load_run(run_dir).get("local") or {}).get("pid")
         where = f" (torchrun pid {pid})" if pid else ""

@@ -258,40 +258,26 @@ class RankRuntime:
 
     def _describe_external_run(self) -> None:
         """Under the user's own launcher there is no run.json yet: rank 0 writes one."""
-        from rankscope.launchers import base
-
-        path = self.run_dir / rundir.RUN_JSON
-        if path.exists():
+        if (self.run_dir / rundir.RUN_JSON).exists():
             return
         self.external = True
-        rundir.write_json_atomic(
-            path,
-            {
-                "rankscope_version": __version__,
-                "run_id": self.run_dir.name,
-                "name": self.run_dir.name,
-                "launcher": str(LauncherKind.EXTERNAL),
-                "command": [sys.executable, *sys.orig_argv[1:]],
-                "torchrun_args": [],
-                "script": self.script,
-                "script_args": list(self.script_args),
-                "world_size": self.world_size,
-                "nnodes": None,
-                "nproc_per_node": self.local_world_size,
-                "profiler": self.settings.to_dict(),
-                "versions": base.versions(),
-                "state": str(rundir.RunState.RUNNING),
-                "exit_code": None,
-                "started_at": base.utc_now(),
-                "ended_at": None,
-                "failures": [],
-            },
-        )
+        rundir.RunRecord(
+            run_id=self.run_dir.name,
+            name=self.run_dir.name,
+            launcher=LauncherKind.EXTERNAL,
+            command=[sys.executable, *sys.orig_argv[1:]],
+            torchrun_args=[],
+            script=self.script,
+            script_args=list(self.script_args),
+            world_size=self.world_size,
+            nnodes=None,
+            nproc_per_node=self.local_world_size,
+            profiler=self.settings.to_dict(),
+            state=rundir.RunState.RUNNING,
+        ).write(self.run_dir)
 
     def _finish_external_run(self) -> None:
         """Rank 0 records the end of an external run (as rank 0 saw it)."""
-        from rankscope.launchers import base
-
         error = self.meta.get("error")
         if error is None:
             state, code = rundir.RunState.COMPLETED, 0
@@ -300,7 +286,9 @@ class RankRuntime:
         else:
             state, code = rundir.RunState.FAILED, error.get("exit_code")
         try:
-            base.update_run(self.run_dir, state=str(state), exit_code=code, ended_at=base.utc_now())
+            rundir.update_run(
+                self.run_dir, state=str(state), exit_code=code, ended_at=rundir.utc_now()
+            )
         except Exception as exc:
             print(f"rankscope: cannot update run.json: {exc}", file=sys.stderr)
 

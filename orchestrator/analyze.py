@@ -91,7 +91,7 @@ def _store_for_trace(trace: Path, *, merge: bool, scheduler: str | None) -> Path
     never overwritten by a merge of one of its files.
     """
     from rankscope.analysis.store import open_store
-    from rankscope.orchestrator.kineto import TraceHead, is_trace_name, sniff
+    from rankscope.orchestrator.discovery import TraceHead, is_trace_name, sniff
 
     head = sniff(trace)
     if head is TraceHead.EXPORT:
@@ -125,12 +125,12 @@ def _merge(path: Path, scheduler: str | None) -> Path:
     """Merge ``path`` into its default store (prints the clock line and where it went)."""
     from rankscope.orchestrator.merge import merge_run_dir
 
-    return Path(merge_run_dir(path, scheduler=scheduler))
+    return Path(merge_run_dir(path, scheduler=scheduler, main_is_guarded=True))
 
 
 def _newer_input(store: Path, inputs: list[Path]) -> Path | None:
     """The first input trace file modified after ``store`` was written, else None."""
-    from rankscope.orchestrator.merge import discover
+    from rankscope.orchestrator.discovery import discover
 
     written = store.stat().st_mtime_ns
     sources, _, _ = discover(inputs)
@@ -153,7 +153,7 @@ def _checked(store: Path) -> Path:
 
 
 def _spec(args: argparse.Namespace) -> Any:
-    from rankscope.analysis.pipeline import AUTO, ClusterSpec
+    from rankscope.analysis.scheduler import AUTO, ClusterSpec
 
     try:
         return ClusterSpec(
@@ -256,11 +256,9 @@ def _refuse_unprofiled_run(path: Path) -> None:
 
 
 def _merge_scheduler(args: argparse.Namespace) -> str | None:
-    """The Dask scheduler for a merge ``analyze`` runs first: the one given (None: merge's own)."""
-    from rankscope.orchestrator.merge import SYNCHRONOUS
-
-    given = args.scheduler or ""
-    return given if given == SYNCHRONOUS or ":" in given else None  # an address: host:port
+    """The scheduler for a merge ``analyze`` runs first: the one given (merge and analysis share
+    the words, ``analysis.scheduler``), else None (``"auto"``, chosen for the merge's own size)."""
+    return args.scheduler or None
 
 
 def print_run_summary(run_dir: Path) -> None:

@@ -51,10 +51,16 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "rankscope.orchestrator.synth",
         "generate a synthetic multi-GPU job's traces with ground truth",
     ),
+    "finalize": (
+        "rankscope.orchestrator.finalize",
+        "record a Slurm run's end, then merge and analyse it (the merge job runs it)",
+    ),
 }
 
 #: commands that parse their own arguments (everything after the command name).
 RAW_COMMANDS = frozenset({"run"})
+#: commands left out of ``rankscope --help``: run by jobs, not by people.
+HIDDEN_COMMANDS = frozenset({"finalize"})
 #: Exit status of a command-line mistake (argparse's own).
 USAGE_EXIT = 2
 #: How close (difflib ratio) a real option must be to a mistyped one to be suggested.
@@ -127,6 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
         if name in RAW_COMMANDS:
             p = sub.add_parser(name, help=help_text, add_help=False)
             p.add_argument("argv", nargs=argparse.REMAINDER)
+        elif name in HIDDEN_COMMANDS:  # no help= : argparse then lists no line for it
+            p = sub.add_parser(name, description=help_text)
+            module.configure(p)
         else:
             p = sub.add_parser(name, help=help_text, description=help_text)
             module.configure(p)

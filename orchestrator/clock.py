@@ -73,18 +73,24 @@ class RuntimeFit:
 def fit_samples(samples: pd.DataFrame) -> RuntimeFit | None:
     """Fit offset + drift from samples (columns phase, t1, t2, t3, t4; int ns). None if empty."""
     import numpy as np
+    from rankscope.launchers.clocksync import offset_ns, rtt_ns
 
     if samples is None or samples.empty:
         return None
     s = samples.copy()
     for c in ("t1", "t2", "t3", "t4"):
         s[c] = s[c].astype(np.int64)
-    s["rtt"] = (s["t4"] - s["t1"]) - (s["t3"] - s["t2"])
+    # The per-round formulas are the runtime's (launchers/clocksync.py: the NTP offset and RTT
+    # of one round, tested there), applied to each round. The fit keeps whole ns: the exact half
+    # that offset_ns returns is floored, as the fit always did. Floor of the exact half equals
+    # the integer halving (t2 - t1 + t3 - t4) // 2 while that sum stays below 2**53 ns (~104
+    # days); the stamps themselves (~1.8e18 ns) only ever enter as differences, in int.
+    rounds = s[["t1", "t2", "t3", "t4"]].to_dict("records")
+    s["rtt"] = np.array([rtt_ns(r) for r in rounds], dtype=np.int64)
+    s["offset"] = np.floor(np.array([offset_ns(r) for r in rounds], dtype=np.float64))
     s = s[s["rtt"] >= 0]
     if s.empty:
         return None
-    # Integer halves first: the sums of ns stamps near 1.8e18 must not go through float.
-    s["offset"] = (((s["t2"] - s["t1"]) + (s["t3"] - s["t4"])) // 2).astype(np.float64)
     s["mid"] = s["t1"] + (s["t4"] - s["t1"]) // 2
     if "phase" not in s:
         s["phase"] = "all"
@@ -341,7 +347,7 @@ def align(
     """
     import numpy as np
     import pandas as pd
-    from rankscope.orchestrator.collectives import SYNCHRONIZING_OPS
+    from rankscope.orchestrator.matching import SYNCHRONIZING_OPS
 
     by_rank = {i.rank: i for i in inputs}
     ref_domain = by_rank[ref_rank].domain if ref_rank in by_rank else ""

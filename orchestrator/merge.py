@@ -1,535 +1,96 @@
-"""``rankscope merge``: per-rank Kineto traces → one HDF5 store (``trace.h5``) with aligned clocks.
+"""``rankscope merge``, the driver: per-rank Kineto traces → one HDF5 store with aligned clocks.
 
-Pipeline (docs/format.md, "How the merge works"):
+Pipeline (docs/format.md, "How the merge works"; docs/architecture.md, "The path of one trace"):
 
-1. **Discover** the inputs: a run directory (``ranks/NNNNN/window-*.json.gz`` + ``meta.json``),
-   any folder of Kineto traces (searched recursively; rankscope's own outputs there, such as
-   ``report/`` and Perfetto exports, are never inputs: :func:`folder_traces`), or trace files.
-2. **Parse** one task per rank source on Dask (a LocalCluster by default, one process per core,
-   one thread each): the task reads the rank's files one after the other and returns compact
-   numpy columns (a few tens of bytes per event instead of the JSON text). At most
-   ``2 × workers`` tasks are in flight, and the parent writes each finished rank to the store
-   at once and drops it, so memory holds a few ranks, never all.
-3. **Match** collectives across ranks, **align** clocks (orchestrator/clock.py), then rewrite
-   each rank's ``ts`` on the aligned clock, its ``coll`` column, and the run-wide tables.
-4. The store is written to a temporary name in the output folder and renamed; a lock file
+1. **Discover** the inputs (:mod:`~rankscope.orchestrator.discovery`): a run directory, any
+   folder of Kineto traces (searched recursively; rankscope's own outputs there are never
+   inputs), or trace files.
+2. **Parse** one task per rank source (:func:`~rankscope.orchestrator.rank_columns.parse_source`,
+   which decodes with :mod:`~rankscope.orchestrator.decode` in the words of
+   :mod:`~rankscope.orchestrator.vocabulary`) where :mod:`rankscope.analysis.scheduler` says:
+   the analysis' scheduler, chosen the same way (in-process until worker processes pay for their
+   start-up, on the events :func:`estimate_events` expects), with the same one line on stderr
+   saying where and why. At most ``2 × workers`` tasks are in flight, and the parent parks each
+   finished rank's columns on disk at once (:class:`Spill`) and drops them, so memory holds a
+   few ranks, never all.
+3. **Decide** which ranks belong — of two files claiming a rank the first by name wins; ranks
+   from another job (world size, or a clock :data:`FOREIGN_TIME_NS` away from the others) are
+   left out — before anything is written.
+4. **Match** collectives across ranks, **align** clocks (orchestrator/clock.py), then write each
+   kept rank ONCE: ``ts`` already on the aligned clock, its ``coll`` column, its names and
+   categories translated to the store's string table; then the run-wide tables.
+5. The store is written to a temporary name in the output folder and renamed; a lock file
    (``.trace.h5.lock``, removed when the merge ends) keeps two merges of one output apart.
+
+Why the columns are parked rather than written as they arrive: whether a rank is kept and how its
+clock is shifted are known only once every rank is parsed, and HDF5 neither gives back the space
+of a deleted rank nor rewrites compressed chunks cheaply. A raw ``.npy`` per column (~43 bytes
+per event, beside the output, gone when the merge ends) costs one plain write and one read,
+where writing at once cost a compressed write, a read-back of ``ts`` and a compressed rewrite.
 
 Bad input never costs the other ranks: every problem is recorded in ``/problems`` and printed
 with its file; the exit status is non-zero only when no rank could be merged (or ``--strict``).
+
+The driver and its command stay one module (~560 lines): the decisions between parsing and
+writing (keep, leave out, align, write once) read best in one place; the files beside the output
+live in ``output.py``, the per-rank work in ``rank_columns.py``.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
-import re
+import shutil
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rankscope.analysis.schema import EventKind
+from rankscope.analysis.scheduler import SYNCHRONOUS as SYNCHRONOUS  # the one word, for callers
 from rankscope.errors import InputFileError, UsageError
 from rankscope.launchers import rundir
+from rankscope.orchestrator.discovery import Problem, RankSource, discover, nothing_to_merge
+from rankscope.orchestrator.staging import (
+    SPILL_FORMAT,
+    TMP_FORMAT,
+    Spill,
+    output_lock,
+    remove_stale,
+)
 
 if TYPE_CHECKING:
     import numpy as np
     import pandas as pd
-    from rankscope.orchestrator.kineto import FileTrace
+    from rankscope.orchestrator.rank_columns import RankResult
 
-#: Lock file beside the output, held (fcntl) while a merge writes it.
-LOCK_FORMAT = ".{name}.lock"
-#: Temporary output name (same folder, renamed over the output when complete).
-TMP_FORMAT = ".{name}.{pid}.tmp"
 #: A rank whose trace starts this far (ns) from the others' median start is from another job.
 FOREIGN_TIME_NS = 24 * 3600 * 10**9
-#: Window index in a run directory's window file name.
-WINDOW_INDEX = re.compile(r"window-(\d+)")
-#: Scheduler value that runs the parse tasks in this process (no Dask cluster): the analysis
-#: driver's, so that one word means the same for merge and analyze.
-SYNCHRONOUS = "synchronous"  # == rankscope.analysis.pipeline.SYNCHRONOUS (test_layering checks)
+#: Bytes of Kineto JSON per event, to size a merge before parsing it (:func:`estimate_events`).
+#: Measured on tests/data: 367-409 bytes per event (mean 380) over 21 plain traces.
+JSON_BYTES_PER_EVENT = 380
+#: The same for gzip-compressed traces: 24-30 bytes per event (mean 25) over 16 ``.json.gz``.
+GZIP_BYTES_PER_EVENT = 25
 
 
-@dataclass
-class RankSource:
-    """The files of one rank (several profiler windows in a run directory, else one file)."""
+def estimate_events(sources: list[RankSource]) -> int:
+    """Events the sources hold, estimated from their size on disk (nothing is read).
 
-    files: list[tuple[int, Path]]
-    """(window index, path) in window order"""
-    rank_hint: int | None
-    """rank from the run-directory layout or the file name (None when unknown)"""
-    from_run_dir: bool = False
-    """True when the rank comes from ``ranks/NNNNN`` (authoritative)"""
-    meta: dict[str, Any] = field(default_factory=dict)
-    """the rank's meta.json (run directories), else empty"""
-
-    @property
-    def label(self) -> str:
-        """The file name to print (the first file, or the rank folder)."""
-        if len(self.files) == 1:
-            return str(self.files[0][1])
-        return str(self.files[0][1].parent) if self.files else "?"
-
-
-@dataclass
-class Problem:
-    """One thing that could not be ingested."""
-
-    file: str
-    rank: int
-    problem: str
-
-
-@dataclass
-class RankResult:
-    """What a parse task returns: one rank's compact columns and small tables."""
-
-    source: RankSource
-    rank: int | None
-    world_size: int | None
-    backend: str | None
-    host: str | None
-    trace_ids: list[str]
-    nbytes: int
-    columns: dict[str, np.ndarray] | None
-    """ts (raw ns), dur, name, cat (codes into strings), kind, lane, corr, step, window"""
-    strings: list[str]
-    lanes: pd.DataFrame | None
-    comm: pd.DataFrame | None
-    steps: pd.DataFrame | None
-    problems: list[Problem]
-    t_first: int = 0
-    """first event start (ns, the rank's raw clock)"""
-
-
-# ---------------------------------------------------------------------------------- discovery
-def discover(paths: list[Path]) -> tuple[list[RankSource], dict[str, Any], list[Problem]]:
-    """Rank sources from the given paths; returns (sources, run.json or {}, problems)."""
-    from rankscope.orchestrator.kineto import rank_from_path
-
-    sources: list[RankSource] = []
-    run: dict[str, Any] = {}
-    problems: list[Problem] = []
-    for path in paths:
-        if path.is_dir() and (path / rundir.RANKS_DIR).is_dir():
-            run_json = path / rundir.RUN_JSON
-            if run_json.is_file():
-                try:
-                    run = rundir.read_json(run_json)
-                except (OSError, ValueError) as exc:
-                    problems.append(Problem(str(run_json), -1, f"unreadable run.json ({exc})"))
-            for rdir in sorted((path / rundir.RANKS_DIR).iterdir()):
-                if not rdir.is_dir() or not rdir.name.isdigit():
-                    continue
-                rank = int(rdir.name)
-                meta: dict[str, Any] = {}
-                meta_path = rdir / rundir.META_JSON
-                if meta_path.is_file():
-                    try:
-                        meta = rundir.read_json(meta_path)
-                    except (OSError, ValueError) as exc:
-                        problems.append(
-                            Problem(str(meta_path), rank, f"unreadable meta.json ({exc})")
-                        )
-                files: list[tuple[int, Path]] = []
-                for f in sorted(rdir.glob(rundir.WINDOW_GLOB)):
-                    m = WINDOW_INDEX.search(f.name)
-                    files.append((int(m.group(1)) if m else len(files), f))
-                if not files:
-                    problems.append(Problem(str(rdir), rank, "no trace windows (rank wrote none)"))
-                    continue
-                sources.append(RankSource(files, rank, from_run_dir=True, meta=meta))
-        elif path.is_dir():
-            found = folder_traces(path)
-            if not found:
-                problems.append(Problem(str(path), -1, "no Kineto trace files (*.json, *.json.gz)"))
-            sources.extend(RankSource([(0, p)], rank_from_path(p)) for p in found)
-        else:
-            sources.append(RankSource([(0, path)], rank_from_path(path)))
-    return sources, run, problems
-
-
-def folder_traces(folder: Path) -> list[Path]:
-    """The trace files of a folder searched recursively, in name order.
-
-    rankscope writes its own files into the folders it merges (``report/`` with summary.json
-    and report.html, Perfetto exports, the store, its lock and temporaries): none of them is an
-    input, so re-merging after ``analyze`` / ``export`` finds the same traces and no problem.
-    The report folder is left out whole; every other file must look like a trace
-    (:func:`rankscope.orchestrator.kineto.is_folder_trace`).
+    Enough to choose where to parse (:func:`rankscope.analysis.scheduler.choose` weighs it
+    against what worker processes cost). Parsing an event costs more than analysing one, so the
+    estimate errs toward in-process, the choice that costs least when it is wrong on small runs.
     """
-    from rankscope.orchestrator.kineto import is_folder_trace
-
-    skipped = [d for d in (folder / rundir.REPORT_DIR,) if is_report_dir(d)]
-    return sorted(
-        p
-        for p in folder.rglob("*")
-        if p.is_file() and not any(p.is_relative_to(d) for d in skipped) and is_folder_trace(p)
-    )
-
-
-def is_report_dir(path: Path) -> bool:
-    """True for a report folder written by ``rankscope analyze`` (summary.json / report.html)."""
-    return path.is_dir() and any(
-        (path / name).is_file() for name in (rundir.SUMMARY_JSON, rundir.REPORT_HTML)
-    )
-
-
-def nothing_to_merge(first_input: Path, problems: list[Problem]) -> str:
-    """The one-line error when discovery found no trace at all (its problems say why)."""
-    if not problems:
-        return f"{first_input}: no trace files to merge"
-    first = problems[0]
-    text = f"{first.file}: {first.problem}"
-    if first.file != str(first_input):
-        text = f"{first_input}: no trace files to merge ({text}"
-        text += f"; {len(problems) - 1} more problem(s))" if len(problems) > 1 else ")"
-    elif len(problems) > 1:
-        text += f" ({len(problems) - 1} more problem(s))"
-    return text
-
-
-# ------------------------------------------------------------------------------------- parse
-def parse_source(source: RankSource) -> RankResult:
-    """Parse all files of one rank (runs in a Dask worker): compact columns + small tables."""
-    import numpy as np
-    import pandas as pd
-    from rankscope.orchestrator.kineto import TraceReadError, read_trace
-
-    parts: list[tuple[int, FileTrace]] = []
-    problems: list[Problem] = []
-    hint = source.rank_hint if source.rank_hint is not None else -1
-    for window, path in source.files:
-        try:
-            ft = read_trace(path)
-        except TraceReadError as exc:
-            problems.append(Problem(str(path), hint, str(exc)))
-            continue
-        except MemoryError:
-            problems.append(Problem(str(path), hint, "out of memory while parsing"))
-            continue
-        for why, count in ft.dropped.items():
-            problems.append(Problem(str(path), hint, f"{count} {why} dropped"))
-        if len(ft.columns["ts"]) == 0:
-            problems.append(Problem(str(path), hint, "trace holds no events with a duration"))
-            continue
-        parts.append((window, ft))
-    if not parts:
-        return RankResult(
-            source, None, None, None, None, [], 0, None, [], None, None, None, problems
-        )
-    ranks = {ft.rank for _, ft in parts if ft.rank is not None}
-    rank = source.rank_hint if source.from_run_dir else None
-    if rank is None:
-        rank = min(ranks) if ranks else source.rank_hint
-    if source.from_run_dir and ranks and ranks != {rank}:
-        problems.append(
-            Problem(source.label, hint, f"trace says rank {sorted(ranks)}, folder says {rank}")
-        )
-    # Concatenate windows: unify strings and lanes, keep the window index per event.
-    strings: dict[str, int] = {}
-    lane_keys: dict[tuple[int, str, str], int] = {}
-    lane_rows: list[dict[str, Any]] = []
-    cols: dict[str, list[np.ndarray]] = {}
-    comms = []
-    offset = 0
-    for window, ft in parts:
-        smap = np.array([strings.setdefault(s, len(strings)) for s in ft.strings], dtype=np.int32)
-        lmap = np.empty(len(ft.lanes), dtype=np.int32)
-        for row in ft.lanes.itertuples(index=False):
-            key = (int(row.kind), str(row.pid), str(row.tid))
-            if key not in lane_keys:
-                lane_keys[key] = len(lane_keys)
-                lane_rows.append(
-                    {
-                        "lane": lane_keys[key],
-                        "kind": row.kind,
-                        "pid": row.pid,
-                        "tid": row.tid,
-                        "name": row.name,
-                    }
-                )
-            lmap[int(row.lane)] = lane_keys[key]
-        c = dict(ft.columns)
-        c["name"] = smap[c["name"]]
-        c["cat"] = smap[c["cat"]]
-        c["lane"] = lmap[c["lane"]]
-        c["window"] = np.full(len(c["ts"]), window, dtype=np.int16)
-        for k, v in c.items():
-            cols.setdefault(k, []).append(v)
-        comm = ft.comm.copy()
-        comm["event"] = comm["event"].to_numpy(np.int64) + offset
-        comm["lane"] = lmap[comm["lane"].to_numpy(np.int64)] if len(comm) else comm["lane"]
-        comms.append(comm)
-        offset += len(c["ts"])
-    columns = {k: np.concatenate(v) for k, v in cols.items()}
-    del cols
-    order = np.argsort(columns["ts"], kind="stable")
-    inverse = np.empty_like(order)
-    inverse[order] = np.arange(len(order))
-    columns = {k: v[order] for k, v in columns.items()}
-    strings_list = list(strings)
-    comm_all = pd.concat(comms, ignore_index=True) if comms else pd.DataFrame()
-    if len(comm_all):
-        comm_all["event"] = inverse[comm_all["event"].to_numpy(np.int64)]
-    steps = _steps(columns, strings_list)
-    columns["step"] = _step_column(columns, steps)
-    lanes = pd.DataFrame(lane_rows, columns=["lane", "kind", "pid", "tid", "name"])
-    comm_table = _comm_table(comm_all, columns, strings_list)
-    first = parts[0][1]
-    return RankResult(
-        source=source,
-        rank=rank,
-        world_size=next((ft.world_size for _, ft in parts if ft.world_size), None),
-        backend=first.backend,
-        host=next((ft.host for _, ft in parts if ft.host), None),
-        trace_ids=sorted({ft.trace_id for _, ft in parts if ft.trace_id}),
-        nbytes=sum(ft.nbytes for _, ft in parts),
-        columns=columns,
-        strings=strings_list,
-        lanes=lanes,
-        comm=comm_table,
-        steps=steps,
-        problems=problems,
-        t_first=int(columns["ts"][0]),
-    )
-
-
-def _steps(columns: dict[str, np.ndarray], strings: list[str]) -> pd.DataFrame:
-    """ProfilerStep ranges of one rank (raw ns): step, start, end."""
-    import numpy as np
-    import pandas as pd
-
-    idx = np.flatnonzero(columns["kind"] == EventKind.PROFILER_STEP)
-    rows = []
-    for i in idx.tolist():
-        name = strings[int(columns["name"][i])]
-        try:
-            step = int(name.split("#", 1)[1])
-        except (IndexError, ValueError):
-            continue
-        start = int(columns["ts"][i])
-        rows.append((step, start, start + int(columns["dur"][i])))
-    frame = pd.DataFrame(rows, columns=["step", "start", "end"])
-    return frame.drop_duplicates("step").sort_values("start").reset_index(drop=True)
-
-
-def _step_column(columns: dict[str, np.ndarray], steps: pd.DataFrame) -> np.ndarray:
-    """Step of each event: the ProfilerStep it starts in; GPU work takes its launch's step."""
-    import numpy as np
-
-    ts = columns["ts"]
-    out = np.full(len(ts), -1, dtype=np.int32)
-    if steps.empty:
-        return out
-    starts = steps["start"].to_numpy(np.int64)
-    ends = steps["end"].to_numpy(np.int64)
-    nums = steps["step"].to_numpy(np.int32)
-    pos = np.searchsorted(starts, ts, side="right") - 1
-    inside = (pos >= 0) & (ts < ends[np.clip(pos, 0, None)])
-    out[inside] = nums[pos[inside]]
-    # GPU activity runs after its launch: take the step of the CPU runtime call with its corr.
-    gidx = np.flatnonzero(np.isin(columns["kind"], GPU_KINDS))
-    launch = _launches(columns, gidx)
-    found = launch >= 0
-    out[gidx[found]] = out[launch[found]]
-    return out
-
-
-def _launches(columns: dict[str, np.ndarray], idx: np.ndarray) -> np.ndarray:
-    """Row of the CPU runtime call (same correlation id) that launched each GPU event ``idx``.
-
-    -1 where the event has no correlation id or its launch is not in the trace.
-    """
-    import numpy as np
-
-    corr = columns["corr"]
-    out = np.full(len(idx), -1, dtype=np.int64)
-    runtime = np.flatnonzero((columns["kind"] == EventKind.RUNTIME) & (corr >= 0))
-    if not len(runtime) or not len(idx):
-        return out
-    order = np.argsort(corr[runtime], kind="stable")
-    rc, rows = corr[runtime][order], runtime[order]
-    want = corr[idx]
-    p = np.clip(np.searchsorted(rc, want), 0, len(rc) - 1)
-    found = (want >= 0) & (rc[p] == want)
-    out[found] = rows[p[found]]
-    return out
-
-
-def _comm_table(
-    comm: pd.DataFrame, columns: dict[str, np.ndarray], strings: list[str]
-) -> pd.DataFrame:
-    """One rank's comm events with groups normalised, step, start and end (raw ns), and peer.
-
-    ``peer``: global rank of the other side of a send / recv, from the rank runtime's
-    annotation around the call (:func:`_p2p_peers`); -1 for collectives and unknown peers.
-    """
-    import numpy as np
-    import pandas as pd
-    from rankscope.orchestrator.collectives import RANK_COMM_COLUMNS, normalise_groups
-
-    if comm.empty:
-        empty = pd.DataFrame({c: np.array([], dtype=np.int64) for c in RANK_COMM_COLUMNS})
-        empty["gpu"] = empty["gpu"].astype(bool)
-        return empty
-    ev = comm["event"].to_numpy(np.int64)
-    comm = comm.copy()
-    comm["step"] = columns["step"][ev]
-    comm["start"] = columns["ts"][ev]
-    comm["end"] = columns["ts"][ev] + columns["dur"][ev]
-    is_cpu = pd.Series(columns["kind"][ev] == EventKind.COMM_CPU, index=comm.index)
-    comm["group"] = normalise_groups(comm, is_cpu, comm["lane"])
-    comm["gpu"] = ~is_cpu
-    ops, peers = _p2p_peers(comm["op"].to_numpy(object), ev, columns, strings)
-    comm["op"] = ops
-    comm["peer"] = peers
-    return comm.loc[:, list(RANK_COMM_COLUMNS)].reset_index(drop=True)
-
-
-#: Event kinds that run on a GPU stream (their step and host time are their launch's).
-GPU_KINDS = (EventKind.KERNEL_COMPUTE, EventKind.KERNEL_COMM, EventKind.MEMCPY, EventKind.MEMSET)
-#: Annotations looked back through for one that is still open (p2p calls nest at most this deep).
-MAX_P2P_NESTING = 4
-
-
-def _p2p_peers(
-    ops: np.ndarray, ev: np.ndarray, columns: dict[str, np.ndarray], strings: list[str]
-) -> tuple[np.ndarray, np.ndarray]:
-    """(op, peer) of each comm event: the p2p annotation (rundir.P2P_ANNOTATION_FORMAT) around it.
-
-    The annotation wraps the host call, so a gloo op starts inside it, while a GPU kernel runs
-    later: for kernels the host time is that of the runtime call that launched them (same
-    correlation id). The latest annotation starting at or before the host time that is still open
-    then gives the direction and the peer — a ``SendRecv`` kernel of NCCL becomes a send or recv.
-    Events outside any annotation keep their op and peer -1.
-    """
-    import numpy as np
-    from rankscope.analysis.schema import P2P_OPS
-    from rankscope.launchers.rundir import P2P_ANNOTATION_PATTERN
-
-    peers = np.full(len(ev), -1, dtype=np.int64)
-    parsed = {
-        i: m.groups() for i, s in enumerate(strings) if (m := P2P_ANNOTATION_PATTERN.fullmatch(s))
-    }
-    candidates = np.isin(ops, [*P2P_OPS, "sendrecv"])
-    if not parsed or not candidates.any():
-        return ops, peers
-    name = columns["name"]
-    ann = np.flatnonzero(np.isin(name, np.fromiter(parsed, np.int64, len(parsed))))
-    a_start = columns["ts"][ann]  # sorted: columns are in ts order
-    a_end = a_start + columns["dur"][ann]
-    host = columns["ts"][ev].copy()
-    gpu = columns["kind"][ev] == EventKind.KERNEL_COMM
-    if gpu.any():
-        launch = _launches(columns, ev[gpu])
-        # a kernel without its launch in the trace has no host time (-1)
-        host[gpu] = np.where(launch >= 0, columns["ts"][np.maximum(launch, 0)], -1)
-    ops = ops.copy()
-    for i in np.flatnonzero(candidates & (host >= 0)).tolist():
-        k = int(np.searchsorted(a_start, host[i], side="right")) - 1
-        stop = k - MAX_P2P_NESTING
-        while k > stop and k >= 0 and a_end[k] < host[i]:
-            k -= 1  # an earlier, longer annotation may still be open (nested calls)
-        if k > stop and k >= 0:
-            op, peer = parsed[int(name[ann[k]])]
-            ops[i] = op
-            peers[i] = int(peer)
-    return ops, peers
-
-
-# ------------------------------------------------------------------------------------- write
-@contextlib.contextmanager
-def output_lock(output: Path) -> Iterator[None]:
-    """Hold ``.trace.h5.lock`` beside ``output`` (fcntl), or fail with a clear message.
-
-    The lock file exists only while a merge holds it: it is removed, whether the merge succeeded
-    or failed, while still locked, right before the release. A merge that opened the file just
-    before that and then gets the lock holds an unlinked inode, which locks nothing: it sees that
-    the path no longer names the inode it locked, and starts again on a fresh file.
-    """
-    import fcntl
-
-    lock_path = output.parent / LOCK_FORMAT.format(name=output.name)
-    while True:
-        fh = lock_path.open("a+")
-        try:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            fh.close()
-            raise InputFileError(
-                f"{output}: another merge is writing this store (lock {lock_path}); "
-                "wait for it to finish and try again"
-            ) from None
-        if _same_file(lock_path, fh.fileno()):
-            break
-        fh.close()  # the previous holder removed it as it finished: lock the path's new file
-    try:
-        yield
-    finally:
-        try:
-            lock_path.unlink(missing_ok=True)  # still held: a late waiter re-checks the inode
-        finally:
-            fh.close()  # releases the lock
-
-
-def _same_file(path: Path, fd: int) -> bool:
-    """True when ``path`` still names the open file ``fd`` (same device and inode)."""
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        return False
-    own = os.fstat(fd)
-    return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
-
-
-def _run_tasks(sources: list[RankSource], scheduler: str | None) -> Iterator[RankResult]:
-    """Yield parse results as they finish, keeping at most 2 × workers tasks in flight."""
-    if scheduler == SYNCHRONOUS or (len(sources) <= 1 and scheduler is None):
-        # One rank has nothing to parallelise: a LocalCluster would only add ~2 s of start-up.
-        for src in sources:
-            yield parse_source(src)
-        return
-    import logging
-
-    from distributed import Client, LocalCluster, as_completed
-
-    cluster = None
-    if scheduler is None:
-        n = max(1, min(len(sources), os.cpu_count() or 1))
-        cluster = LocalCluster(
-            n_workers=n,
-            threads_per_worker=1,
-            processes=True,
-            dashboard_address=":0",  # a free port: never collides with a running dashboard
-            silence_logs=logging.ERROR,
-        )
-        client = Client(cluster)
-    else:
-        try:
-            client = Client(scheduler, timeout="20s")
-        except OSError as exc:
-            raise UsageError(f"--scheduler {scheduler}: cannot connect ({exc})") from None
-    try:
-        workers = max(1, len(client.scheduler_info().get("workers", {})) or 1)
-        limit = 2 * workers
-        pending = list(sources)
-        first = [client.submit(parse_source, s, pure=False) for s in pending[:limit]]
-        pending = pending[limit:]
-        queue = as_completed(first)
-        for fut in queue:
-            result = fut.result()
-            fut.release()
-            if pending:
-                queue.add(client.submit(parse_source, pending.pop(0), pure=False))
-            yield result
-    finally:
-        client.close()
-        if cluster is not None:
-            cluster.close()
+    total = 0
+    for source in sources:
+        for _, path in source.files:
+            try:
+                size = path.stat().st_size
+            except OSError:
+                continue
+            per_event = GZIP_BYTES_PER_EVENT if path.name.endswith(".gz") else JSON_BYTES_PER_EVENT
+            total += size // per_event
+    return total
 
 
 def merge_run_dir(
@@ -540,14 +101,19 @@ def merge_run_dir(
     quiet: bool = False,
     strict: bool = False,
     extra_inputs: list[Path] | None = None,
+    main_is_guarded: bool = False,
 ) -> Path:
     """Merge the traces under ``run_dir`` (a run directory or any folder of traces) into a store.
 
-    Returns the store path (``run_dir/trace.h5`` unless ``output``). ``scheduler``: None starts a
-    LocalCluster (one single-threaded worker process per core, at most one per rank; a single
-    rank is parsed in-process); ``"synchronous"`` parses in this process; anything else is the
-    address of a running Dask scheduler. Raises :class:`InputFileError` when no rank could be merged (or, with
-    ``strict``, when any problem was found — the store is still written).
+    Returns the store path (``run_dir/trace.h5`` unless ``output``). ``scheduler`` takes the
+    analysis' words (:class:`rankscope.analysis.scheduler.ClusterSpec`): None or ``"auto"``
+    parses in-process unless worker processes pay for their start-up, ``"local"`` starts a
+    LocalCluster (one single-threaded worker process per core, at most one per rank),
+    ``"threads"`` and ``"synchronous"`` stay in this process, anything else is the address of a
+    running Dask scheduler. ``main_is_guarded``: the caller's ``__main__`` is safe to re-import
+    in worker processes (rankscope's CLI; see ``scheduler.processes_are_safe``). Raises
+    :class:`InputFileError` when no rank could be merged (or, with ``strict``, when any problem
+    was found — the store is still written).
     """
     inputs = [Path(run_dir), *(extra_inputs or [])]
     base = inputs[0] if inputs[0].is_dir() else inputs[0].parent
@@ -556,22 +122,26 @@ def merge_run_dir(
         out = out / rundir.STORE_NAME
     out.parent.mkdir(parents=True, exist_ok=True)
     with output_lock(out):
-        problems = _merge_locked(inputs, out, scheduler=scheduler, quiet=quiet)
+        problems = _merge_locked(
+            inputs, out, scheduler=scheduler, quiet=quiet, main_is_guarded=main_is_guarded
+        )
     if strict and problems:
         raise InputFileError(f"{out}: {len(problems)} input problem(s) (--strict)", exit_code=1)
     return out
 
 
 def _merge_locked(
-    inputs: list[Path], out: Path, *, scheduler: str | None, quiet: bool
+    inputs: list[Path], out: Path, *, scheduler: str | None, quiet: bool, main_is_guarded: bool
 ) -> list[Problem]:
     """The merge proper, under the output lock; returns the problems found."""
     import numpy as np
     import pandas as pd
     from rankscope import __version__
+    from rankscope.analysis.scheduler import AUTO, ClusterSpec, choose, run_each
     from rankscope.analysis.store import StoreWriter
     from rankscope.orchestrator import clock as clk
-    from rankscope.orchestrator.collectives import match, renumber
+    from rankscope.orchestrator.matching import match, renumber
+    from rankscope.orchestrator.rank_columns import parse_source
 
     sources, run, problems = discover(inputs)
     if not sources:
@@ -579,13 +149,21 @@ def _merge_locked(
         raise InputFileError(nothing_to_merge(inputs[0], problems))
     for p in problems:
         _say(p, quiet)
-    # Stale temporaries of an interrupted merge (we hold the lock: nobody else writes them).
-    for stale in out.parent.glob(f".{out.name}.*.tmp"):
-        stale.unlink(missing_ok=True)
-    tmp = out.parent / TMP_FORMAT.format(name=out.name, pid=os.getpid())
-    total_bytes = sum(p.stat().st_size for s in sources for _, p in s.files if p.exists())
-    written: dict[int, RankResult] = {}  # columns dropped after writing
     try:
+        spec = ClusterSpec(scheduler=scheduler or AUTO, main_is_guarded=main_is_guarded)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    choice = choose(spec, len(sources), estimate_events(sources))
+    spec = dataclasses.replace(spec, scheduler=choice.scheduler)
+    if not quiet:
+        print(f"merge: {choice.reason}", file=sys.stderr)  # the line analyze prints, for the merge
+    remove_stale(out)
+    tmp = out.parent / TMP_FORMAT.format(name=out.name, pid=os.getpid())
+    spill_dir = out.parent / SPILL_FORMAT.format(name=out.name, pid=os.getpid())
+    total_bytes = sum(p.stat().st_size for s in sources for _, p in s.files if p.exists())
+    parked: dict[int, RankResult] = {}  # their columns wait in the spill
+    try:
+        spill = Spill(spill_dir)
         writer = StoreWriter(
             tmp,
             attrs={
@@ -597,7 +175,7 @@ def _merge_locked(
             },
         )
         with writer, _Progress(quiet, len(sources), total_bytes) as progress:
-            for result in _run_tasks(sources, scheduler):
+            for result in run_each(parse_source, [(s,) for s in sources], spec, len(sources)):
                 for p in result.problems:
                     problems.append(p)
                     _say(p, quiet, progress)
@@ -612,17 +190,17 @@ def _merge_locked(
                         problems.append(p)
                         _say(p, quiet, progress)
                     continue
-                _accept(result, written, writer, problems, quiet, progress)
-            _reject_foreign(run, written, writer, problems, quiet)
-            if not written:
+                _accept(result, parked, spill, problems, quiet, progress)
+            _reject_foreign(run, parked, spill, problems, quiet)
+            if not parked:
                 raise InputFileError(
                     f"{inputs[0]}: no rank could be merged ({len(problems)} problem(s), see above)"
                 )
             world = int(
-                run.get("world_size") or _common(r.world_size for r in written.values()) or 0
+                run.get("world_size") or _common(r.world_size for r in parked.values()) or 0
             )
-            world = max(world, max(written) + 1)
-            missing = [r for r in range(world) if r not in written]
+            world = max(world, max(parked) + 1)
+            missing = [r for r in range(world) if r not in parked]
             if missing:
                 # One line for all of them (a 2-of-128 sample would otherwise print 126 lines).
                 p = Problem(
@@ -633,25 +211,30 @@ def _merge_locked(
                 problems.append(p)
                 _say(p, quiet)
             # Collectives + clocks.
-            colls = match({r: res.comm for r, res in written.items() if res.comm is not None})
+            colls = match({r: res.comm for r, res in parked.items() if res.comm is not None})
             inputs_clock = _share_domain_fits(
-                [_clock_input(r, res) for r, res in sorted(written.items())]
+                [_clock_input(r, res) for r, res in sorted(parked.items())]
             )
-            ref = 0 if 0 in written else min(written)
+            ref = 0 if 0 in parked else min(parked)
             clock_table, colls_aligned = clk.align(colls, inputs_clock, ref)
             colls_aligned = renumber(colls_aligned) if not colls_aligned.empty else colls_aligned
             per_rank_clock = clock_table.set_index("rank")
             steps_frames = []
-            for r in sorted(written):
+            for r in sorted(parked):
                 c = per_rank_clock.loc[r]
                 args = (int(c["offset_ns"]), float(c["drift_ppb"]), int(c["t_ref_ns"]))
-                ts = writer.read_events(r, ["ts"])["ts"]
-                coll_col = np.full(len(ts), -1, dtype=np.int64)
+                events = spill.take(r)
+                events["ts"] = clk.apply_transform(events["ts"], *args)
+                events["coll"] = np.full(len(events["ts"]), -1, dtype=np.int64)
                 if not colls_aligned.empty:
                     mine = colls_aligned[colls_aligned["rank"] == r]
-                    coll_col[mine["event"].to_numpy(np.int64)] = mine["coll"].to_numpy(np.int64)
-                writer.update_events(r, {"ts": clk.apply_transform(ts, *args), "coll": coll_col})
-                steps = written[r].steps
+                    events["coll"][mine["event"].to_numpy(np.int64)] = mine["coll"].to_numpy(
+                        np.int64
+                    )
+                _write_rank(writer, r, parked[r], events)
+                del events
+                spill.drop(r)
+                steps = parked[r].steps
                 if steps is not None and not steps.empty:
                     st = steps.copy()
                     st["start"] = clk.apply_transform(st["start"].to_numpy(np.int64), *args)
@@ -676,11 +259,12 @@ def _merge_locked(
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
+        shutil.rmtree(spill_dir, ignore_errors=True)
     if not quiet:
         n_coll = int(colls_aligned["coll"].nunique()) if not colls_aligned.empty else 0
         print(clk.summary_line(clock_table))
         print(
-            f"merged {len(written)} of {world} rank(s), {n_coll} collective(s), "
+            f"merged {len(parked)} of {world} rank(s), {n_coll} collective(s), "
             f"{len(problems)} problem(s) → {out}"
         )
     return problems
@@ -688,18 +272,16 @@ def _merge_locked(
 
 def _accept(
     result: RankResult,
-    written: dict[int, RankResult],
-    writer: Any,
+    parked: dict[int, RankResult],
+    spill: Spill,
     problems: list[Problem],
     quiet: bool,
     progress: Any,
 ) -> None:
-    """Write one parsed rank (duplicates: the first file in name order wins, deterministically)."""
-    import numpy as np
-
+    """Park one parsed rank (duplicates: the first file in name order wins, deterministically)."""
     rank = int(result.rank)  # type: ignore[arg-type]
-    if rank in written:
-        old = written[rank]
+    if rank in parked:
+        old = parked[rank]
         keep_old = old.source.label <= result.source.label
         loser, winner = (result, old) if keep_old else (old, result)
         p = Problem(
@@ -710,11 +292,48 @@ def _accept(
         if keep_old:
             return
     assert result.columns is not None
+    spill.put(rank, result.columns)
+    result.columns = None  # only the small tables stay in memory
+    parked[rank] = result
+
+
+def _reject_foreign(
+    run: dict[str, Any],
+    parked: dict[int, RankResult],
+    spill: Spill,
+    problems: list[Problem],
+    quiet: bool,
+) -> None:
+    """Leave out ranks from another job (world size disagreeing with the run, far-apart times).
+
+    Runs before any rank is written, so a foreign rank never takes space in the store.
+    """
+    import numpy as np
+
+    expected = run.get("world_size") or _common(r.world_size for r in parked.values())
+    first = {r: res.t_first for r, res in parked.items()}
+    known = list(first.values())
+    median = float(np.median(known)) if known else None
+    for r, res in sorted(parked.items()):
+        why = None
+        if expected and res.world_size and res.world_size != expected:
+            why = f"trace from another job: world size {res.world_size}, this run has {expected}"
+        elif median is not None and abs(first[r] - median) > FOREIGN_TIME_NS:
+            hours = abs(first[r] - median) / 3.6e12
+            why = f"trace from another job: recorded {hours:.0f} h apart from the other ranks"
+        if why:
+            p = Problem(res.source.label, r, why + "; rank left out")
+            problems.append(p)
+            _say(p, quiet)
+            spill.drop(r)
+            del parked[r]
+
+
+def _write_rank(writer: Any, rank: int, result: RankResult, events: dict[str, np.ndarray]) -> None:
+    """Write one kept rank: ``events`` aligned, with ``coll``; name/cat become the store's codes."""
     codes = writer.intern(result.strings)
-    events = dict(result.columns)
     events["name"] = codes[events["name"]] if len(codes) else events["name"]
     events["cat"] = codes[events["cat"]] if len(codes) else events["cat"]
-    events["coll"] = np.full(len(events["ts"]), -1, dtype=np.int64)
     meta = dict(result.source.meta)
     meta.pop("clock", None)
     attrs = {
@@ -730,37 +349,6 @@ def _accept(
         if key in meta:
             attrs[key] = meta[key]
     writer.write_rank(rank, events, result.lanes, attrs)
-    result.columns = None  # only the small tables stay in memory
-    written[rank] = result
-
-
-def _reject_foreign(
-    run: dict[str, Any],
-    written: dict[int, RankResult],
-    writer: Any,
-    problems: list[Problem],
-    quiet: bool,
-) -> None:
-    """Drop ranks from another job: world size disagreeing with the run, or far-apart times."""
-    import numpy as np
-
-    expected = run.get("world_size") or _common(r.world_size for r in written.values())
-    first = {r: res.t_first for r, res in written.items()}
-    known = list(first.values())
-    median = float(np.median(known)) if known else None
-    for r, res in sorted(written.items()):
-        why = None
-        if expected and res.world_size and res.world_size != expected:
-            why = f"trace from another job: world size {res.world_size}, this run has {expected}"
-        elif median is not None and abs(first[r] - median) > FOREIGN_TIME_NS:
-            hours = abs(first[r] - median) / 3.6e12
-            why = f"trace from another job: recorded {hours:.0f} h apart from the other ranks"
-        if why:
-            p = Problem(res.source.label, r, why + "; rank left out")
-            problems.append(p)
-            _say(p, quiet)
-            writer.drop_rank(r)
-            del written[r]
 
 
 def _clock_input(rank: int, res: RankResult) -> Any:
@@ -893,7 +481,6 @@ class _Progress:
             self._bar.stop()
 
 
-# --------------------------------------------------------------------------------------- CLI
 def configure(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``rankscope merge`` (import-light)."""
     parser.add_argument(
@@ -913,9 +500,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--scheduler",
         default=None,
-        metavar="ADDRESS",
-        help="Dask scheduler address to use (default: a LocalCluster sized to this machine; "
-        "'synchronous' parses in this process)",
+        metavar="WHERE",
+        help="where to parse, in analyze's words: 'auto' (default: in this process unless "
+        "worker processes pay for their start-up), 'local' (a LocalCluster sized to this "
+        "machine), 'threads', 'synchronous', or a Dask scheduler address (tcp://host:8786)",
     )
     parser.add_argument(
         "--strict", action="store_true", help="exit non-zero when any input problem was found"
@@ -972,5 +560,6 @@ def main(args: argparse.Namespace) -> int:
             quiet=args.quiet,
             strict=args.strict,
             extra_inputs=paths[1:],
+            main_is_guarded=True,
         )
     return 0

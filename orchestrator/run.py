@@ -145,7 +145,7 @@ def add_slurm_arguments(parser: argparse.ArgumentParser) -> None:
     Everything added here is a rankscope flag (it must come before SCRIPT); switches need
     ``nargs=0`` actions (``store_true``) so the splitter knows they take no value.
     """
-    from rankscope.launchers.slurm import add_slurm_arguments as add_flags
+    from rankscope.launchers.slurm_options import add_slurm_arguments as add_flags
 
     add_flags(parser)
 
@@ -321,7 +321,7 @@ def launcher_kind(args: argparse.Namespace) -> Any:
 
 def backend_options(args: argparse.Namespace) -> dict[str, Any]:
     """Backend-specific options recorded in the spec (the Slurm launcher's region)."""
-    from rankscope.launchers.slurm import slurm_options_from_args
+    from rankscope.launchers.slurm_options import slurm_options_from_args
 
     return slurm_options_from_args(args)
 
@@ -347,7 +347,8 @@ def _duration_s(record: dict[str, Any]) -> float | None:
 
 def run_summary(run_dir: Path) -> dict[str, Any]:
     """Figures of a run: per rank windows/events/bytes/samples, totals, duration in s."""
-    from rankscope.launchers.base import load_run, read_rank_metas
+    from rankscope.launchers.base import read_rank_metas
+    from rankscope.launchers.rundir import load_run
 
     record = load_run(run_dir)
     metas = read_rank_metas(run_dir)
@@ -424,7 +425,7 @@ def _clock_label(r: dict[str, Any]) -> str:
     return f"same clock as rank {leader}"
 
 
-def print_summary(run_dir: Path) -> dict[str, Any]:
+def print_run_outcome(run_dir: Path) -> dict[str, Any]:
     """Print the end-of-run table (rich) and return the figures."""
     from rankscope.launchers.rundir import RunState
     from rich.console import Console
@@ -506,7 +507,7 @@ def main(args: argparse.Namespace) -> int:
         state = RunState.INTERRUPTED
     if not state.finished:
         return 0  # a batch job still queued or running (Slurm); `rankscope status` follows it
-    summary = print_summary(handle.run_dir)
+    summary = print_run_outcome(handle.run_dir)
     if summary["windows"]:
         # a Slurm run's merge job has written the store already (--follow waits for it)
         from rankscope.launchers.rundir import STORE_NAME

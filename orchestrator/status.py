@@ -29,7 +29,8 @@ def refresh(run_dir: Path) -> tuple[dict[str, Any], str | None]:
     The note says why the backend could not be asked (Slurm down): the record is then shown
     as last written.
     """
-    from rankscope.launchers.base import launcher_of, load_run
+    from rankscope.launchers.base import launcher_of
+    from rankscope.launchers.rundir import load_run
 
     note = launcher_of(run_dir).refresh(run_dir)
     return load_run(run_dir), note

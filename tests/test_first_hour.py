@@ -19,7 +19,7 @@ import pytest
 from rankscope import atomic
 from rankscope.atomic import atomic_output
 from rankscope.launchers import rundir
-from rankscope.launchers.local import ConsoleFilter
+from rankscope.launchers.output import ConsoleFilter
 from rankscope.launchers.spec import RunSpec
 from rankscope.launchers.torchrun import OMP_THREADS_ENV, TORCHRUN_OMP_THREADS, rank_env
 

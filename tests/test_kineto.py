@@ -1,4 +1,4 @@
-"""The Kineto reader (orchestrator/kineto.py) on the real traces in tests/data."""
+"""The Kineto reader (orchestrator/decode.py, discovery.py, vocabulary.py) on the real traces in tests/data."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from rankscope.analysis.schema import EventKind, LaneKind
-from rankscope.orchestrator import kineto
+from rankscope.orchestrator import decode as kineto
+from rankscope.orchestrator import discovery, vocabulary
 
 DATA = Path(__file__).parent / "data"
 GLOO = DATA / "cpu_gloo_4rank_skew" / "rank2.step5.pt.trace.json"
@@ -153,20 +154,20 @@ def test_rank_and_world_from_distributed_info() -> None:
 
 
 def test_rank_from_file_name() -> None:
-    assert kineto.rank_from_path(Path("rank-3.json.gz")) == 3
-    assert kineto.rank_from_path(Path("x/rank12.step5.pt.trace.json")) == 12
-    assert kineto.rank_from_path(Path("worker7_step_12.169.pt.trace.json")) == 7
-    assert kineto.rank_from_path(Path("RUN/ranks/00005/window-000.json.gz")) == 5
-    assert kineto.rank_from_path(Path("trace.json")) is None
+    assert discovery.rank_from_path(Path("rank-3.json.gz")) == 3
+    assert discovery.rank_from_path(Path("x/rank12.step5.pt.trace.json")) == 12
+    assert discovery.rank_from_path(Path("worker7_step_12.169.pt.trace.json")) == 7
+    assert discovery.rank_from_path(Path("RUN/ranks/00005/window-000.json.gz")) == 5
+    assert discovery.rank_from_path(Path("trace.json")) is None
 
 
 def test_trace_names_skip_meta_json() -> None:
-    assert kineto.is_trace_name(Path("rank0.step5.pt.trace.json"))
-    assert kineto.is_trace_name(Path("window-000.json.gz"))
-    assert not kineto.is_trace_name(Path("rank0.meta.json"))
-    assert not kineto.is_trace_name(Path("meta.json"))
-    assert not kineto.is_trace_name(Path("run.json"))
-    assert not kineto.is_trace_name(Path("torchrun.log"))
+    assert discovery.is_trace_name(Path("rank0.step5.pt.trace.json"))
+    assert discovery.is_trace_name(Path("window-000.json.gz"))
+    assert not discovery.is_trace_name(Path("rank0.meta.json"))
+    assert not discovery.is_trace_name(Path("meta.json"))
+    assert not discovery.is_trace_name(Path("run.json"))
+    assert not discovery.is_trace_name(Path("torchrun.log"))
 
 
 @pytest.mark.parametrize(
@@ -200,7 +201,7 @@ def test_trace_names_skip_meta_json() -> None:
     ],
 )
 def test_classify(cat: str, name: str, kind: EventKind) -> None:
-    assert kineto.classify(cat, name) == kind
+    assert vocabulary.classify(cat, name) == kind
 
 
 def test_nccl_lanes_and_comm_events() -> None:

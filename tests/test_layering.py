@@ -55,9 +55,8 @@ def test_the_guard_sees_imports_inside_functions(tmp_path: Path) -> None:
 
 
 def test_one_word_for_the_in_process_scheduler() -> None:
-    """merge keeps its own copy of the constant (the analysis driver is imported lazily, for a fast
-    ``--help``); the two must stay one word."""
+    """merge and analyze take their scheduler words from one module (analysis/scheduler.py)."""
     from rankscope.analysis.pipeline import SYNCHRONOUS as ANALYSIS
-    from rankscope.orchestrator.merge import SYNCHRONOUS as MERGE
+    from rankscope.analysis.scheduler import SYNCHRONOUS as MERGE
 
     assert MERGE == ANALYSIS

@@ -26,8 +26,9 @@ from rankscope.analysis.store import open_store
 from rankscope.analysis.stragglers import Cause, find_stragglers
 from rankscope.launchers.rundir import P2P_ANNOTATION_PATTERN
 from rankscope.orchestrator.cli import main as cli
-from rankscope.orchestrator.collectives import match
-from rankscope.orchestrator.merge import _p2p_peers, merge_run_dir
+from rankscope.orchestrator.matching import match
+from rankscope.orchestrator.merge import merge_run_dir
+from rankscope.orchestrator.rank_columns import _p2p_peers
 
 DATA = Path(__file__).parent / "data" / "cpu_gloo_4rank_pipeline"
 #: The same job with no slow stage.

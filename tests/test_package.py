@@ -36,7 +36,7 @@ PUBLIC_NAMES = [
     "rankscope.orchestrator.run.main",
     "rankscope.launchers.base.Launcher",
     "rankscope.launchers.base.RunHandle",
-    "rankscope.launchers.base.load_run",
+    "rankscope.launchers.rundir.load_run",
     "rankscope.launchers.base.open_run",
     "rankscope.launchers.local.LocalLauncher",
     "rankscope.launchers.spec.RunSpec",

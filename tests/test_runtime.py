@@ -21,7 +21,8 @@ import pytest
 import rankscope
 from rankscope.errors import UsageError
 from rankscope.launchers import clocksync, rundir
-from rankscope.launchers.base import create_run_dir, load_run
+from rankscope.launchers.base import create_run_dir
+from rankscope.launchers.rundir import load_run
 from rankscope.launchers.spec import ProfilerSettings, RunSpec
 from rankscope.orchestrator import run as run_cmd
 

@@ -8,7 +8,7 @@ import argparse
 import dataclasses
 
 import pytest
-from rankscope.launchers import slurm
+from rankscope.launchers import slurm_options as slurm
 
 
 def _parser() -> argparse.ArgumentParser:

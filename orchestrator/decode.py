@@ -1,9 +1,20 @@
-"""Fast reader for Kineto (torch.profiler) JSON traces: one rank's files to compact numpy columns.
+"""The Kineto decoder: one torch.profiler JSON trace file to compact numpy columns.
 
 Why typed msgspec decoding: Kineto traces are large (tens of MB per rank) and mostly made of
 complete events (``ph: X``); decoding straight into :class:`KEvent` structs skips every field we
 do not use (msgspec does this in C) and is ~6x faster than ``json`` + dicts. Of the ``args`` we
 decode only the few keys we use, also typed, so the rest is skipped without building objects.
+
+One way to each thing: the JSON text comes from :func:`text_pieces` only (plain or gzip,
+multi-member gzip, bounded pieces; the whole-file read joins them), every decode goes through
+:func:`_decode_json` (the one place that retries text holding Python's ``NaN``), and events are
+reduced to columns by :class:`_Accumulator` block by block, whichever path decoded them. The
+decoder and that reduction stay one module (~590 lines) because they are one streaming loop:
+each decoded block is reduced before the next is decoded, so its objects never pile up.
+
+Strings (event names, categories) are interned as they are decoded, into a table the caller may
+share across files: the merge passes one table per rank, so a rank's windows share their codes
+and nothing is interned again before the store translates the rank's table to its own.
 
 Timestamps (the part that must be exact):
 ``ts``/``dur`` are µs with up to 3 decimals (ns resolution). Absolute ns =
@@ -13,90 +24,45 @@ fractional part, ``ns = int(floor(ts))*1000 + rint(frac*1000)``, in int64. This 
 decoded double is within 0.5 ns of the decimal text, i.e. when ``|ts| < 2**43`` µs (ulp ≤ 1/1024
 µs): relative stamps up to ~100 days, and absolute integer epoch µs (exact below 2**53).
 A file with fractional stamps at or above 2**43 µs is decoded again with ``decimal.Decimal``
-timestamps (exact, slower) — see :func:`_needs_exact`.
+timestamps (exact, slower) — see :func:`needs_exact`.
 """
 
 from __future__ import annotations
 
-import enum
-import gzip
 import re
 import zlib
-from collections.abc import Generator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 import numpy as np
-from rankscope.analysis.perfetto import GENERATOR as PERFETTO_GENERATOR
 from rankscope.analysis.schema import EventKind, LaneKind
+from rankscope.orchestrator.vocabulary import (
+    GPU_CATS,
+    GPU_KINDS,
+    classify,
+    collective_op,
+    message_bytes,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
 
-#: Trace files found in a folder (torch.profiler / tensorboard_trace_handler / rankscope names).
-TRACE_SUFFIXES = (".json", ".json.gz")
-#: Names of JSON files beside traces that are not traces (skipped without a problem).
-NOT_TRACE_PATTERNS = (re.compile(r"(^|\.)meta\.json$"), re.compile(r"^run\.json$"))
-#: Names that are traces whatever their content, so a broken one is reported, never skipped:
-#: torch.profiler's ``tensorboard_trace_handler`` (``*.pt.trace.json[.gz]``) and rankscope's
-#: windows (names carrying a rank count too, see :func:`is_trace_file_name`).
-TRACE_NAME_PATTERNS = (
-    re.compile(r"\.pt\.trace\.json(\.gz)?$"),
-    re.compile(r"^window-\d+\.json\.gz$"),
-)
-#: JSON text read from the start of a file to tell a Kineto trace from other JSON. Kineto writes
-#: ``traceEvents`` after a small header (schemaVersion, deviceProperties, distributedInfo).
-SNIFF_BYTES = 1 << 18
-_TRACE_KEY = re.compile(rb'"traceEvents"\s*:')
-#: rankscope's own Perfetto export: ``{"otherData": {"generator": "rankscope export …"`` first.
-_EXPORT_HEAD = re.compile(
-    rb'^\s*\{\s*"otherData"\s*:\s*\{\s*"generator"\s*:\s*"' + re.escape(PERFETTO_GENERATOR.encode())
-)
-#: Rank in a file or folder name: rank-3, rank3, rank_3, worker3, ranks/00003/.
-RANK_NAME_PATTERNS = (
-    re.compile(r"(?:^|[^a-z])rank[-_]?(\d+)", re.IGNORECASE),
-    re.compile(r"(?:^|[^a-z])worker[-_]?(\d+)", re.IGNORECASE),
-)
-RANK_DIR_PATTERN = re.compile(r"^\d{5}$")
-#: NCCL kernels: ncclKernel_* (older) and ncclDevKernel_* (newer).
-NCCL_KERNEL = re.compile(r"^nccl.*Kernel", re.IGNORECASE)
 #: |ts| (µs) above which a fractional float timestamp may be off by 1 ns (see module docstring).
 EXACT_FLOAT_LIMIT_US = float(2**43)
-#: Kineto categories of events that run on a GPU stream.
-GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"})
-#: Collective op names from NCCL kernel names / gloo ops / c10d names, normalised.
-_OP_ALIASES = {
-    "all_reduce": "allreduce",
-    "allreduce": "allreduce",
-    "all_gather": "allgather",
-    "allgather": "allgather",
-    "all_gather_into_tensor": "allgather",
-    "_allgather_base": "allgather",
-    "reduce_scatter": "reducescatter",
-    "reducescatter": "reducescatter",
-    "_reduce_scatter_base": "reducescatter",
-    "reduce_scatter_tensor": "reducescatter",
-    "all_to_all": "alltoall",
-    "alltoall": "alltoall",
-    "alltoall_base": "alltoall",
-    "all_to_allv": "alltoall",
-    "sendrecv": "sendrecv",
-    "broadcast": "broadcast",
-    "reduce": "reduce",
-    "gather": "gather",
-    "scatter": "scatter",
-    "barrier": "barrier",
-    "send": "send",
-    "recv": "recv",
-}
-#: bytes per element of record_param_comms ``dtype``.
-_DTYPE_BYTES = {
-    "Float": 4, "Half": 2, "BFloat16": 2, "Double": 8, "Int": 4, "Long": 8,
-    "Byte": 1, "Char": 1, "Short": 2, "Bool": 1,
-}  # fmt: skip
+#: A bare ``NaN`` value (Python's json writes it for float('nan'); JSON has none).
+NAN_VALUE = re.compile(rb"(?<=[:\[,])\s*-?NaN\b")
+#: The first two bytes of a gzip stream.
+GZIP_MAGIC = b"\x1f\x8b"
+#: ``wbits`` for zlib to read a gzip header and trailer.
+GZIP_WBITS = 16 + zlib.MAX_WBITS
+#: One rank's (or one file's) string table: string -> code, in first-seen order.
+StringTable = dict[str, int]
+#: What a decoder returns.
+Decoded = TypeVar("Decoded")
 
 
 class TraceReadError(Exception):
@@ -161,7 +127,11 @@ _DECODER_EXACT = msgspec.json.Decoder(KFileExact)
 
 @dataclass
 class FileTrace:
-    """One parsed trace file, as compact columns (events sorted by ts; raw clock of the rank)."""
+    """One parsed trace file, as compact columns (raw clock of the rank).
+
+    Events are sorted by ts, unless read with ``sort=False`` (the merge reads a rank's windows
+    that way and sorts them once, together: ``rank_columns.parse_source``).
+    """
 
     path: Path
     rank: int | None
@@ -175,37 +145,87 @@ class FileTrace:
     columns: dict[str, np.ndarray]
     """ts (ns, raw clock), dur (ns), name/cat (int32 codes into ``strings``), kind, lane, corr"""
     strings: list[str]
+    """the string table the name/cat codes index (the rank's so far when it was shared)"""
     lanes: pd.DataFrame
     comm: pd.DataFrame
-    """communication events: event (row), op, group, seq (-1 unknown), bytes (-1 unknown)"""
+    """communication events: event (row), op, group, seq (-1 unknown), bytes (-1 unknown), lane"""
     dropped: dict[str, int] = field(default_factory=dict)
     """events left out and why (negative / missing duration ...)"""
 
 
-def read_bytes(path: Path) -> bytes:
-    """The JSON text of ``path`` (gunzipped for .gz); TraceReadError when unreadable."""
+def text_pieces(path: Path) -> Iterator[bytes]:
+    """The file's JSON text in pieces (gunzipped on the fly); TraceReadError when unreadable.
+
+    The only reader of trace bytes: the streaming decoder, :func:`read_bytes` and
+    ``discovery.sniff`` all take their text from here, so gzip is handled in one place.
+    """
     try:
-        raw = path.read_bytes()
+        fh = path.open("rb")
     except OSError as exc:
         raise TraceReadError(f"cannot read ({exc.strerror or exc})") from None
-    if path.name.endswith(".gz") or raw[:2] == b"\x1f\x8b":
-        try:
-            # One-shot zlib (CRC checked inside inflate); multi-member files fall back to gzip.
-            raw = zlib.decompress(raw, wbits=16 + zlib.MAX_WBITS)
-        except zlib.error:
+    with fh:
+        first = fh.read(READ_BYTES)
+        if not (path.name.endswith(".gz") or first[:2] == GZIP_MAGIC):
+            while first:
+                yield first
+                first = fh.read(READ_BYTES)
+            return
+        dec = zlib.decompressobj(wbits=GZIP_WBITS)
+        piece = first
+        while piece:
             try:
-                raw = gzip.decompress(raw)
-            except (EOFError, OSError, zlib.error) as exc:
+                # Bounded output per call: a 1 MiB compressed piece can hold ~20 MiB of JSON.
+                data = piece
+                while data:
+                    out = dec.decompress(data, TEXT_PIECE_BYTES)
+                    data = dec.unconsumed_tail
+                    if dec.eof and dec.unused_data:  # multi-member gzip
+                        data = dec.unused_data
+                        dec = zlib.decompressobj(wbits=GZIP_WBITS)
+                    if out:
+                        yield out
+            except zlib.error as exc:
                 raise TraceReadError(f"truncated or corrupt gzip ({exc})") from None
+            piece = fh.read(READ_BYTES)
+        if not dec.eof:
+            raise TraceReadError("truncated or corrupt gzip (file ends inside the stream)")
+
+
+def read_bytes(path: Path) -> bytes:
+    """The whole JSON text of ``path`` (gunzipped for .gz); TraceReadError when unreadable."""
+    raw = b"".join(text_pieces(path))
     if not raw[:4096].strip() and not raw.strip():
         raise TraceReadError("empty file")
     return raw
 
 
-def decode(data: bytes) -> KFile:
-    """Decode JSON text into a :class:`KFile` (exact decimals where floats would round)."""
+def _decode_json(decoder: msgspec.json.Decoder[Decoded], data: Any) -> Decoded:
+    """``decoder.decode(data)``; text holding ``NaN`` is decoded again with ``null`` instead.
+
+    The one NaN rule of every path (whole file, streamed block, tail): the retry decodes a copy
+    (the input file is never touched), and the events whose duration was NaN are then dropped
+    and counted. A ValidationError is about content, not NaN, and is raised as is; when the
+    retry fails too, the first error is raised (it names the real position).
+    """
     try:
-        trace = _DECODER.decode(data)
+        return decoder.decode(data)
+    except msgspec.ValidationError:
+        raise
+    except msgspec.DecodeError as exc:
+        if NAN_VALUE.search(data) is None:
+            raise
+        try:
+            return decoder.decode(NAN_VALUE.sub(b"null", data))
+        except msgspec.MsgspecError:
+            raise exc from None
+
+
+def decode(data: bytes, *, exact: bool = False) -> KFile:
+    """Decode JSON text into a :class:`KFile`; ``exact``: Decimal timestamps (:func:`needs_exact`)."""
+    if exact:
+        return _decode_json(_DECODER_EXACT, data)
+    try:
+        trace = _decode_json(_DECODER, data)
     except msgspec.ValidationError as exc:
         if "traceEvents" in str(exc) and "missing required field" in str(exc):
             raise TraceReadError("not a Kineto trace (no traceEvents)") from None
@@ -213,21 +233,8 @@ def decode(data: bytes) -> KFile:
             raise TraceReadError("not a Kineto trace (JSON is not an object)") from None
         raise TraceReadError(f"unexpected trace content: {exc}") from None
     except msgspec.DecodeError as exc:
-        if b"NaN" in data:
-            # Python's json writes NaN for float('nan'); JSON has no NaN. Retry on a copy with
-            # null (the input file is never touched), the events concerned get dropped.
-            try:
-                trace = _DECODER.decode(re.sub(rb"(?<=[:\[,])\s*-?NaN\b", b"null", data))
-            except msgspec.MsgspecError:
-                raise TraceReadError(f"invalid JSON ({exc})") from None
-        else:
-            raise TraceReadError(f"invalid JSON ({exc})") from None
+        raise TraceReadError(f"invalid JSON ({exc})") from None
     return trace
-
-
-def decode_exact(data: bytes) -> KFile:
-    """Decode with exact :class:`~decimal.Decimal` timestamps (see :func:`needs_exact`)."""
-    return _DECODER_EXACT.decode(re.sub(rb"(?<=[:\[,])\s*-?NaN\b", b"null", data))
 
 
 def needs_exact(events: list[KEvent]) -> bool:
@@ -260,131 +267,7 @@ def _decimal_to_ns(values: list[Any]) -> np.ndarray:
     )
 
 
-def classify(cat: str, name: str) -> EventKind:
-    """The :class:`EventKind` of an event from its Kineto category and name."""
-    if cat == "kernel":
-        return EventKind.KERNEL_COMM if NCCL_KERNEL.match(name) else EventKind.KERNEL_COMPUTE
-    if cat == "gpu_memcpy":
-        return EventKind.MEMCPY
-    if cat == "gpu_memset":
-        return EventKind.MEMSET
-    if cat == "cuda_sync":
-        return EventKind.SYNC
-    if cat in ("cuda_runtime", "cuda_driver"):
-        return EventKind.RUNTIME
-    if name.startswith("ProfilerStep#"):
-        return EventKind.PROFILER_STEP
-    if name.startswith("gloo:"):
-        return EventKind.COMM_CPU
-    if name.startswith("c10d::") or name == "record_param_comms" or name.startswith("nccl:"):
-        return EventKind.COMM_ENQUEUE
-    if cat in ("user_annotation", "gpu_user_annotation"):
-        return EventKind.USER_ANNOTATION
-    if cat == "python_function":
-        return EventKind.PYTHON
-    if cat in ("cpu_op", "operator", "cpu_instant_event"):
-        return EventKind.CPU_OP
-    return EventKind.OTHER
-
-
-def collective_op(name: str, collective_arg: Any = None) -> str:
-    """Normalised op name (allreduce, allgather, alltoall, sendrecv, ...) of a comm event."""
-    if isinstance(collective_arg, str) and collective_arg:
-        key = collective_arg.lower()
-        return _OP_ALIASES.get(key, key)
-    if name.startswith("gloo:"):
-        key = name[5:].lower()
-        return _OP_ALIASES.get(key, key)
-    m = re.match(r"^nccl(?:Dev)?Kernel_([A-Za-z]+)", name)
-    if m:
-        key = m.group(1).lower()
-        return _OP_ALIASES.get(key, key)
-    return name.lower()
-
-
-def rank_from_path(path: Path) -> int | None:
-    """Rank from a file name (rank-3, rank3, worker3) or a run-dir folder (ranks/00003/)."""
-    for pattern in RANK_NAME_PATTERNS:
-        m = pattern.search(path.name)
-        if m:
-            return int(m.group(1))
-    if RANK_DIR_PATTERN.match(path.parent.name) and path.parent.parent.name == "ranks":
-        return int(path.parent.name)
-    return None
-
-
-def is_trace_name(path: Path) -> bool:
-    """True for names that may hold a trace (.json / .json.gz, not meta.json / run.json)."""
-    name = path.name
-    if not name.endswith(TRACE_SUFFIXES):
-        return False
-    return not any(p.search(name) for p in NOT_TRACE_PATTERNS)
-
-
-def is_trace_file_name(path: Path) -> bool:
-    """True for names that say "trace" on their own: a rank in the name, a profiler trace name.
-
-    Such a file found in a folder is always taken, so a broken one is reported as a problem.
-    """
-    if not is_trace_name(path):
-        return False
-    return rank_from_path(path) is not None or any(p.search(path.name) for p in TRACE_NAME_PATTERNS)
-
-
-class TraceHead(enum.Enum):
-    """What the first bytes of a JSON file say it is (:func:`sniff`)."""
-
-    TRACE = "a Kineto trace (traceEvents)"
-    EXPORT = "a Perfetto export written by rankscope"
-    OTHER = "JSON that is not a trace"
-    UNREADABLE = "unreadable"
-
-
-def sniff(path: Path, limit: int = SNIFF_BYTES) -> TraceHead:
-    """Tell what ``path`` holds from its first ``limit`` bytes of JSON text (gunzipped).
-
-    Why: a folder is searched recursively, and beside the traces lie other JSON files —
-    rankscope's own outputs (summary.json, a Perfetto export) and the user's. Reading the head
-    of each is cheap and tells them apart without parsing the whole file.
-    """
-    head = bytearray()
-    pieces = cast("Generator[bytes, None, None]", _text_pieces(path))  # a generator
-    try:
-        for piece in pieces:
-            head += piece
-            if len(head) >= limit:
-                break
-    except TraceReadError:
-        if not head:
-            return TraceHead.UNREADABLE
-    finally:
-        pieces.close()  # closes the file now, not when the generator is collected
-    text = bytes(head[:limit])
-    events = _TRACE_KEY.search(text)
-    if _EXPORT_HEAD.match(text[: events.start()] if events else text):
-        return TraceHead.EXPORT
-    if events:
-        return TraceHead.TRACE
-    return TraceHead.OTHER
-
-
-def is_folder_trace(path: Path) -> bool:
-    """Whether a file found in a recursive folder search is merged (else skipped silently).
-
-    Taken: files whose head shows ``traceEvents``, and files named like traces
-    (:func:`is_trace_file_name`) whatever they hold — a truncated ``rank-3.json.gz`` must be
-    reported, not lost. Skipped: hidden files (temporaries, lock files), meta.json / run.json,
-    rankscope's own Perfetto exports (by their marker), and any other JSON (summary.json …).
-    """
-    if path.name.startswith(".") or not is_trace_name(path):
-        return False
-    head = sniff(path)
-    if head is TraceHead.EXPORT:
-        return False
-    return head in (TraceHead.TRACE, TraceHead.UNREADABLE) or is_trace_file_name(path)
-
-
-def read_trace(path: Path) -> FileTrace:
+def read_trace(path: Path, *, strings: StringTable | None = None, sort: bool = True) -> FileTrace:
     """Parse one trace file into compact columns (raises TraceReadError when unusable).
 
     Streaming first (:func:`_stream_events`): the JSON text is decompressed piece by piece and
@@ -394,14 +277,31 @@ def read_trace(path: Path) -> FileTrace:
     Files that are not laid out like Kineto's writer (one line, other indentation) or whose
     blocks fail to decode are read whole instead (:func:`_read_whole`), which also produces the
     precise error message for bad input.
+
+    ``strings``: a table to intern names and categories into, shared with other files (the
+    strings a failed read added are taken out again, so the table only ever holds strings of
+    events that were kept). ``sort=False`` leaves the events in file order (the caller sorts).
     """
-    acc = _Accumulator()
+    table: StringTable = {} if strings is None else strings
+    known = len(table)
     try:
-        top = _stream_events(path, acc)
-    except _NotStreamable:
-        acc = _Accumulator()
-        top = _read_whole(path, acc)
-    return acc.finish(path, top)
+        acc = _Accumulator(table)
+        try:
+            top = _stream_events(path, acc)
+        except _NotStreamable:
+            _forget_since(table, known)
+            acc = _Accumulator(table)
+            top = _read_whole(path, acc)
+        return acc.finish(path, top, sort=sort)
+    except BaseException:
+        _forget_since(table, known)
+        raise
+
+
+def _forget_since(table: StringTable, size: int) -> None:
+    """Take out the strings added to ``table`` after it held ``size`` (dicts keep order)."""
+    for key in list(table)[size:]:
+        del table[key]
 
 
 class _NotStreamable(Exception):
@@ -422,40 +322,6 @@ _BLOCK_DECODER = msgspec.json.Decoder(list[KEvent])
 _BLOCK_DECODER_EXACT = msgspec.json.Decoder(list[KEventExact])
 
 
-def _text_pieces(path: Path) -> Iterator[bytes]:
-    """The file's JSON text in pieces (gunzipped on the fly); TraceReadError when unreadable."""
-    try:
-        fh = path.open("rb")
-    except OSError as exc:
-        raise TraceReadError(f"cannot read ({exc.strerror or exc})") from None
-    with fh:
-        first = fh.read(READ_BYTES)
-        if not (path.name.endswith(".gz") or first[:2] == b"\x1f\x8b"):
-            while first:
-                yield first
-                first = fh.read(READ_BYTES)
-            return
-        dec = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
-        piece = first
-        while piece:
-            try:
-                # Bounded output per call: a 1 MiB compressed piece can hold ~20 MiB of JSON.
-                data = piece
-                while data:
-                    out = dec.decompress(data, TEXT_PIECE_BYTES)
-                    data = dec.unconsumed_tail
-                    if dec.eof and dec.unused_data:  # multi-member gzip
-                        data = dec.unused_data
-                        dec = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
-                    if out:
-                        yield out
-            except zlib.error as exc:
-                raise TraceReadError(f"truncated or corrupt gzip ({exc})") from None
-            piece = fh.read(READ_BYTES)
-        if not dec.eof:
-            raise TraceReadError("truncated or corrupt gzip (file ends inside the stream)")
-
-
 def _stream_events(path: Path, acc: _Accumulator, block_bytes: int = BLOCK_BYTES) -> KFile:
     """Stream the events of ``path`` into ``acc``; returns the top-level fields (no events).
 
@@ -466,7 +332,7 @@ def _stream_events(path: Path, acc: _Accumulator, block_bytes: int = BLOCK_BYTES
     buf = bytearray()
     head: bytes | None = None
     total = 0
-    for piece in _text_pieces(path):
+    for piece in text_pieces(path):
         total += len(piece)
         buf += piece
         if head is None:
@@ -492,13 +358,13 @@ def _stream_events(path: Path, acc: _Accumulator, block_bytes: int = BLOCK_BYTES
     acc.nbytes = total
     rest = b'{"traceEvents": ' + bytes(buf)
     try:
-        top = _DECODER.decode(head + b'"traceEvents": []}')
-        tail = _DECODER.decode(rest)
+        top = _decode_json(_DECODER, head + b'"traceEvents": []}')
+        tail = _decode_json(_DECODER, rest)
+        if tail.traceEvents and needs_exact(tail.traceEvents):
+            tail = _decode_json(_DECODER_EXACT, rest)
     except msgspec.MsgspecError:
         raise _NotStreamable from None
     if tail.traceEvents:
-        if needs_exact(tail.traceEvents):
-            tail = _DECODER_EXACT.decode(rest)
         acc.add(tail.traceEvents)
     for key in ("baseTimeNanoseconds", "distributedInfo", "trace_id", "host_name"):
         if getattr(top, key) is None:
@@ -509,9 +375,9 @@ def _stream_events(path: Path, acc: _Accumulator, block_bytes: int = BLOCK_BYTES
 def _decode_block(block: memoryview) -> list[KEvent]:
     """Decode a JSON array of whole events (exactly, when its stamps need it)."""
     try:
-        events = _BLOCK_DECODER.decode(block)
+        events = _decode_json(_BLOCK_DECODER, block)
         if needs_exact(events):
-            return _BLOCK_DECODER_EXACT.decode(block)  # type: ignore[return-value]
+            return _decode_json(_BLOCK_DECODER_EXACT, block)  # type: ignore[arg-type]
     except msgspec.MsgspecError:
         raise _NotStreamable from None
     return events
@@ -523,7 +389,7 @@ def _read_whole(path: Path, acc: _Accumulator) -> KFile:
     acc.nbytes = len(data)
     trace = decode(data)
     if needs_exact(trace.traceEvents):
-        trace = decode_exact(data)
+        trace = decode(data, exact=True)
     del data
     events = trace.traceEvents
     trace.traceEvents = []
@@ -534,9 +400,9 @@ def _read_whole(path: Path, acc: _Accumulator) -> KFile:
 class _Accumulator:
     """Reduces decoded events, block by block, to compact columns (see :func:`read_trace`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, strings: StringTable | None = None) -> None:
         self.nbytes = 0
-        self.strings: dict[str, int] = {}
+        self.strings: StringTable = {} if strings is None else strings
         self.lanes: dict[tuple[str, str], int] = {}
         self.kinds: dict[int, int] = {}
         self.thread_names: dict[tuple[str, str], list[str]] = {}
@@ -633,17 +499,15 @@ class _Accumulator:
             seq = -1
             if a is not None and isinstance(a.seq, int | str) and str(a.seq).isdigit():
                 seq = int(a.seq)
-            size = -1
-            if a is not None and isinstance(a.in_nelems, int):
-                size = a.in_nelems * _DTYPE_BYTES.get(str(a.dtype), 1 if a.dtype is None else 4)
+            size = message_bytes(a.in_nelems, a.dtype) if a is not None else -1
             self.comm_rows.append((self.count + i, op, group, seq, size))
         for key, arr in (("ts", ts), ("dur", dur), ("name", name), ("cat", cat), ("kind", kind),
                          ("lane", lane), ("corr", corr)):  # fmt: skip
             self.parts.setdefault(key, []).append(arr)
         self.count += n
 
-    def finish(self, path: Path, top: KFile) -> FileTrace:
-        """Concatenate, add the time base, sort by ts, and build the lane table."""
+    def finish(self, path: Path, top: KFile, *, sort: bool = True) -> FileTrace:
+        """Concatenate, add the time base, sort by ts (unless ``sort`` is False), build lanes."""
         import pandas as pd
 
         cols = {k: np.concatenate(v) if v else np.zeros(0, np.int64) for k, v in self.parts.items()}
@@ -662,18 +526,11 @@ class _Accumulator:
             }
         base = top.baseTimeNanoseconds or 0
         cols["ts"] = cols["ts"] + np.int64(base)
-        order = np.argsort(cols["ts"], kind="stable")
-        inverse = np.empty_like(order)
-        inverse[order] = np.arange(len(order))
-        cols = {k: v[order] for k, v in cols.items()}
+        inverse = None
+        if sort:
+            cols, inverse = sort_by_ts(cols)
         strings = list(self.strings)
-        gpu_kinds = [
-            EventKind.KERNEL_COMPUTE,
-            EventKind.KERNEL_COMM,
-            EventKind.MEMCPY,
-            EventKind.MEMSET,
-        ]
-        is_gpu = np.isin(cols["kind"], gpu_kinds)
+        is_gpu = np.isin(cols["kind"], GPU_KINDS)
         gpu_cat = np.array([s in GPU_CATS for s in strings], dtype=bool)
         if len(gpu_cat):
             is_gpu |= gpu_cat[cols["cat"]]
@@ -690,7 +547,8 @@ class _Accumulator:
         lanes = pd.DataFrame(rows, columns=["lane", "kind", "pid", "tid", "name"])
         comm = pd.DataFrame(self.comm_rows, columns=["event", "op", "group", "seq", "bytes"])
         if len(comm):
-            comm["event"] = inverse[comm["event"].to_numpy(np.int64)]
+            if inverse is not None:
+                comm["event"] = inverse[comm["event"].to_numpy(np.int64)]
             comm["lane"] = cols["lane"][comm["event"].to_numpy(np.int64)]
         else:
             comm["lane"] = np.zeros(0, np.int32)
@@ -714,3 +572,15 @@ class _Accumulator:
             comm=comm,
             dropped=dropped,
         )
+
+
+def sort_by_ts(columns: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """``columns`` sorted by ``ts`` (stable: ties keep their order) and the new row of each old row.
+
+    Stable, so sorting several files' events at once gives what sorting each file and then the
+    concatenation gives: ties stay in file order, then in event order within the file.
+    """
+    order = np.argsort(columns["ts"], kind="stable")
+    inverse = np.empty_like(order)
+    inverse[order] = np.arange(len(order))
+    return {k: v[order] for k, v in columns.items()}, inverse

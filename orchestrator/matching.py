@@ -19,7 +19,7 @@ collectives of their group: in a pipeline rank 1 receives from 0 and sends to 2,
 sequence number nor "the k-th recv" lines them up across ranks. They are paired instead: the
 k-th send from s to d in a profiler step is the k-th recv on d from s in that step (both sides
 issue in program order), key ``(s, d, step, k)``. The peer comes from the rank runtime's
-annotation (``peer`` column, see ``merge._p2p_peers``); without it (traces not recorded by
+annotation (``peer`` column, see ``rank_columns._p2p_peers``); without it (traces not recorded by
 ``rankscope run``) each send / recv stays a collective of one rank: unmatched rather than
 wrongly matched.
 """

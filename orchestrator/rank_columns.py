@@ -1,0 +1,288 @@
+"""One rank's columns: its trace files parsed, joined in time order, with steps, launches, peers.
+
+:func:`parse_source` is the merge's per-rank task (it runs on a Dask worker, or in-process): it
+decodes the rank's files one after the other into one string table (``decode.read_trace``),
+joins the windows, sorts the events by ``ts`` once, and derives what only the rank's own events
+tell — the ProfilerStep ranges, each event's step (GPU work takes its launch's), and the
+communication table with normalised groups and point-to-point peers. What it returns is small
+besides the columns (a few tens of bytes per event); all times are the rank's raw clock (ns).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from rankscope.analysis.schema import EventKind
+from rankscope.orchestrator.discovery import Problem, RankSource
+from rankscope.orchestrator.vocabulary import GPU_KINDS
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pandas as pd
+    from rankscope.orchestrator.decode import FileTrace
+
+#: Annotations looked back through for one that is still open (p2p calls nest at most this deep).
+MAX_P2P_NESTING = 4
+
+
+@dataclass
+class RankResult:
+    """What a parse task returns: one rank's compact columns and small tables."""
+
+    source: RankSource
+    rank: int | None
+    world_size: int | None
+    backend: str | None
+    host: str | None
+    trace_ids: list[str]
+    nbytes: int
+    columns: dict[str, np.ndarray] | None
+    """ts (raw ns), dur, name, cat (codes into strings), kind, lane, corr, step, window"""
+    strings: list[str]
+    lanes: pd.DataFrame | None
+    comm: pd.DataFrame | None
+    steps: pd.DataFrame | None
+    problems: list[Problem]
+    t_first: int = 0
+    """first event start (ns, the rank's raw clock)"""
+
+
+def parse_source(source: RankSource) -> RankResult:
+    """Parse all files of one rank (runs in a Dask worker): compact columns + small tables."""
+    import numpy as np
+    import pandas as pd
+    from rankscope.orchestrator.decode import StringTable, TraceReadError, read_trace, sort_by_ts
+
+    parts: list[tuple[int, FileTrace]] = []
+    problems: list[Problem] = []
+    hint = source.rank_hint if source.rank_hint is not None else -1
+    strings: StringTable = {}  # one table for all windows: codes need no translation below
+    for window, path in source.files:
+        try:
+            ft = read_trace(path, strings=strings, sort=False)
+        except TraceReadError as exc:
+            problems.append(Problem(str(path), hint, str(exc)))
+            continue
+        except MemoryError:
+            problems.append(Problem(str(path), hint, "out of memory while parsing"))
+            continue
+        for why, count in ft.dropped.items():
+            problems.append(Problem(str(path), hint, f"{count} {why} dropped"))
+        if len(ft.columns["ts"]) == 0:
+            problems.append(Problem(str(path), hint, "trace holds no events with a duration"))
+            continue
+        parts.append((window, ft))
+    if not parts:
+        return RankResult(
+            source, None, None, None, None, [], 0, None, [], None, None, None, problems
+        )
+    ranks = {ft.rank for _, ft in parts if ft.rank is not None}
+    rank = source.rank_hint if source.from_run_dir else None
+    if rank is None:
+        rank = min(ranks) if ranks else source.rank_hint
+    if source.from_run_dir and ranks and ranks != {rank}:
+        problems.append(
+            Problem(source.label, hint, f"trace says rank {sorted(ranks)}, folder says {rank}")
+        )
+    # Concatenate windows: unify lanes, keep the window index per event.
+    lane_keys: dict[tuple[int, str, str], int] = {}
+    lane_rows: list[dict[str, Any]] = []
+    cols: dict[str, list[np.ndarray]] = {}
+    comms = []
+    offset = 0
+    for window, ft in parts:
+        lmap = np.empty(len(ft.lanes), dtype=np.int32)
+        for row in ft.lanes.itertuples(index=False):
+            key = (int(row.kind), str(row.pid), str(row.tid))
+            if key not in lane_keys:
+                lane_keys[key] = len(lane_keys)
+                lane_rows.append(
+                    {
+                        "lane": lane_keys[key],
+                        "kind": row.kind,
+                        "pid": row.pid,
+                        "tid": row.tid,
+                        "name": row.name,
+                    }
+                )
+            lmap[int(row.lane)] = lane_keys[key]
+        c = dict(ft.columns)
+        c["lane"] = lmap[c["lane"]]
+        c["window"] = np.full(len(c["ts"]), window, dtype=np.int16)
+        for k, v in c.items():
+            cols.setdefault(k, []).append(v)
+        comm = ft.comm.copy()
+        comm["event"] = comm["event"].to_numpy(np.int64) + offset
+        comm["lane"] = lmap[comm["lane"].to_numpy(np.int64)] if len(comm) else comm["lane"]
+        comms.append(comm)
+        offset += len(c["ts"])
+    # The one sort of the rank's events (files were read unsorted; stable, see sort_by_ts).
+    columns, inverse = sort_by_ts({k: np.concatenate(v) for k, v in cols.items()})
+    del cols
+    strings_list = list(strings)
+    comm_all = pd.concat(comms, ignore_index=True) if comms else pd.DataFrame()
+    if len(comm_all):
+        comm_all["event"] = inverse[comm_all["event"].to_numpy(np.int64)]
+    steps = _steps(columns, strings_list)
+    columns["step"] = _step_column(columns, steps)
+    lanes = pd.DataFrame(lane_rows, columns=["lane", "kind", "pid", "tid", "name"])
+    comm_table = _comm_table(comm_all, columns, strings_list)
+    first = parts[0][1]
+    return RankResult(
+        source=source,
+        rank=rank,
+        world_size=next((ft.world_size for _, ft in parts if ft.world_size), None),
+        backend=first.backend,
+        host=next((ft.host for _, ft in parts if ft.host), None),
+        trace_ids=sorted({ft.trace_id for _, ft in parts if ft.trace_id}),
+        nbytes=sum(ft.nbytes for _, ft in parts),
+        columns=columns,
+        strings=strings_list,
+        lanes=lanes,
+        comm=comm_table,
+        steps=steps,
+        problems=problems,
+        t_first=int(columns["ts"][0]),
+    )
+
+
+def _steps(columns: dict[str, np.ndarray], strings: list[str]) -> pd.DataFrame:
+    """ProfilerStep ranges of one rank (raw ns): step, start, end."""
+    import numpy as np
+    import pandas as pd
+
+    idx = np.flatnonzero(columns["kind"] == EventKind.PROFILER_STEP)
+    rows = []
+    for i in idx.tolist():
+        name = strings[int(columns["name"][i])]
+        try:
+            step = int(name.split("#", 1)[1])
+        except (IndexError, ValueError):
+            continue
+        start = int(columns["ts"][i])
+        rows.append((step, start, start + int(columns["dur"][i])))
+    frame = pd.DataFrame(rows, columns=["step", "start", "end"])
+    return frame.drop_duplicates("step").sort_values("start").reset_index(drop=True)
+
+
+def _step_column(columns: dict[str, np.ndarray], steps: pd.DataFrame) -> np.ndarray:
+    """Step of each event: the ProfilerStep it starts in; GPU work takes its launch's step."""
+    import numpy as np
+
+    ts = columns["ts"]
+    out = np.full(len(ts), -1, dtype=np.int32)
+    if steps.empty:
+        return out
+    starts = steps["start"].to_numpy(np.int64)
+    ends = steps["end"].to_numpy(np.int64)
+    nums = steps["step"].to_numpy(np.int32)
+    pos = np.searchsorted(starts, ts, side="right") - 1
+    inside = (pos >= 0) & (ts < ends[np.clip(pos, 0, None)])
+    out[inside] = nums[pos[inside]]
+    # GPU activity runs after its launch: take the step of the CPU runtime call with its corr.
+    gidx = np.flatnonzero(np.isin(columns["kind"], GPU_KINDS))
+    launch = _launches(columns, gidx)
+    found = launch >= 0
+    out[gidx[found]] = out[launch[found]]
+    return out
+
+
+def _launches(columns: dict[str, np.ndarray], idx: np.ndarray) -> np.ndarray:
+    """Row of the CPU runtime call (same correlation id) that launched each GPU event ``idx``.
+
+    -1 where the event has no correlation id or its launch is not in the trace.
+    """
+    import numpy as np
+
+    corr = columns["corr"]
+    out = np.full(len(idx), -1, dtype=np.int64)
+    runtime = np.flatnonzero((columns["kind"] == EventKind.RUNTIME) & (corr >= 0))
+    if not len(runtime) or not len(idx):
+        return out
+    order = np.argsort(corr[runtime], kind="stable")
+    rc, rows = corr[runtime][order], runtime[order]
+    want = corr[idx]
+    p = np.clip(np.searchsorted(rc, want), 0, len(rc) - 1)
+    found = (want >= 0) & (rc[p] == want)
+    out[found] = rows[p[found]]
+    return out
+
+
+def _comm_table(
+    comm: pd.DataFrame, columns: dict[str, np.ndarray], strings: list[str]
+) -> pd.DataFrame:
+    """One rank's comm events with groups normalised, step, start and end (raw ns), and peer.
+
+    ``peer``: global rank of the other side of a send / recv, from the rank runtime's
+    annotation around the call (:func:`_p2p_peers`); -1 for collectives and unknown peers.
+    """
+    import numpy as np
+    import pandas as pd
+    from rankscope.orchestrator.matching import RANK_COMM_COLUMNS, normalise_groups
+
+    if comm.empty:
+        empty = pd.DataFrame({c: np.array([], dtype=np.int64) for c in RANK_COMM_COLUMNS})
+        empty["gpu"] = empty["gpu"].astype(bool)
+        return empty
+    ev = comm["event"].to_numpy(np.int64)
+    comm = comm.copy()
+    comm["step"] = columns["step"][ev]
+    comm["start"] = columns["ts"][ev]
+    comm["end"] = columns["ts"][ev] + columns["dur"][ev]
+    is_cpu = pd.Series(columns["kind"][ev] == EventKind.COMM_CPU, index=comm.index)
+    comm["group"] = normalise_groups(comm, is_cpu, comm["lane"])
+    comm["gpu"] = ~is_cpu
+    ops, peers = _p2p_peers(comm["op"].to_numpy(object), ev, columns, strings)
+    comm["op"] = ops
+    comm["peer"] = peers
+    return comm.loc[:, list(RANK_COMM_COLUMNS)].reset_index(drop=True)
+
+
+#: Annotations looked back through for one that is still open (p2p calls nest at most this deep).
+MAX_P2P_NESTING = 4
+
+
+def _p2p_peers(
+    ops: np.ndarray, ev: np.ndarray, columns: dict[str, np.ndarray], strings: list[str]
+) -> tuple[np.ndarray, np.ndarray]:
+    """(op, peer) of each comm event: the p2p annotation (rundir.P2P_ANNOTATION_FORMAT) around it.
+
+    The annotation wraps the host call, so a gloo op starts inside it, while a GPU kernel runs
+    later: for kernels the host time is that of the runtime call that launched them (same
+    correlation id). The latest annotation starting at or before the host time that is still open
+    then gives the direction and the peer — a ``SendRecv`` kernel of NCCL becomes a send or recv.
+    Events outside any annotation keep their op and peer -1.
+    """
+    import numpy as np
+    from rankscope.analysis.schema import P2P_OPS
+    from rankscope.launchers.rundir import P2P_ANNOTATION_PATTERN
+
+    peers = np.full(len(ev), -1, dtype=np.int64)
+    parsed = {
+        i: m.groups() for i, s in enumerate(strings) if (m := P2P_ANNOTATION_PATTERN.fullmatch(s))
+    }
+    candidates = np.isin(ops, [*P2P_OPS, "sendrecv"])
+    if not parsed or not candidates.any():
+        return ops, peers
+    name = columns["name"]
+    ann = np.flatnonzero(np.isin(name, np.fromiter(parsed, np.int64, len(parsed))))
+    a_start = columns["ts"][ann]  # sorted: columns are in ts order
+    a_end = a_start + columns["dur"][ann]
+    host = columns["ts"][ev].copy()
+    gpu = columns["kind"][ev] == EventKind.KERNEL_COMM
+    if gpu.any():
+        launch = _launches(columns, ev[gpu])
+        # a kernel without its launch in the trace has no host time (-1)
+        host[gpu] = np.where(launch >= 0, columns["ts"][np.maximum(launch, 0)], -1)
+    ops = ops.copy()
+    for i in np.flatnonzero(candidates & (host >= 0)).tolist():
+        k = int(np.searchsorted(a_start, host[i], side="right")) - 1
+        stop = k - MAX_P2P_NESTING
+        while k > stop and k >= 0 and a_end[k] < host[i]:
+            k -= 1  # an earlier, longer annotation may still be open (nested calls)
+        if k > stop and k >= 0:
+            op, peer = parsed[int(name[ann[k]])]
+            ops[i] = op
+            peers[i] = int(peer)
+    return ops, peers

@@ -1,0 +1,128 @@
+"""The merge's files beside its output: the lock, the temporary store, the parked ranks.
+
+A merge writes ``trace.h5`` under a lock (:func:`output_lock`), to a temporary name renamed over
+the output when complete (:data:`TMP_FORMAT`), and parks each parsed rank's columns in a spill
+folder until it knows which ranks to keep and how to align them (:class:`Spill`, why in
+``merge``'s docstring). Every temporary ends in ``.tmp``, so the next merge of the same output
+removes what a killed one left (:func:`remove_stale`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rankscope.errors import InputFileError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+#: Lock file beside the output, held (fcntl) while a merge writes it.
+LOCK_FORMAT = ".{name}.lock"
+#: Temporary output name (same folder, renamed over the output when complete).
+TMP_FORMAT = ".{name}.{pid}.tmp"
+#: Folder beside the output where parsed ranks wait to be written (:class:`_Spill`).
+SPILL_FORMAT = ".{name}.{pid}.ranks.tmp"
+#: One parked column of one rank inside the spill folder.
+SPILL_COLUMN_FORMAT = "{rank:05d}.{column}.npy"
+#: What a killed merge may have left beside the output (temporary store, spill folder).
+STALE_GLOB = ".{name}.*.tmp"
+
+
+@contextlib.contextmanager
+def output_lock(output: Path) -> Iterator[None]:
+    """Hold ``.trace.h5.lock`` beside ``output`` (fcntl), or fail with a clear message.
+
+    The lock file exists only while a merge holds it: it is removed, whether the merge succeeded
+    or failed, while still locked, right before the release. A merge that opened the file just
+    before that and then gets the lock holds an unlinked inode, which locks nothing: it sees that
+    the path no longer names the inode it locked, and starts again on a fresh file.
+    """
+    import fcntl
+
+    lock_path = output.parent / LOCK_FORMAT.format(name=output.name)
+    while True:
+        fh = lock_path.open("a+")
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.close()
+            raise InputFileError(
+                f"{output}: another merge is writing this store (lock {lock_path}); "
+                "wait for it to finish and try again"
+            ) from None
+        if _same_file(lock_path, fh.fileno()):
+            break
+        fh.close()  # the previous holder removed it as it finished: lock the path's new file
+    try:
+        yield
+    finally:
+        try:
+            lock_path.unlink(missing_ok=True)  # still held: a late waiter re-checks the inode
+        finally:
+            fh.close()  # releases the lock
+
+
+def _same_file(path: Path, fd: int) -> bool:
+    """True when ``path`` still names the open file ``fd`` (same device and inode)."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return False
+    own = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
+
+
+def remove_stale(out: Path) -> None:
+    """Remove what an interrupted merge left (we hold the lock: nobody else writes these)."""
+    for stale in out.parent.glob(STALE_GLOB.format(name=out.name)):
+        if stale.is_dir():
+            shutil.rmtree(stale, ignore_errors=True)
+        else:
+            stale.unlink(missing_ok=True)
+
+
+class Spill:
+    """Parsed ranks' event columns, parked as raw ``.npy`` files until the merge writes them.
+
+    Why (module docstring): which ranks are kept and how their clocks shift are known only once
+    every rank is parsed; until then each rank's columns wait here, one file per column, so the
+    parent holds one rank's arrays at a time. The folder is the caller's to remove.
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._columns: dict[int, list[str]] = {}
+        folder.mkdir()
+
+    def _path(self, rank: int, column: str) -> Path:
+        return self.folder / SPILL_COLUMN_FORMAT.format(rank=rank, column=column)
+
+    def put(self, rank: int, columns: Mapping[str, np.ndarray]) -> None:
+        """Park the columns of ``rank`` (replacing those parked for it before)."""
+        import numpy as np
+
+        self.drop(rank)
+        for name, values in columns.items():
+            with self._path(rank, name).open("wb") as fh:
+                np.save(fh, values, allow_pickle=False)
+        self._columns[rank] = list(columns)
+
+    def take(self, rank: int) -> dict[str, np.ndarray]:
+        """The columns parked for ``rank``, read back."""
+        import numpy as np
+
+        out = {}
+        for name in self._columns[rank]:
+            with self._path(rank, name).open("rb") as fh:
+                out[name] = np.load(fh, allow_pickle=False)
+        return out
+
+    def drop(self, rank: int) -> None:
+        """Forget ``rank`` and remove its files."""
+        for name in self._columns.pop(rank, []):
+            self._path(rank, name).unlink(missing_ok=True)

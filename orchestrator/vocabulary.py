@@ -1,0 +1,107 @@
+"""The Kineto event vocabulary: what an event is (:func:`classify`) and which collective it runs.
+
+Kineto names things several ways for one meaning — NCCL kernel names (``ncclKernel_*``, newer
+``ncclDevKernel_*``), gloo ops (``gloo:all_reduce``), c10d names and ``record_param_comms`` args
+(``Collective name``) — and the store keeps one word for each: an :class:`EventKind` per event,
+decided once at merge time, and a normalised op name per communication event. The rules live
+here, apart from the decoder, so adding a trace source changes one table, not the reader.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from rankscope.analysis.schema import EventKind
+
+#: NCCL kernels: ncclKernel_* (older) and ncclDevKernel_* (newer).
+NCCL_KERNEL = re.compile(r"^nccl.*Kernel", re.IGNORECASE)
+#: The op part of an NCCL kernel name (``ncclDevKernel_AllGather_RING_LL`` → ``AllGather``).
+NCCL_KERNEL_OP = re.compile(r"^nccl(?:Dev)?Kernel_([A-Za-z]+)")
+#: Prefix of gloo's CPU-side collectives (``gloo:all_reduce``).
+GLOO_PREFIX = "gloo:"
+#: Kineto categories of events that run on a GPU stream.
+GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"})
+#: Event kinds that run on a GPU stream (their step and host time are their launch's).
+GPU_KINDS = (EventKind.KERNEL_COMPUTE, EventKind.KERNEL_COMM, EventKind.MEMCPY, EventKind.MEMSET)
+#: Collective op names from NCCL kernel names / gloo ops / c10d names, normalised.
+OP_ALIASES = {
+    "all_reduce": "allreduce",
+    "allreduce": "allreduce",
+    "all_gather": "allgather",
+    "allgather": "allgather",
+    "all_gather_into_tensor": "allgather",
+    "_allgather_base": "allgather",
+    "reduce_scatter": "reducescatter",
+    "reducescatter": "reducescatter",
+    "_reduce_scatter_base": "reducescatter",
+    "reduce_scatter_tensor": "reducescatter",
+    "all_to_all": "alltoall",
+    "alltoall": "alltoall",
+    "alltoall_base": "alltoall",
+    "all_to_allv": "alltoall",
+    "sendrecv": "sendrecv",
+    "broadcast": "broadcast",
+    "reduce": "reduce",
+    "gather": "gather",
+    "scatter": "scatter",
+    "barrier": "barrier",
+    "send": "send",
+    "recv": "recv",
+}
+#: bytes per element of record_param_comms ``dtype``.
+DTYPE_BYTES = {
+    "Float": 4, "Half": 2, "BFloat16": 2, "Double": 8, "Int": 4, "Long": 8,
+    "Byte": 1, "Char": 1, "Short": 2, "Bool": 1,
+}  # fmt: skip
+#: Bytes per element assumed for a ``dtype`` missing from :data:`DTYPE_BYTES` (1 when absent).
+UNKNOWN_DTYPE_BYTES = 4
+
+
+def classify(cat: str, name: str) -> EventKind:
+    """The :class:`EventKind` of an event from its Kineto category and name."""
+    if cat == "kernel":
+        return EventKind.KERNEL_COMM if NCCL_KERNEL.match(name) else EventKind.KERNEL_COMPUTE
+    if cat == "gpu_memcpy":
+        return EventKind.MEMCPY
+    if cat == "gpu_memset":
+        return EventKind.MEMSET
+    if cat == "cuda_sync":
+        return EventKind.SYNC
+    if cat in ("cuda_runtime", "cuda_driver"):
+        return EventKind.RUNTIME
+    if name.startswith("ProfilerStep#"):
+        return EventKind.PROFILER_STEP
+    if name.startswith(GLOO_PREFIX):
+        return EventKind.COMM_CPU
+    if name.startswith("c10d::") or name == "record_param_comms" or name.startswith("nccl:"):
+        return EventKind.COMM_ENQUEUE
+    if cat in ("user_annotation", "gpu_user_annotation"):
+        return EventKind.USER_ANNOTATION
+    if cat == "python_function":
+        return EventKind.PYTHON
+    if cat in ("cpu_op", "operator", "cpu_instant_event"):
+        return EventKind.CPU_OP
+    return EventKind.OTHER
+
+
+def collective_op(name: str, collective_arg: Any = None) -> str:
+    """Normalised op name (allreduce, allgather, alltoall, sendrecv, ...) of a comm event."""
+    if isinstance(collective_arg, str) and collective_arg:
+        key = collective_arg.lower()
+        return OP_ALIASES.get(key, key)
+    if name.startswith(GLOO_PREFIX):
+        key = name[len(GLOO_PREFIX) :].lower()
+        return OP_ALIASES.get(key, key)
+    m = NCCL_KERNEL_OP.match(name)
+    if m:
+        key = m.group(1).lower()
+        return OP_ALIASES.get(key, key)
+    return name.lower()
+
+
+def message_bytes(nelems: Any, dtype: Any) -> int:
+    """Bytes of a collective's message from ``In msg nelems`` and ``dtype`` (-1 when unknown)."""
+    if not isinstance(nelems, int):
+        return -1
+    return nelems * DTYPE_BYTES.get(str(dtype), 1 if dtype is None else UNKNOWN_DTYPE_BYTES)
