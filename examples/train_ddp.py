@@ -13,6 +13,13 @@ Testing knobs: ``--fail-rank R --fail-step S`` raises on rank R at step S; ``--k
 ``rankscope.step()``; ``--bare-profiler`` runs plain torch.profiler with the same schedule (the
 overhead benchmark's baseline); ``--step-times FILE`` writes per-step wall and main-thread CPU
 seconds (``{rank}`` in FILE is replaced by the rank).
+
+Memory knobs (real allocations the profiler sees with ``rankscope run --profile-memory``; MB is
+MiB, 2**20 bytes, on the model's device): ``--leak-mb R:MB`` makes rank R keep MB of new tensors
+every step (allocated in ``record_function("rankscope_example::leak")``, never freed);
+``--extra-memory-mb R:MB`` makes rank R hold MB more throughout each step (allocated at the start
+of the step in ``record_function("rankscope_example::extra_memory")`` and released after the
+optimizer step, so it is live at the rank's peak).
 """
 
 from __future__ import annotations
@@ -80,7 +87,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--active", type=int, default=3, help="--bare-profiler schedule")
     p.add_argument("--repeat", type=int, default=1, help="--bare-profiler schedule")
     p.add_argument("--step-times", default=None, help="write per-step seconds as JSON ({rank} ok)")
+    p.add_argument(
+        "--leak-mb",
+        type=rank_mb,
+        default=None,
+        metavar="R:MB",
+        help="rank R keeps MB MiB of new tensors every step (a leak)",
+    )
+    p.add_argument(
+        "--extra-memory-mb",
+        type=rank_mb,
+        default=None,
+        metavar="R:MB",
+        help="rank R holds MB MiB more throughout each step",
+    )
     return p.parse_args(argv)
+
+
+def rank_mb(text: str) -> tuple[int, float]:
+    """``R:MB`` → (rank, MiB); argparse reports a ValueError as a usage error."""
+    rank, sep, mb = text.partition(":")
+    if not sep or int(rank) < 0 or float(mb) < 0:
+        raise ValueError(text)
+    return int(rank), float(mb)
+
+
+def allocate_mb(mb: float, device: torch.device) -> torch.Tensor:
+    """A real ``mb`` MiB tensor on ``device`` (uint8; ``torch.ones`` touches every page)."""
+    return torch.ones(int(mb * 2**20), dtype=torch.uint8, device=device)
 
 
 def spend(ms: float, mode: str) -> None:
@@ -169,6 +203,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.no_optimizer:
         import rankscope
 
+    leak_mb = args.leak_mb[1] if args.leak_mb and args.leak_mb[0] == rank else 0.0
+    extra_mb = (
+        args.extra_memory_mb[1] if args.extra_memory_mb and args.extra_memory_mb[0] == rank else 0.0
+    )
+    leaked: list[torch.Tensor] = []  # --leak-mb: kept for the whole run
     times: list[float] = []
     cpu_times: list[float] = []  # main-thread CPU s per step: robust to a loaded machine
     t0 = time.perf_counter()
@@ -181,6 +220,13 @@ def main(argv: list[str] | None = None) -> None:
         if step == args.kill_step and rank == args.kill_rank:
             os.kill(os.getpid(), signal.SIGKILL)
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        extra = None
+        if extra_mb > 0:
+            with record_function("rankscope_example::extra_memory"):
+                extra = allocate_mb(extra_mb, device)
+        if leak_mb > 0:
+            with record_function("rankscope_example::leak"):
+                leaked.append(allocate_mb(leak_mb, device))
         if rank == args.straggler_rank and args.straggler_ms > 0:
             with record_function("straggler_work"):
                 spend(args.straggler_ms, args.straggler_mode)
@@ -197,6 +243,7 @@ def main(argv: list[str] | None = None) -> None:
                     if p.grad is not None:
                         p.add_(p.grad, alpha=-args.lr)
             rankscope.step()
+        del extra  # --extra-memory-mb: held until the step's work is done
         if prof is not None:
             prof.step()
         if cuda:

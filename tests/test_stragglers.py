@@ -107,6 +107,25 @@ def test_binomial_p_value() -> None:
     assert binomial_p_value(0, 10, 0.25) == 1.0
 
 
+@pytest.mark.parametrize("n", [1, 2, 7, 40, 333, 5000, 120_000])
+@pytest.mark.parametrize("chance", [1 / 2, 1 / 4, 1 / 8, 1 / 1024, 0.93])
+def test_binomial_p_value_equals_scipy(n: int, chance: float) -> None:
+    """The math-only tail equals scipy's survival function over the whole range of counts."""
+    from scipy.stats import binom
+
+    for k in sorted({1, 2, n // 3, int(n * chance), int(n * chance) + 1, n // 2, n - 1, n}):
+        if k < 1:
+            continue
+        expected = float(binom.sf(k - 1, n, chance))
+        got = binomial_p_value(k, n, chance)
+        if expected < 1e-290:
+            assert got < 1e-280
+        elif expected < 0.5:
+            assert got == pytest.approx(expected, rel=1e-7), (k, n, chance)
+        else:
+            assert got == pytest.approx(expected, abs=1e-9), (k, n, chance)
+
+
 def test_real_gloo_straggler_is_rank_2_by_its_own_compute(data_dir, tmp_path) -> None:
     """tests/data/cpu_gloo_4rank_straggler: rank 2 sleeps 20 ms per step in record_function."""
     from analysis_frames import merged

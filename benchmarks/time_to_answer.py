@@ -1,0 +1,260 @@
+"""Time to answer: rankscope vs Holistic Trace Analysis, whole processes, side by side.
+
+    python benchmarks/time_to_answer.py                # 5 interleaved rounds, table printed
+    python benchmarks/time_to_answer.py --rounds 1 --sets dlrm   # quick look
+
+What a user feels is the wall time from typing the command to reading the answer, so every
+figure here is a **whole process** (interpreter start, imports, work, exit), timed from this
+script with ``time.perf_counter`` around ``subprocess.run``. The two tools run on the same files,
+interleaved A B A B for ``--rounds`` rounds so that load swings on a shared machine hit both
+alike; the table gives the median over rounds (and the spread, min–max).
+
+Sets (each a row of the table):
+
+* ``dlrm``: ``tests/data/param_dlrm_8rank`` (8 small NCCL ranks, 7 MB of JSON). rankscope:
+  ``rankscope merge`` then ``rankscope analyze --json`` (two processes, times summed: that is
+  what a user types). HTA 0.5.0: one process that loads the folder and runs the analyses that
+  answer the same questions — temporal breakdown, comm/comp overlap, potential stragglers.
+* ``big``: ``tests/data/hta/df_index_resolver`` (one rank, 54 MB of JSON). ``rankscope merge``
+  vs ``TraceAnalysis(trace_dir=...)`` (HTA's load, which parses the trace).
+* ``end-of-run``: what ``rankscope run`` does after its last rank exits (merge, analyse, print
+  the summary, write report/), on a copy of the example's real 4-rank run folder
+  (``tests/data/cpu_gloo_4rank_ddp_buckets``): a fresh process calling ``run.after_run``, so the
+  figure also counts an interpreter start that the real ``rankscope run`` has already paid.
+* ``reader``: rankscope's trace reader alone, in this process, on the big rank: MB of JSON per
+  second per core (no HTA peer: it has no reader separate from its load).
+
+HTA runs from its own venv (``--hta-python``, default /tmp/hta-venv/bin/python; create it with
+``python benchmarks/merge_vs_hta.py --setup-hta``). A smoke test (tests/test_benchmarks.py)
+runs this script with ``--rounds 1 --no-hta`` so it keeps working; it asserts no time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DLRM = ROOT / "tests" / "data" / "param_dlrm_8rank"
+BIG = ROOT / "tests" / "data" / "hta" / "df_index_resolver"
+RUN = ROOT / "tests" / "data" / "cpu_gloo_4rank_ddp_buckets"
+HTA_PYTHON = Path("/tmp/hta-venv/bin/python")
+SETS = ("dlrm", "big", "reader", "end-of-run")
+
+#: HTA's answer to "where does the time go and who is the straggler" on a multi-rank folder.
+HTA_ANALYSE = """
+import sys, logging
+logging.disable(logging.WARNING)
+from hta.trace_analysis import TraceAnalysis
+a = TraceAnalysis(trace_dir=sys.argv[1])
+a.get_temporal_breakdown(visualize=False)
+a.get_comm_comp_overlap(visualize=False)
+a.get_potential_stragglers()
+"""
+
+#: HTA's load alone (it parses every rank's trace).
+HTA_LOAD = """
+import sys, logging
+logging.disable(logging.WARNING)
+from hta.trace_analysis import TraceAnalysis
+TraceAnalysis(trace_dir=sys.argv[1])
+"""
+
+
+def rankscope_argv(*args: str) -> list[str]:
+    """The ``rankscope`` command as a user runs it (the venv's console script when present)."""
+    exe = Path(sys.executable).with_name("rankscope")
+    if exe.exists():
+        return [str(exe), *args]
+    return [sys.executable, "-m", "rankscope", *args]
+
+
+def timed(argv: list[str], cwd: Path | None = None) -> float:
+    """Wall seconds of one whole process; a failure stops the benchmark with its stderr."""
+    t = time.perf_counter()
+    proc = subprocess.run(argv, cwd=cwd, capture_output=True, text=True)
+    wall = time.perf_counter() - t
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(argv[:3])}… failed ({proc.returncode}): {proc.stderr[-800:]}")
+    return wall
+
+
+def traces_only(src: Path, dest: Path) -> Path:
+    """A folder holding only ``src``'s trace files (HTA takes every *.json of its folder)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.name.endswith((".json", ".json.gz")):
+            shutil.copy2(f, dest / f.name)
+    return dest
+
+
+def rankscope_dlrm(work: Path) -> float:
+    store = work / "dlrm.h5"
+    store.unlink(missing_ok=True)
+    merge = timed(rankscope_argv("merge", str(DLRM), "-o", str(store), "-q"))
+    analyze = timed(rankscope_argv("analyze", str(store), "--json", str(work / "dlrm.json")))
+    return merge + analyze
+
+
+def rankscope_big(work: Path) -> float:
+    store = work / "big.h5"
+    store.unlink(missing_ok=True)
+    return timed(rankscope_argv("merge", str(BIG), "-o", str(store), "-q"))
+
+
+END_OF_RUN = """
+import sys
+from pathlib import Path
+from rankscope.orchestrator.run import after_run
+after_run(Path(sys.argv[1]), merge=True, analyze=True)
+"""
+
+
+def end_of_run(work: Path) -> float:
+    run = work / "run"
+    shutil.rmtree(run, ignore_errors=True)
+    shutil.copytree(RUN, run)
+    return timed([sys.executable, "-c", END_OF_RUN, str(run)])
+
+
+def reader_mb_per_s() -> tuple[float, float]:
+    """(seconds, MB of JSON per second) of the in-process reader on the big rank, best of 3."""
+    import gzip
+
+    from rankscope.orchestrator import decode
+
+    trace = next(BIG.glob("*.json*"))
+    raw_mb = (
+        len(gzip.decompress(trace.read_bytes())) / 1e6
+        if trace.suffix == ".gz"
+        else trace.stat().st_size / 1e6
+    )
+    best = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        decode.read_trace(trace)
+        best = min(best, time.perf_counter() - t)
+    return best, raw_mb / best
+
+
+def interleave(
+    rounds: int, a: Callable[[], float], b: Callable[[], float] | None
+) -> tuple[list[float], list[float]]:
+    """A B A B …: ``rounds`` wall times of each (B skipped when None)."""
+    ta: list[float] = []
+    tb: list[float] = []
+    for _ in range(rounds):
+        ta.append(a())
+        if b is not None:
+            tb.append(b())
+    return ta, tb
+
+
+def cell(times: list[float]) -> str:
+    if not times:
+        return "—"
+    med = statistics.median(times)
+    if len(times) == 1:
+        return f"{med:.2f} s"
+    return f"{med:.2f} s ({min(times):.2f}–{max(times):.2f})"
+
+
+def ratio(rs: list[float], hta: list[float]) -> str:
+    if not rs or not hta:
+        return "—"
+    r = statistics.median(hta) / statistics.median(rs)
+    return f"rankscope {r:.1f}× faster" if r >= 1 else f"rankscope {1 / r:.1f}× slower"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds (median reported)")
+    ap.add_argument("--sets", nargs="+", choices=SETS, default=list(SETS))
+    ap.add_argument("--hta-python", type=Path, default=HTA_PYTHON)
+    ap.add_argument("--no-hta", action="store_true", help="rankscope only (the smoke test)")
+    args = ap.parse_args(argv)
+    hta_py = None if args.no_hta else args.hta_python
+    if hta_py is not None and not hta_py.exists():
+        print(f"no {hta_py}: HTA columns skipped (python benchmarks/merge_vs_hta.py --setup-hta)")
+        hta_py = None
+
+    load = os.getloadavg()
+    print(
+        f"machine: {platform.node()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
+        f"load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1/5/15 min)"
+    )
+    print(f"whole processes, interleaved A B, median of {args.rounds} (min–max)\n")
+    rows: list[tuple[str, str, str, str]] = []
+    with tempfile.TemporaryDirectory(prefix="rankscope-tta-") as tmp:
+        work = Path(tmp)
+        if "dlrm" in args.sets:
+            hta_dir = traces_only(DLRM, work / "hta-dlrm")
+            hta = (
+                None
+                if hta_py is None
+                else (lambda: timed([str(hta_py), "-c", HTA_ANALYSE, str(hta_dir)]))
+            )
+            rs, ht = interleave(args.rounds, lambda: rankscope_dlrm(work), hta)
+            rows.append(
+                (
+                    "param_dlrm_8rank: merge + analyze --json vs HTA load + breakdown + overlap + stragglers",
+                    cell(rs),
+                    cell(ht),
+                    ratio(rs, ht),
+                )
+            )
+        if "big" in args.sets:
+            hta_dir = traces_only(BIG, work / "hta-big")
+            hta = (
+                None
+                if hta_py is None
+                else (lambda: timed([str(hta_py), "-c", HTA_LOAD, str(hta_dir)]))
+            )
+            rs, ht = interleave(args.rounds, lambda: rankscope_big(work), hta)
+            rows.append(
+                (
+                    "df_index_resolver (one 54 MB rank): merge vs HTA load",
+                    cell(rs),
+                    cell(ht),
+                    ratio(rs, ht),
+                )
+            )
+        if "end-of-run" in args.sets:
+            rs, _ = interleave(args.rounds, lambda: end_of_run(work), None)
+            rows.append(
+                (
+                    "end of `rankscope run` (4-rank example): last rank exit → summary printed",
+                    cell(rs),
+                    "—",
+                    "—",
+                )
+            )
+    if "reader" in args.sets:
+        secs, rate = reader_mb_per_s()
+        rows.append(
+            (
+                "reader alone, in-process, one core (best of 3)",
+                f"{secs:.2f} s = {rate:.0f} MB/s",
+                "—",
+                "—",
+            )
+        )
+
+    print("| work | rankscope | HTA 0.5.0 | ratio |")
+    print("|---|---|---|---|")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
