@@ -514,8 +514,17 @@ def _input_findings(a: Analysis) -> list[Finding]:
 def findings(a: Analysis) -> list[Finding]:
     """Every finding of ``a``, in reading order: stragglers (or "no straggler"), the pipeline
     finding when the job has send/recv ops, input problems. Pure: the same analysis gives the
-    same list, so every renderer of one analysis shows the same findings."""
-    return _straggler_findings(a) + _pipeline_findings(a) + _input_findings(a)
+    same list, so every renderer of one analysis shows the same findings. The memory findings
+    come before the input problems, when the store has memory events or the run asked for them
+    (``--profile-memory``; then "no memory events" is the finding)."""
+    return _straggler_findings(a) + _pipeline_findings(a) + _memory_findings(a) + _input_findings(a)
+
+
+def _memory_findings(a: Analysis) -> list[Finding]:
+    m = getattr(a, "memory", None)
+    if m is None or not (m.has_events or m.requested):
+        return []
+    return memory_findings(m.peaks, m.leaks, m.imbalance, m.headroom, m.holders)
 
 
 def pipeline_findings(items: list[Finding]) -> list[Finding]:

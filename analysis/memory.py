@@ -32,9 +32,11 @@ Units: bytes (int64) and ns (int64); ``MiB`` in words means 2**20 bytes.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from decimal import Decimal
 from typing import Any, TypeGuard
 
 import numpy as np
@@ -124,10 +126,10 @@ def _is_int(v: Any) -> TypeGuard[int]:
 
 
 def _is_number(v: Any) -> bool:
-    return (_is_int(v) or isinstance(v, float)) and math.isfinite(v)
+    return (_is_int(v) or isinstance(v, float | Decimal)) and math.isfinite(v)
 
 
-#: args key → (column, check); a memory event failing a check is skipped and counted.
+#: args key → column; a memory event with a field missing or out of range is skipped, counted.
 _ARG_FIELDS: tuple[tuple[str, str], ...] = (
     ("Device Type", "device_type"),
     ("Device Id", "device_id"),
@@ -136,6 +138,8 @@ _ARG_FIELDS: tuple[tuple[str, str], ...] = (
     ("Total Allocated", "total_allocated"),
     ("Total Reserved", "total_reserved"),
 )
+#: The ``args`` keys of a memory event, in the order :func:`bad_memory_field` takes their values.
+ARG_KEYS: tuple[str, ...] = tuple(key for key, _ in _ARG_FIELDS)
 _LIMITS = {
     "device_type": (-128, 127),
     "device_id": (-1, 2**15 - 1),
@@ -146,12 +150,49 @@ _LIMITS = {
 }
 
 
-def _us_to_ns(us: float | int) -> int:
+def _us_to_ns(us: float | int | Decimal) -> int:
     """Kineto µs (≤ 3 decimals) → int ns, exact for integers and for decimals below 2**43 µs."""
     if isinstance(us, int):
         return us * 1000
+    if isinstance(us, Decimal):
+        return int((us * 1000).to_integral_value())
     whole = math.floor(us)
     return int(whole) * 1000 + round((us - whole) * 1000)
+
+
+def bad_memory_field(ts: Any, values: Sequence[Any] | None) -> str:
+    """The first missing or wrong-typed field of a memory event (``"ts"``, ``"args"``, or an
+    ``args`` key such as ``"Addr"``), ``""`` when it is well formed. ``values``: the six ``args``
+    values in the order of :data:`ARG_KEYS` (None when ``args`` is not an object)."""
+    if not _is_number(ts):
+        return "ts"
+    if values is None:
+        return "args"
+    for (key, col), v in zip(_ARG_FIELDS, values, strict=True):
+        lo, hi = _LIMITS[col]
+        if not _is_int(v) or not lo <= v <= hi:
+            return key
+    return ""
+
+
+def skip_reason(bad: str) -> str:
+    """Why a memory event was skipped (the key of :func:`memory_rows`' count and the problem)."""
+    return f"memory event: missing or bad {bad!r}"
+
+
+def attribute(
+    ts: np.ndarray,
+    threads: list[Any],
+    ranges: Mapping[Any, list[tuple[int, int, str, bool]]],
+    steps: list[tuple[int, int, int]],
+) -> tuple[list[str], list[str], np.ndarray]:
+    """(op, scope, step) of memory events at ``ts`` (ns) on ``threads``: the rule of
+    :func:`memory_rows`, shared with the merge's decoder (which builds ``ranges`` — per thread,
+    (start, end, name, is_user_annotation) of the cpu_op / user_annotation ranges other than
+    ProfilerStep — and ``steps`` — (start, end, number) of ProfilerStep ranges — from its
+    columns)."""
+    ops, scopes = _enclosing(ts, threads, ranges)
+    return ops, scopes, _step_of(ts, steps)
 
 
 def memory_rows(
@@ -182,24 +223,15 @@ def memory_rows(
         if name == "[memory]" and ph in ("i", "I"):
             ts = _get(ev, "ts")
             args = _get(ev, "args")
-            if not _is_number(ts):
-                bad = "ts"
-            elif not isinstance(args, Mapping):
-                bad = "args"
-            else:
-                bad = ""
-                values = []
-                for key, col in _ARG_FIELDS:
-                    v = args.get(key)
-                    lo, hi = _LIMITS[col]
-                    if not _is_int(v) or not lo <= v <= hi:
-                        bad = key
-                        break
-                    values.append(v)
+            values = (
+                [args.get(key) for key, _ in _ARG_FIELDS] if isinstance(args, Mapping) else None
+            )
+            bad = bad_memory_field(ts, values)
             if bad:
-                reason = f"memory event: missing or bad {bad!r}"
+                reason = skip_reason(bad)
                 skipped[reason] = skipped.get(reason, 0) + 1
                 continue
+            assert values is not None
             tid = _get(ev, "tid")
             rows.append((base_ns + _us_to_ns(ts), tid, *values))
         elif ph == "X" and isinstance(name, str):
@@ -517,11 +549,20 @@ def leaks(
     df, p_value, peak_allocated, material (bool), significant (bool), is_leak (bool), reason
     ("", "too few steps", "not significant", "not material").
     """
-    cols = [*DEVICE_KEY, "steps", "slope_bytes_per_step", "slope_se", "df", "p_value"]
-    cols += ["peak_allocated", "material", "significant", "is_leak", "reason"]
+    return judge_leaks(leak_tests(mem), alpha=alpha, material_steps=material_steps)
+
+
+#: Columns of :func:`leak_tests` (one device's regression; :func:`judge_leaks` adds the rest).
+LEAK_TEST_COLUMNS = [*DEVICE_KEY, "steps", "slope_bytes_per_step", "slope_se", "df", "p_value"]
+LEAK_TEST_COLUMNS.append("peak_allocated")
+
+
+def leak_tests(mem: pd.DataFrame) -> pd.DataFrame:
+    """The per-device half of :func:`leaks` (runs per rank): the slope test of each device,
+    without the decision, which needs the number of series tested across all ranks."""
     sp = step_peaks(mem)
     if not len(sp):
-        return pd.DataFrame({c: pd.Series([], dtype=object) for c in cols})
+        return pd.DataFrame({c: pd.Series([], dtype=object) for c in LEAK_TEST_COLUMNS})
     pk = peaks(mem).set_index(DEVICE_KEY)["peak_allocated"]
     rows = []
     for key, s in sp.groupby(DEVICE_KEY, sort=True):
@@ -536,7 +577,22 @@ def leaks(
             s["step"].to_numpy(np.float64), s["start_allocated"].to_numpy(np.float64), groups
         )
         rows.append((*key, len(s), slope, se, df, p, int(pk.loc[key])))
-    out = pd.DataFrame(rows, columns=cols[:9])
+    return pd.DataFrame(rows, columns=LEAK_TEST_COLUMNS)
+
+
+def judge_leaks(
+    tests: pd.DataFrame,
+    *,
+    alpha: float = LEAK_ALPHA,
+    material_steps: int = LEAK_MATERIAL_STEPS,
+) -> pd.DataFrame:
+    """The cross-rank half of :func:`leaks`: :func:`leak_tests` of every rank, concatenated,
+    judged at ``alpha`` split over the series tested, and for materiality."""
+    cols = [*LEAK_TEST_COLUMNS[:-1], "peak_allocated", "material", "significant", "is_leak"]
+    cols.append("reason")
+    if not len(tests):
+        return pd.DataFrame({c: pd.Series([], dtype=object) for c in cols})
+    out = tests.sort_values(DEVICE_KEY, ignore_index=True)
     tested = int(out["p_value"].notna().sum())
     level = alpha / max(tested, 1)
     out["material"] = out["slope_bytes_per_step"].fillna(0) * material_steps >= out[
@@ -710,3 +766,154 @@ def headroom(
             (row.rank, row.device_type, row.device_id, reserved, int(total), left, share, low)
         )
     return pd.DataFrame(rows, columns=cols)
+
+
+# -- over time, for the figures -----------------------------------------------------------------
+
+#: Bins per (rank, device) of :func:`memory_series` (the HTML figure is ~700 px wide).
+SERIES_BINS = 400
+#: Columns of :func:`memory_series`.
+SERIES_COLUMNS = [*DEVICE_KEY, "t_start", "t_end", "events", "allocated_min", "allocated_max"]
+SERIES_COLUMNS += ["allocated_last", "reserved_max"]
+
+
+def memory_series(mem: pd.DataFrame, bins: int = SERIES_BINS) -> pd.DataFrame:
+    """Allocated and reserved memory over time per (rank, device), aggregated into at most
+    ``bins`` equal time bins over the device's own span: each bin keeps the minimum, maximum and
+    last ``Total Allocated`` of its events and the maximum ``Total Reserved`` (so the peak is
+    never lost to the aggregation; bins without events are left out: the counter holds).
+
+    Columns: rank, device_type, device_id, t_start, t_end (ns, the bin), events, allocated_min,
+    allocated_max, allocated_last, reserved_max.
+    """
+    if not len(mem):
+        return pd.DataFrame({c: pd.Series([], dtype="int64") for c in SERIES_COLUMNS})
+    frames = []
+    m = mem.sort_values([*DEVICE_KEY, "ts"], kind="stable", ignore_index=True)
+    for key, d in m.groupby(DEVICE_KEY, sort=True):
+        ts = d["ts"].to_numpy(np.int64)
+        t0, t1 = int(ts[0]), int(ts[-1])
+        width = max((t1 - t0) // bins + 1, 1)
+        b = (ts - t0) // width
+        g = d.assign(bin=b).groupby("bin", sort=True)
+        out = pd.DataFrame(
+            {
+                "t_start": t0 + g.size().index.to_numpy(np.int64) * width,
+                "events": g.size().to_numpy(np.int64),
+                "allocated_min": g["total_allocated"].min().to_numpy(np.int64),
+                "allocated_max": g["total_allocated"].max().to_numpy(np.int64),
+                "allocated_last": g["total_allocated"].last().to_numpy(np.int64),
+                "reserved_max": g["total_reserved"].max().to_numpy(np.int64),
+            }
+        )
+        out["t_end"] = out["t_start"] + width
+        for col, value in zip(DEVICE_KEY, key, strict=True):
+            out[col] = value
+        frames.append(out)
+    res = pd.concat(frames, ignore_index=True)
+    return res.astype({"rank": "int32", "device_type": "int8", "device_id": "int16"})[
+        SERIES_COLUMNS
+    ]
+
+
+# -- one rank's share and the cross-rank rest (analysis.pipeline) -------------------------------
+
+
+def _empty(columns: Iterable[str]) -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series([], dtype=object) for c in columns})
+
+
+@dataclasses.dataclass
+class MemoryAnalysis:
+    """The memory results of one store (``Analysis.memory``); every frame empty without events."""
+
+    peaks: pd.DataFrame
+    """:func:`peaks` of every rank and device."""
+    step_peaks: pd.DataFrame
+    """:func:`step_peaks`."""
+    leaks: pd.DataFrame
+    """:func:`leaks`, the level split over the devices of ALL ranks."""
+    imbalance: pd.DataFrame
+    """:func:`imbalance` of the peaks."""
+    holders: pd.DataFrame
+    """:func:`holders_at_peak`."""
+    headroom: pd.DataFrame
+    """:func:`headroom` against each GPU's total memory (the trace's ``deviceProperties``)."""
+    series: pd.DataFrame
+    """:func:`memory_series`, for the figures."""
+    requested: bool = False
+    """The run was recorded with ``--profile-memory`` (run.json's profiler settings)."""
+
+    @property
+    def has_events(self) -> bool:
+        """The store holds memory events."""
+        return bool(len(self.peaks))
+
+    @classmethod
+    def empty(cls, requested: bool = False) -> MemoryAnalysis:
+        """No memory events."""
+        return cls(
+            peaks=peaks(empty_memory()),
+            step_peaks=step_peaks(empty_memory()),
+            leaks=leaks(empty_memory()),
+            imbalance=_empty([*DEVICE_KEY, "peak_allocated", "is_imbalanced"]),
+            holders=holders_at_peak(empty_memory()),
+            headroom=_empty([*DEVICE_KEY, "peak_reserved", "total_bytes", "is_low"]),
+            series=memory_series(empty_memory()),
+            requested=requested,
+        )
+
+
+def rank_memory(store: Any, rank: int) -> dict[str, Any] | None:
+    """The per-rank memory work of ``pipeline.rank_task``: reads the rank's memory table from
+    the open ``store`` once and returns its peaks, step peaks, leak regressions, holders at the
+    peak, series and GPU totals (small frames); None when the rank has no memory events."""
+    mem = store.memory(rank)
+    if not len(mem):
+        return None
+    pk = peaks(mem)
+    return {
+        "peaks": pk,
+        "step_peaks": step_peaks(mem),
+        "leak_tests": leak_tests(mem),
+        "holders": holders_at_peak(mem, pk),
+        "series": memory_series(mem),
+        "totals": {(int(rank), d): b for d, b in store.device_memory(rank).items()},
+    }
+
+
+def across_ranks(per_rank: Iterable[dict[str, Any] | None], *, requested: bool) -> MemoryAnalysis:
+    """The cross-rank memory steps on :func:`rank_memory`'s results (any order): leaks judged
+    over all series, imbalance of the peaks, headroom."""
+    results = [r for r in per_rank if r is not None]
+    if not results:
+        return MemoryAnalysis.empty(requested)
+
+    def cat(key: str) -> pd.DataFrame:
+        frames = [r[key] for r in results if len(r[key])]
+        if not frames:
+            return results[0][key]
+        return pd.concat(frames, ignore_index=True).sort_values(DEVICE_KEY, kind="stable")
+
+    pk = cat("peaks").reset_index(drop=True)
+    totals: dict[tuple[int, int], int] = {}
+    for r in results:
+        totals.update(r["totals"])
+    return MemoryAnalysis(
+        peaks=pk,
+        step_peaks=cat("step_peaks").reset_index(drop=True),
+        leaks=judge_leaks(cat("leak_tests")),
+        imbalance=imbalance(pk),
+        holders=cat("holders").reset_index(drop=True),
+        headroom=headroom(pk, totals),
+        series=cat("series").reset_index(drop=True),
+        requested=requested,
+    )
+
+
+def requested_in(meta: Mapping[str, Any]) -> bool:
+    """Whether a store's root attributes say the run profiled memory (run.json's
+    ``profiler.profile_memory``; False for traces merged without a run directory)."""
+    run = meta.get("run")
+    profiler = run.get("profiler") if isinstance(run, Mapping) else None
+    return bool(isinstance(profiler, Mapping) and profiler.get("profile_memory"))

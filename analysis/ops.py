@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from rankscope.analysis.schema import EventKind
 
 if TYPE_CHECKING:
+    import numpy as np
     import pandas as pd
 
 #: Event kinds summarised as operators (host ops, kernels, copies, collectives).
@@ -59,7 +60,6 @@ def op_stats(
     """
     import numpy as np
     import pandas as pd
-    from rankscope.analysis.breakdown import interval_measure, interval_union, paint
 
     sel = events[np.isin(events["kind"].to_numpy(), [int(k) for k in kinds])]
     if len(sel) == 0:
@@ -75,20 +75,64 @@ def op_stats(
     lo = hi = np.empty(0, np.int64)
     if spans is not None and clip:
         lo, hi = spans["start"].to_numpy(np.int64), spans["end"].to_numpy(np.int64)
-    wall = []
-    for idx in g.indices.values():
-        iv = interval_union(ts[idx], end[idx])
-        if not clip:
-            wall.append(interval_measure(iv))
-        else:
-            got = paint({"X": iv}, lambda c: {"x": c["X"]}, lo, hi)
-            wall.append(int(got["x"].sum()) if got else 0)
-    out["wall_ns"] = wall
+    out["wall_ns"] = _walls(
+        g.ngroup().to_numpy(np.int64), ts, end, len(out), lo if clip else None, hi
+    )
     out["kind"] = [EventKind(int(k)).name for k in out["kind"]]
     out.insert(0, "rank", rank)
     return out[list(OP_STAT_COLUMNS)].astype(
         {k: v for k, v in OP_STAT_COLUMNS.items() if v != "str"}
     )
+
+
+def _walls(
+    group: np.ndarray,
+    ts: np.ndarray,
+    end: np.ndarray,
+    n_groups: int,
+    lo: np.ndarray | None,
+    hi: np.ndarray,
+) -> np.ndarray:
+    """Per group: the union of its calls [ts, end), clipped to the windows [lo, hi) when given (ns).
+
+    Windows are measured one by one and summed (overlapping windows count twice, as in
+    :func:`rankscope.analysis.breakdown.paint`). All groups at once when the windows are disjoint
+    (profiled steps are), else one :func:`paint` per group.
+    """
+    import numpy as np
+    from rankscope.analysis.breakdown import (
+        grouped_unions,
+        interval_measure,
+        interval_union,
+        measure_below,
+        paint,
+    )
+
+    wall = np.zeros(n_groups, np.int64)
+    order = np.argsort(lo, kind="stable") if lo is not None else None
+    w_lo = lo[order] if lo is not None and order is not None else None
+    w_hi = hi[order] if w_lo is not None and order is not None else None
+    disjoint = w_lo is None or (
+        w_hi is not None and bool(np.all(w_hi >= w_lo)) and bool(np.all(w_lo[1:] >= w_hi[:-1]))
+    )
+    unions = grouped_unions(group, ts, end) if disjoint else None
+    if unions is not None:
+        g, s, e = unions
+        if w_lo is None or w_hi is None:
+            np.add.at(wall, g, e - s)
+        else:
+            inside = measure_below(w_lo, w_hi, e) - measure_below(w_lo, w_hi, s)
+            np.add.at(wall, g, np.maximum(inside, 0))
+        return wall
+    for k in range(n_groups):
+        idx = np.flatnonzero(group == k)
+        iv = interval_union(ts[idx], end[idx])
+        if lo is None:
+            wall[k] = interval_measure(iv)
+        else:
+            got = paint({"X": iv}, lambda c: {"x": c["X"]}, lo, hi)
+            wall[k] = int(got["x"].sum()) if got else 0
+    return wall
 
 
 def annotation_stats(

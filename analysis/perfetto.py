@@ -11,6 +11,9 @@ Layout of the output (Trace Event Format, JSON object form):
 * each collective linked across its ranks by flow events (``s`` → ``t`` … → ``f``, ``id`` = the
   collective id, in arrival order), bound to the enclosing collective slices; collective slices
   carry ``wait_us`` / ``transfer_us`` from :func:`rankscope.analysis.collectives.collective_waits`;
+* the memory events of the store (``--profile-memory``) as counter tracks (``"ph": "C"``), one
+  per rank and device ("memory cpu", "memory cuda:0"): ``allocated`` and ``reserved`` bytes after
+  each allocation or free, on the same aligned clock;
 * the clock alignment as metadata: a ``process_labels`` record per rank (offset, uncertainty,
   method) and the whole clock table under ``otherData``.
 
@@ -57,6 +60,8 @@ class ExportStats:
     """Complete (``X``) events written per rank."""
     flows: int = 0
     """Collectives linked across ranks by flow events."""
+    counters: dict[int, int] = field(default_factory=dict)
+    """Memory counter (``C``) events written per rank (none without memory events)."""
 
 
 def us_text(ns: int) -> str:
@@ -216,6 +221,7 @@ def write_trace(
             )
             n += 1
         stats.events[rank] = n
+        stats.counters[rank] = _memory_counters(store, rank, window, emit)
         if progress is not None:
             progress(done, len(chosen))
     if len(waits):
@@ -227,6 +233,34 @@ def write_trace(
         stats.flows = len(linked)
     fh.write("\n]}\n")
     return stats
+
+
+def _memory_counters(
+    store: Store, rank: int, window: tuple[int, int] | None, emit: Callable[[str], None]
+) -> int:
+    """Emit the memory counter events of ``rank`` in ``window``; returns how many."""
+    from rankscope.analysis.memory import device_name
+
+    mem = store.memory(rank)
+    if not len(mem):
+        return 0
+    ts = mem["ts"].to_numpy()
+    if window is not None:
+        mem = mem[(ts >= window[0]) & (ts < window[1])]
+    names = {
+        (int(t), int(d)): json.dumps(f"memory {device_name(int(t), int(d))}")
+        for t, d in set(zip(mem["device_type"], mem["device_id"], strict=True))
+    }
+    cols = ("ts", "device_type", "device_id", "total_allocated", "total_reserved")
+    rows = zip(*(mem[c].to_numpy().tolist() for c in cols), strict=True)
+    n = 0
+    for t, dt, did, alloc, rsvd in rows:
+        emit(
+            f'{{"ph":"C","name":{names[(dt, did)]},"pid":{rank},"ts":{us_text(t)},'
+            f'"args":{{"allocated":{alloc},"reserved":{rsvd}}}}}'
+        )
+        n += 1
+    return n
 
 
 def export_perfetto(

@@ -33,6 +33,7 @@ from rankscope.analysis.scheduler import run_each
 
 if TYPE_CHECKING:
     import pandas as pd
+    from rankscope.analysis.memory import MemoryAnalysis
 
 
 @dataclasses.dataclass
@@ -75,6 +76,9 @@ class Analysis:
     """What the merge could not ingest (schema.PROBLEM_COLUMNS)."""
     scheduler: Choice = dataclasses.field(default_factory=lambda: Choice(SYNCHRONOUS, ""))
     """Where the per-rank tasks ran, and why."""
+    memory: MemoryAnalysis = dataclasses.field(default_factory=lambda: _no_memory())
+    """Memory peaks, leaks, imbalance, holders, headroom (memory.MemoryAnalysis; empty frames
+    without memory events)."""
 
     def whole(self) -> pd.DataFrame:
         """The whole-run breakdown row of each rank."""
@@ -98,6 +102,12 @@ class Analysis:
         return [int(r) for r in p.loc[p["is_bottleneck"], "rank"]] if len(p) else []
 
 
+def _no_memory() -> MemoryAnalysis:
+    from rankscope.analysis.memory import MemoryAnalysis
+
+    return MemoryAnalysis.empty()
+
+
 def rank_task(
     path: str,
     rank: int,
@@ -108,6 +118,7 @@ def rank_task(
     """Everything computed from ONE rank's events; opens the store itself (runs on a worker)."""
     import numpy as np
     from rankscope.analysis import breakdown as bd
+    from rankscope.analysis.memory import rank_memory
     from rankscope.analysis.ops import annotation_stats, op_stats
     from rankscope.analysis.schema import EventKind
     from rankscope.analysis.store import open_store
@@ -117,6 +128,7 @@ def rank_task(
         events = store.events(rank)
         lanes = store.lanes(rank)
         host = str(store.rank_meta(rank).get("host", ""))
+        memory = rank_memory(store, rank)
     device, measure = bd.painter(events, lanes)
     steps = bd.step_windows(events, lanes, device)
     profiled = steps[steps["step"] >= 0] if (steps["step"] >= 0).any() else steps
@@ -128,6 +140,7 @@ def rank_task(
         "op_stats": op_stats(events, rank, spans=profiled),
         "annotations": annotation_stats(events, rank, spans=profiled),
         "hta": None,
+        "memory": memory,
     }
     if device is bd.Device.GPU:
         if drop_last_step is None:
@@ -154,6 +167,7 @@ def analyze(
     """
     import pandas as pd
     from rankscope.analysis import breakdown as bd
+    from rankscope.analysis import memory as mem
     from rankscope.analysis.bottleneck import pipeline_stages
     from rankscope.analysis.collectives import collective_waits, wait_totals
     from rankscope.analysis.ops import across_ranks
@@ -236,6 +250,7 @@ def analyze(
         clock=clock,
         problems=problems,
         scheduler=choice,
+        memory=mem.across_ranks((r["memory"] for r in results), requested=mem.requested_in(meta)),
     )
 
 

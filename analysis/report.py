@@ -16,6 +16,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from rankscope.analysis.findings import (
+    MEMORY_KINDS,
     Finding,
     FindingKind,
     Severity,
@@ -219,7 +220,9 @@ def summary(a: Analysis, found: list[Finding] | None = None) -> dict[str, Any]:
         }
         for h in a.hta.itertuples(index=False)
     ]
-    return {
+    from rankscope.analysis.report_memory import memory_summary
+
+    doc: dict[str, Any] = {
         "schema": SUMMARY_SCHEMA,
         "version": SUMMARY_VERSION,
         "store": str(a.path),
@@ -254,6 +257,10 @@ def summary(a: Analysis, found: list[Finding] | None = None) -> dict[str, Any]:
         ],
         "findings": [f.as_json() for f in (findings(a) if found is None else found)],
     }
+    memory = memory_summary(a.memory)
+    if memory is not None:  # additive: absent without memory events (docs/summary.md)
+        doc["memory"] = memory
+    return doc
 
 
 def render_json(a: Analysis) -> str:
@@ -306,7 +313,8 @@ def finding_markup(f: Finding) -> str:
 
 
 def print_summary(a: Analysis, console: Console | None = None, *, top_ops: int = 8) -> None:
-    """The terminal summary: per-rank table, stragglers with evidence, clocks, top ops."""
+    """The terminal summary: per-rank table, stragglers with evidence, memory, clocks, top ops."""
+    from rankscope.analysis.report_memory import print_memory
     from rich import box
     from rich.console import Console
     from rich.table import Table
@@ -384,8 +392,9 @@ def print_summary(a: Analysis, console: Console | None = None, *, top_ops: int =
     # the stragglers' evidence (or "no straggler") and the pipeline finding under the table;
     # input problems close the summary
     for f in found:
-        if f.kind != FindingKind.INPUT_PROBLEMS:
+        if f.kind != FindingKind.INPUT_PROBLEMS and f.kind not in MEMORY_KINDS:
             console.print(finding_markup(f))
+    print_memory(a.memory, found, console, finding_markup)
     if doc["clock"]:
         ct = Table(
             title="Clock alignment", title_justify="left", header_style="bold", box=box.SIMPLE_HEAD
@@ -453,7 +462,7 @@ h2{font-size:17px;margin:0 0 10px}
 .cards{display:flex;gap:14px;flex-wrap:wrap;margin-bottom:18px}
 .card{background:#fff;border-radius:8px;box-shadow:0 1px 3px rgba(0,0,0,.08);padding:12px 18px;min-width:150px}
 .card .v{font-size:22px;font-weight:600}.card .k{color:#667;font-size:12px;text-transform:uppercase;letter-spacing:.04em}
-.card.bad .v{color:#c0392b}.card.good .v{color:#1e8449}
+.card.bad .v{color:#c0392b}.card.good .v{color:#1e8449}tr.bad td{color:#c0392b}
 table{border-collapse:collapse;width:100%;font-size:13px}
 th,td{padding:5px 7px;border-bottom:1px solid #eceef2;text-align:right;white-space:nowrap}
 th{background:#fafbfc;color:#445;font-weight:600}
@@ -660,6 +669,8 @@ def _finding_html(f: Finding, cls: str = "") -> str:
 
 def render_html(a: Analysis) -> str:
     """The self-contained HTML report (inline CSS and SVG; opens offline)."""
+    from rankscope.analysis.report_memory import memory_html
+
     found = findings(a)
     doc = summary(a, found)
     strag = doc["stragglers"]
@@ -811,6 +822,7 @@ def render_html(a: Analysis) -> str:
 <section><h2>Where the time went, per rank</h2>{_bars_svg(a)}{ranks_table}<ul>{reasons}</ul>
 <p class='note'>Every figure is a part of the rank's profiled time (total s). Wait and transfer: time with a collective in flight, waiting until the last rank arrives (aligned clock) / moving data; each instant counts once, however many collectives are in flight. Comm exposed: communication with nothing hiding it. How to read this report: {READING_DOC}.</p></section>
 <section><h2>Stragglers</h2>{strag_html}{pipe_html}</section>
+{memory_html(a.memory, found, _finding_html)}
 <section><h2>Steps</h2>{_steps_html(a)}</section>
 <section><h2>Arrival lateness per collective</h2>{_lateness_svg(a)}
 <p class='note'>Each dot is a rank arriving at a collective, in ms after the first rank; the last rank of each collective is drawn solid.</p>

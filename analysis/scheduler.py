@@ -115,9 +115,10 @@ class Choice:
 def choose(spec: ClusterSpec, n_ranks: int, n_events: int) -> Choice:
     """Pick where ``"auto"`` work (a merge or an analysis) runs: in-process unless processes pay.
 
-    With ``w = min(cores, ranks)`` workers the work takes about ``T / w + CLUSTER_START_S``
+    With ``w`` workers adding parallelism the work takes about ``T / w + CLUSTER_START_S``
     instead of ``T = n_events / IN_PROCESS_EVENTS_PER_S`` in-process, so processes pay when
-    ``T * (1 - 1/w) > CLUSTER_START_S``. Where processes cannot start safely (a plain script,
+    ``T * (1 - 1/w) > CLUSTER_START_S``; ``w = min(cores - 1, ranks)`` (the parent keeps a core
+    busy) unless ``spec.workers`` sizes the cluster. Where processes cannot start safely (a plain script,
     :func:`processes_are_safe`) threads run instead, even when ``"local"`` was asked for: a
     bootstrapping error in every worker helps nobody. Any other explicit scheduler is honoured.
     """
@@ -133,12 +134,19 @@ def choose(spec: ClusterSpec, n_ranks: int, n_events: int) -> Choice:
     if spec.scheduler != AUTO:
         return Choice(spec.scheduler, "as asked")
     workers = _local_workers(spec, n_ranks)
+    # Without a size from the user, the parent keeps a core busy (the scheduler, unpickling the
+    # results and, in a merge, writing the store), so only the others add parallelism: on 2
+    # cores a LocalCluster was 3x slower than in-process at 1 M events (docs/performance.md).
+    parallel = min(spec.workers, n_ranks) if spec.workers else min(_cores() - 1, n_ranks)
     seconds = n_events / IN_PROCESS_EVENTS_PER_S
-    if workers < 2 or seconds * (1 - 1 / workers) <= CLUSTER_START_S:
+    if parallel < 2 or seconds * (1 - 1 / parallel) <= CLUSTER_START_S:
+        why = (
+            f"{_cores()} cores: one is the parent's, worker processes would not pay off"
+            if parallel < 2 and not spec.workers and n_ranks >= 2
+            else "worker processes would not pay off"
+        )
         return Choice(
-            SYNCHRONOUS,
-            f"in-process ({n_events:,} events, ~{seconds:.1f} s of work: "
-            "worker processes would not pay off)",
+            SYNCHRONOUS, f"in-process ({n_events:,} events, ~{seconds:.1f} s of work; {why})"
         )
     if not safe:
         return Choice(THREADS, unsafe_note)

@@ -39,6 +39,9 @@ COLLECTIVES = "collectives"
 STEPS = "steps"
 CLOCK = "clock"
 PROBLEMS = "problems"
+MEMORY = "memory"
+#: Memory columns whose values are codes into ``/strings``.
+MEMORY_STRING_CODED = ("op", "scope")
 #: Name of one rank's group under ``/ranks``.
 RANK_GROUP_FORMAT = "{rank:05d}"
 #: Event columns whose values are codes into ``/strings``.
@@ -186,6 +189,23 @@ class StoreWriter:
         for key, value in attrs.items():
             group.attrs[key] = _attr_value(value)
         write_table(group, LANES, lanes, schema.LANE_COLUMNS)
+
+    def write_memory(self, rank: int, columns: Mapping[str, np.ndarray]) -> None:
+        """Write one rank's memory table ``/ranks/NNNNN/memory`` (after :meth:`write_rank`):
+        the columns of ``memory.MEMORY_COLUMNS`` but ``rank``, ``ts`` aligned and sorted, op and
+        scope as codes into ``/strings``. Written only for ranks with memory events."""
+        from rankscope.analysis.memory import MEMORY_COLUMNS
+
+        group = self._file[_rank_group(rank)].require_group(MEMORY)
+        group.attrs["columns"] = [c for c in MEMORY_COLUMNS if c != "rank"]
+        for col, dtype in MEMORY_COLUMNS.items():
+            if col == "rank":
+                continue
+            if col in group:
+                del group[col]
+            want = "int32" if col in MEMORY_STRING_CODED else dtype
+            _write_column(group, col, columns[col].astype(want, copy=False))
+        self._file[_rank_group(rank)].attrs["memory_events"] = len(columns["ts"])
 
     def set_rank_attrs(self, rank: int, attrs: Mapping[str, Any]) -> None:
         """Set attributes of ``/ranks/NNNNN``."""
@@ -400,6 +420,48 @@ class Store:
         """What is known about ``rank``: host, device, backend, versions, files, windows."""
         group = self._rank(rank)
         return {k: _attr_python(v) for k, v in group.attrs.items()}
+
+    def memory(self, rank: int | None = None) -> pd.DataFrame:
+        """The ``[memory]`` events of ``rank`` (all ranks when None) as rows of
+        ``rankscope.analysis.memory.MEMORY_COLUMNS``, sorted by (rank, ts), ``ts`` on the aligned
+        clock. Empty with those columns when the store has none (older stores, runs without
+        ``--profile-memory``)."""
+        import numpy as np
+        import pandas as pd
+        from rankscope.analysis.memory import MEMORY_COLUMNS, empty_memory
+
+        frames = []
+        for r in self.ranks if rank is None else [int(rank)]:
+            group = self._rank(r).get(MEMORY)
+            if group is None:
+                continue
+            out: dict[str, Any] = {}
+            n = group["ts"].shape[0]
+            out["rank"] = np.full(n, r, dtype=np.int32)
+            for col, dtype in MEMORY_COLUMNS.items():
+                if col == "rank":
+                    continue
+                values = group[col][()]
+                if col in MEMORY_STRING_CODED:
+                    out[col] = pd.Series(self.strings[values] if n else [], dtype="str")
+                else:
+                    out[col] = values.astype(dtype, copy=False)
+            frames.append(pd.DataFrame(out))
+        if not frames:
+            return empty_memory()
+        return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+
+    def has_memory(self) -> bool:
+        """The store holds memory events (a rank has a ``memory`` table)."""
+        return any(MEMORY in self._rank(r) for r in self.ranks)
+
+    def device_memory(self, rank: int) -> dict[int, int]:
+        """GPU index → total bytes of ``rank``'s GPUs (the traces' ``deviceProperties``; {} for
+        CPU ranks and older stores)."""
+        raw = _attr_python(self._rank(rank).attrs.get("device_memory", "{}"))
+        if not isinstance(raw, dict):
+            return {}
+        return {int(k): int(v) for k, v in raw.items()}
 
     # -- run-wide tables ---------------------------------------------------------------------
     def collectives(self) -> pd.DataFrame:

@@ -12,6 +12,11 @@ reads only the events overlapping the visible window (``Store.events(window=...)
 ones shorter than half a pixel (``window / (2 * width)``), keeping at most ``max_events`` (the longest),
 so a wide view of a long run draws a few thousand rectangles and a zoomed view shows everything.
 
+With memory events (``--profile-memory``) each rank gets one more row, its memory lane: the
+allocator's allocated (solid) and reserved (dashed) bytes over time as curves, scaled to the
+rank's own highest value (hover the row label for it), aggregated per pixel to its minimum and
+maximum so no peak disappears in a wide view.
+
 Units: the x axis is **milliseconds since the run's first event** (float64 cannot hold epoch
 nanoseconds exactly; Bokeh works in float64); hover shows start and duration in **µs**. Store
 times are int64 ns on the aligned clock.
@@ -84,6 +89,11 @@ FRAME_COLUMNS = (
 )
 NS_PER_MS = 1_000_000
 NS_PER_US = 1_000
+#: ``Row.lane`` of a rank's memory lane (not a lane of ``Store.lanes``).
+MEMORY_LANE = -1
+#: Colours of the memory curves.
+ALLOCATED_COLOR = "#2E86C1"
+RESERVED_COLOR = "#7F8C8D"
 
 
 @dataclass(frozen=True)
@@ -141,7 +151,63 @@ def timeline_rows(store: Store, ranks: Sequence[int] | None = None) -> list[Row]
         for lane, label, tid in zip(lanes["lane"], labels, lanes["tid"], strict=True):
             text = f"{label} [{tid}]" if seen[label] > 1 else label
             rows.append(Row(int(rank), int(lane), text))
+        if int(store.rank_meta(rank).get("memory_events", 0) or 0) > 0:
+            rows.append(Row(int(rank), MEMORY_LANE, f"r{rank} memory"))
     return rows
+
+
+def memory_paths(
+    store: Store,
+    rows: Sequence[Row],
+    window: tuple[int, int],
+    origin_ns: int,
+    width: int = DEFAULT_WIDTH,
+) -> tuple[list[Any], list[Any]]:
+    """(allocated, reserved) curves of the memory lanes in ``rows`` over ``window``: one
+    ``(x ms, y row units)`` array pair per (rank, device), each scaled to the rank's highest
+    value to fill its row; the last event before the window starts the curve (the counter
+    holds). More than ``2 * width`` points become each pixel's minimum and maximum, in time
+    order (every peak stays visible)."""
+    import numpy as np
+
+    allocated: list[Any] = []
+    reserved: list[Any] = []
+    for i, row in enumerate(rows):
+        if row.lane != MEMORY_LANE:
+            continue
+        mem = store.memory(row.rank)
+        if not len(mem):
+            continue
+        scale = float(max(mem["total_allocated"].max(), mem["total_reserved"].max(), 1))
+        for _, d in mem.groupby(["device_type", "device_id"], sort=True):
+            ts = d["ts"].to_numpy(np.int64)
+            lo = max(int(np.searchsorted(ts, window[0], side="right")) - 1, 0)
+            hi = int(np.searchsorted(ts, window[1], side="left"))
+            if hi <= lo:
+                continue
+            sel = d.iloc[lo:hi]
+            x = (sel["ts"].to_numpy(np.int64) - origin_ns) / NS_PER_MS
+            for col, out in (("total_allocated", allocated), ("total_reserved", reserved)):
+                v = sel[col].to_numpy(np.float64)
+                idx = _pixel_extremes(x, v, 2 * width)
+                y = i + 1 - ROW_PAD - v[idx] / scale * (1 - 2 * ROW_PAD)
+                out.append((x[idx], y))
+    return allocated, reserved
+
+
+def _pixel_extremes(x: Any, v: Any, pixels: int) -> Any:
+    """Indices of the minimum and maximum of ``v`` in each of ``pixels`` x bins, time order
+    (all indices when there are no more points than that)."""
+    import numpy as np
+
+    if len(x) <= pixels:
+        return np.arange(len(x))
+    span = max(float(x[-1] - x[0]), 1e-12)
+    b = np.minimum(((x - x[0]) / span * pixels).astype(np.int64), pixels - 1)
+    order = np.lexsort((v, b))  # by bin, then value: first of a bin is its min, last its max
+    starts = np.flatnonzero(np.r_[True, b[order][1:] != b[order][:-1]])
+    ends = np.r_[starts[1:], len(order)] - 1
+    return np.unique(np.r_[order[starts], order[ends], 0, len(x) - 1])
 
 
 def store_extent(store: Store, ranks: Sequence[int] | None = None) -> Extent:
@@ -398,6 +464,17 @@ def timeline_overlay(
         from rankscope.analysis.collectives import collective_waits
 
         waits = collective_waits(store.collectives(), store.clock())
+    if any(r.lane == MEMORY_LANE for r in rows):
+        allocated, reserved = memory_paths(store, rows, window, origin_ns, width)
+        for paths, color, dash, label in (
+            (reserved, RESERVED_COLOR, "dashed", "memory reserved"),
+            (allocated, ALLOCATED_COLOR, "solid", "memory allocated"),
+        ):
+            layers.append(
+                hv.Path(paths, label=label).opts(
+                    color=color, line_width=1.5, line_dash=dash, tools=[]
+                )
+            )
     coll = collective_frame(waits, store, rows, window, origin_ns)
     if not with_collectives:
         return _finish(layers, rows, stragglers, frame, hidden, width, (x_lo, x_hi))

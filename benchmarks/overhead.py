@@ -55,6 +55,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument(
         "--micro-steps", type=int, default=20000, help="iterations of the per-step probe"
     )
+    p.add_argument(
+        "--profile-memory",
+        action="store_true",
+        help="record allocations in both profiled runs (rankscope run --profile-memory; the "
+        "bare profiler with profile_memory=True): the overhead of memory profiling",
+    )
     p.add_argument("--micro-child", choices=("rankscope", "bare"), help=argparse.SUPPRESS)
     return p.parse_args()
 
@@ -144,6 +150,7 @@ def command(variant: str, args: argparse.Namespace, work: Path, tag: str) -> lis
     if variant == "rankscope":
         return [
             sys.executable, "-m", "rankscope", "run", *torchrun, *schedule, "--out", str(work / "runs"),
+            *(["--profile-memory"] if args.profile_memory else []),
             "--no-merge", "--no-analyze", str(EXAMPLE), *script_args,
         ]  # fmt: skip
     extra = (
@@ -151,6 +158,8 @@ def command(variant: str, args: argparse.Namespace, work: Path, tag: str) -> lis
         if variant == "bare"
         else []
     )
+    if variant == "bare" and args.profile_memory:
+        extra.append("--bare-profile-memory")
     return [
         sys.executable,
         "-m",

@@ -13,7 +13,8 @@ Sets (each a row of the table):
 
 * ``dlrm``: ``tests/data/param_dlrm_8rank`` (8 small NCCL ranks, 7 MB of JSON). rankscope:
   ``rankscope merge`` then ``rankscope analyze --json`` (two processes, times summed: that is
-  what a user types). HTA 0.5.0: one process that loads the folder and runs the analyses that
+  what a user types); and ``rankscope analyze FOLDER`` (one process that merges and analyses).
+  HTA 0.5.0: one process that loads the folder and runs the analyses that
   answer the same questions — temporal breakdown, comm/comp overlap, potential stragglers.
 * ``big``: ``tests/data/hta/df_index_resolver`` (one rank, 54 MB of JSON). ``rankscope merge``
   vs ``TraceAnalysis(trace_dir=...)`` (HTA's load, which parses the trace).
@@ -103,6 +104,13 @@ def rankscope_dlrm(work: Path) -> float:
     merge = timed(rankscope_argv("merge", str(DLRM), "-o", str(store), "-q"))
     analyze = timed(rankscope_argv("analyze", str(store), "--json", str(work / "dlrm.json")))
     return merge + analyze
+
+
+def rankscope_dlrm_one(folder: Path) -> float:
+    """``rankscope analyze FOLDER``: one command that merges and analyses (store in the folder)."""
+    (folder / "trace.h5").unlink(missing_ok=True)
+    shutil.rmtree(folder / "report", ignore_errors=True)
+    return timed(rankscope_argv("analyze", str(folder), "--json", str(folder.parent / "one.json")))
 
 
 def rankscope_big(work: Path) -> float:
@@ -207,6 +215,16 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(
                 (
                     "param_dlrm_8rank: merge + analyze --json vs HTA load + breakdown + overlap + stragglers",
+                    cell(rs),
+                    cell(ht),
+                    ratio(rs, ht),
+                )
+            )
+            one_dir = traces_only(DLRM, work / "rs-dlrm")
+            rs, ht = interleave(args.rounds, lambda: rankscope_dlrm_one(one_dir), hta)
+            rows.append(
+                (
+                    "param_dlrm_8rank: one command, `analyze FOLDER --json` (merges too) vs the same HTA process",
                     cell(rs),
                     cell(ht),
                     ratio(rs, ht),

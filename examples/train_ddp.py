@@ -86,6 +86,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=1, help="--bare-profiler schedule")
     p.add_argument("--active", type=int, default=3, help="--bare-profiler schedule")
     p.add_argument("--repeat", type=int, default=1, help="--bare-profiler schedule")
+    p.add_argument(
+        "--bare-profile-memory",
+        action="store_true",
+        help="--bare-profiler records allocations (profile_memory=True)",
+    )
     p.add_argument("--step-times", default=None, help="write per-step seconds as JSON ({rank} ok)")
     p.add_argument(
         "--leak-mb",
@@ -174,6 +179,7 @@ def bare_profiler(args: argparse.Namespace, rank: int) -> torch.profiler.profile
             wait=args.wait, warmup=args.warmup, active=args.active, repeat=args.repeat
         ),
         on_trace_ready=ready,
+        profile_memory=args.bare_profile_memory,
     )
 
 

@@ -80,6 +80,13 @@ class KArgs(msgspec.Struct, gc=False):
     in_nelems: Any = msgspec.field(default=None, name="In msg nelems")
     out_nelems: Any = msgspec.field(default=None, name="Out msg nelems")
     dtype: Any = None
+    # [memory] instant events (profile_memory): kept as memory rows (rankscope.analysis.memory)
+    device_type: Any = msgspec.field(default=None, name="Device Type")
+    device_id: Any = msgspec.field(default=None, name="Device Id")
+    addr: Any = msgspec.field(default=None, name="Addr")
+    nbytes: Any = msgspec.field(default=None, name="Bytes")
+    total_allocated: Any = msgspec.field(default=None, name="Total Allocated")
+    total_reserved: Any = msgspec.field(default=None, name="Total Reserved")
 
 
 class KEvent(msgspec.Struct, gc=False):
@@ -115,6 +122,7 @@ class KFile(msgspec.Struct):
     distributedInfo: dict[str, Any] | None = None
     trace_id: str | None = None
     host_name: str | None = None
+    deviceProperties: Any = None
 
 
 class KFileExact(KFile):
@@ -151,6 +159,14 @@ class FileTrace:
     """communication events: event (row), op, group, seq (-1 unknown), bytes (-1 unknown), lane"""
     dropped: dict[str, int] = field(default_factory=dict)
     """events left out and why (negative / missing duration ...)"""
+    memory: dict[str, np.ndarray] | None = None
+    """the ``[memory]`` events (None when there are none): the columns of
+    ``analysis.memory.MEMORY_COLUMNS`` but rank and window, ts raw ns, op and scope as codes
+    into ``strings``, in file order"""
+    memory_skipped: dict[str, int] = field(default_factory=dict)
+    """memory events left out and why (``memory.skip_reason``)"""
+    device_memory: dict[int, int] = field(default_factory=dict)
+    """GPU index → total bytes (``deviceProperties``)"""
 
 
 def text_pieces(path: Path) -> Iterator[bytes]:
@@ -366,7 +382,13 @@ def _stream_events(path: Path, acc: _Accumulator, block_bytes: int = BLOCK_BYTES
         raise _NotStreamable from None
     if tail.traceEvents:
         acc.add(tail.traceEvents)
-    for key in ("baseTimeNanoseconds", "distributedInfo", "trace_id", "host_name"):
+    for key in (
+        "baseTimeNanoseconds",
+        "distributedInfo",
+        "trace_id",
+        "host_name",
+        "deviceProperties",
+    ):
         if getattr(top, key) is None:
             setattr(top, key, getattr(tail, key))
     return top
@@ -397,6 +419,17 @@ def _read_whole(path: Path, acc: _Accumulator) -> KFile:
     return trace
 
 
+#: Memory columns from ``KArgs``: (column, attribute, dtype); values checked by bad_memory_field.
+_MEMORY_ARGS = (
+    ("device_type", "device_type", np.int8),
+    ("device_id", "device_id", np.int16),
+    ("addr", "addr", np.uint64),
+    ("bytes", "nbytes", np.int64),
+    ("total_allocated", "total_allocated", np.int64),
+    ("total_reserved", "total_reserved", np.int64),
+)
+
+
 class _Accumulator:
     """Reduces decoded events, block by block, to compact columns (see :func:`read_trace`)."""
 
@@ -410,6 +443,10 @@ class _Accumulator:
         self.comm_rows: list[tuple[int, str, str, int, int]] = []
         self.count = 0
         self.dropped = 0
+        self.memory: list[KEvent] = []  # this block's, until _flush_memory
+        self.memory_parts: dict[str, list[np.ndarray]] = {}
+        self.memory_threads: list[tuple[str, str]] = []
+        self.memory_skipped: dict[str, int] = {}
 
     def _intern(self, values: list[str]) -> np.ndarray:
         """Codes (int32) of ``values`` in the string table; only distinct values touch the dict."""
@@ -425,11 +462,17 @@ class _Accumulator:
         import pandas as pd
 
         for ev in events:
-            if ev.ph == "M" and ev.name == "thread_name" and ev.args is not None:
+            ph = ev.ph
+            if ph == "X":
+                continue
+            if ph == "M" and ev.name == "thread_name" and ev.args is not None:
                 names = self.thread_names.setdefault((str(ev.pid), str(ev.tid)), [])
                 label = str(ev.args.name or "").strip()
                 if label and label not in names:
                     names.append(label)
+            elif ph == "i" and ev.name == "[memory]":
+                self._memory_event(ev)
+        self._flush_memory()
         xs = [ev for ev in events if ev.ph == "X"]
         durs = [ev.dur for ev in xs]
         bad = [d is None or d != d or d < 0 for d in durs]
@@ -506,6 +549,73 @@ class _Accumulator:
             self.parts.setdefault(key, []).append(arr)
         self.count += n
 
+    def _memory_event(self, ev: KEvent) -> None:
+        """Keep one ``[memory]`` event (its values checked now; the rest waits for finish)."""
+        from rankscope.analysis.memory import bad_memory_field, skip_reason
+
+        a = ev.args
+        values = None
+        if a is not None:
+            values = [a.device_type, a.device_id, a.addr, a.nbytes, a.total_allocated]
+            values.append(a.total_reserved)
+        bad = bad_memory_field(ev.ts, values)
+        if bad:
+            reason = skip_reason(bad)
+            self.memory_skipped[reason] = self.memory_skipped.get(reason, 0) + 1
+        else:
+            self.memory.append(ev)
+
+    def _flush_memory(self) -> None:
+        """Reduce the block's kept memory events to columns (so their objects do not pile up)."""
+        mem = self.memory
+        n = len(mem)
+        if not n:
+            return
+        if isinstance(mem[0].ts, Decimal):
+            ts = _decimal_to_ns([ev.ts for ev in mem])
+        else:
+            ts = us_to_ns(np.fromiter((ev.ts for ev in mem), np.float64, n))
+        args = [ev.args for ev in mem]
+        part = self.memory_parts
+        part.setdefault("ts", []).append(ts)
+        for col, attr, dtype in _MEMORY_ARGS:
+            part.setdefault(col, []).append(np.fromiter((getattr(a, attr) for a in args), dtype, n))
+        self.memory_threads.extend((str(ev.pid), str(ev.tid)) for ev in mem)
+        self.memory = []
+
+    def _memory_columns(self, cols: dict[str, np.ndarray], base: int) -> dict[str, np.ndarray]:
+        """The kept memory events as columns, with op, scope and step from the events' own
+        ranges (``analysis.memory.attribute``: the rule of ``memory_rows``); ts raw ns.
+        ``cols``: the events' columns, ``ts`` with the time base already added."""
+        from rankscope.analysis.memory import attribute
+
+        out = {k: np.concatenate(v) for k, v in self.memory_parts.items()}
+        out["ts"] = out["ts"] + np.int64(base)
+        strings = list(self.strings)
+        wanted = {"cpu_op", "operator", "user_annotation"}
+        cat_ok = np.array([c in wanted for c in strings], dtype=bool)
+        is_step = np.array([c.startswith("ProfilerStep#") for c in strings], dtype=bool)
+        ranges: dict[Any, list[tuple[int, int, str, bool]]] = {}
+        steps: list[tuple[int, int, int]] = []
+        lane_key = {i: key for key, i in self.lanes.items()}
+        c_ts, c_end = cols["ts"], cols["ts"] + cols["dur"]
+        c_name, c_cat, c_lane = cols["name"], cols["cat"], cols["lane"]
+        user = self.strings.get("user_annotation", -1)
+        if len(c_ts):
+            for i in np.flatnonzero(is_step[c_name]).tolist():
+                number = strings[c_name[i]][len("ProfilerStep#") :]
+                if number.isdigit():
+                    steps.append((int(c_ts[i]), int(c_end[i]), int(number)))
+            for i in np.flatnonzero(cat_ok[c_cat] & ~is_step[c_name]).tolist():
+                ranges.setdefault(lane_key[int(c_lane[i])], []).append(
+                    (int(c_ts[i]), int(c_end[i]), strings[c_name[i]], int(c_cat[i]) == user)
+                )
+        ops, scopes, step = attribute(out["ts"], self.memory_threads, ranges, steps)
+        out["op"] = self._intern(ops)
+        out["scope"] = self._intern(scopes)
+        out["step"] = step
+        return out
+
     def finish(self, path: Path, top: KFile, *, sort: bool = True) -> FileTrace:
         """Concatenate, add the time base, sort by ts (unless ``sort`` is False), build lanes."""
         import pandas as pd
@@ -526,6 +636,7 @@ class _Accumulator:
             }
         base = top.baseTimeNanoseconds or 0
         cols["ts"] = cols["ts"] + np.int64(base)
+        memory = self._memory_columns(cols, base) if self.memory_threads else None
         inverse = None
         if sort:
             cols, inverse = sort_by_ts(cols)
@@ -558,6 +669,8 @@ class _Accumulator:
         dropped = {}
         if self.dropped:
             dropped["events with negative, NaN or missing durations"] = self.dropped
+        from rankscope.analysis.memory import device_total_memory
+
         return FileTrace(
             path=path,
             rank=int(rank) if isinstance(rank, int) else None,
@@ -571,6 +684,9 @@ class _Accumulator:
             lanes=lanes,
             comm=comm,
             dropped=dropped,
+            memory=memory,
+            memory_skipped=dict(self.memory_skipped),
+            device_memory=device_total_memory(top.deviceProperties),
         )
 
 

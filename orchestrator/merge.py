@@ -233,6 +233,10 @@ def _merge_locked(
                     )
                 _write_rank(writer, r, parked[r], events)
                 del events
+                memory = spill.take(r, part="memory")
+                if memory:  # the same clock as the rank's events
+                    memory["ts"] = clk.apply_transform(memory["ts"], *args)
+                    _write_memory(writer, r, parked[r], memory)
                 spill.drop(r)
                 steps = parked[r].steps
                 if steps is not None and not steps.empty:
@@ -294,6 +298,9 @@ def _accept(
     assert result.columns is not None
     spill.put(rank, result.columns)
     result.columns = None  # only the small tables stay in memory
+    if result.memory is not None:
+        spill.put(rank, result.memory, part="memory")
+        result.memory = None
     parked[rank] = result
 
 
@@ -348,7 +355,19 @@ def _write_rank(writer: Any, rank: int, result: RankResult, events: dict[str, np
     for key in ("device", "versions", "local_rank", "pid", "windows"):
         if key in meta:
             attrs[key] = meta[key]
+    if result.device_memory:
+        attrs["device_memory"] = {str(k): v for k, v in sorted(result.device_memory.items())}
     writer.write_rank(rank, events, result.lanes, attrs)
+
+
+def _write_memory(
+    writer: Any, rank: int, result: RankResult, memory: dict[str, np.ndarray]
+) -> None:
+    """Write one kept rank's memory table (aligned ``ts``; op/scope become the store's codes)."""
+    codes = writer.intern(result.strings)
+    memory["op"] = codes[memory["op"]]
+    memory["scope"] = codes[memory["scope"]]
+    writer.write_memory(rank, memory)
 
 
 def _clock_input(rank: int, res: RankResult) -> Any:

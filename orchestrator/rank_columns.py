@@ -46,6 +46,11 @@ class RankResult:
     problems: list[Problem]
     t_first: int = 0
     """first event start (ns, the rank's raw clock)"""
+    memory: dict[str, np.ndarray] | None = None
+    """the ``[memory]`` events (None without any): ``analysis.memory.MEMORY_COLUMNS`` but rank,
+    ts raw ns, op/scope codes into ``strings``, sorted by ts"""
+    device_memory: dict[int, int] | None = None
+    """GPU index → total bytes, from the traces' ``deviceProperties``"""
 
 
 def parse_source(source: RankSource) -> RankResult:
@@ -69,6 +74,8 @@ def parse_source(source: RankSource) -> RankResult:
             continue
         for why, count in ft.dropped.items():
             problems.append(Problem(str(path), hint, f"{count} {why} dropped"))
+        for why, count in ft.memory_skipped.items():
+            problems.append(Problem(str(path), hint, f"{why}: {count} skipped"))
         if len(ft.columns["ts"]) == 0:
             problems.append(Problem(str(path), hint, "trace holds no events with a duration"))
             continue
@@ -91,7 +98,15 @@ def parse_source(source: RankSource) -> RankResult:
     cols: dict[str, list[np.ndarray]] = {}
     comms = []
     offset = 0
+    mems: dict[str, list[np.ndarray]] = {}
+    device_memory: dict[int, int] = {}
     for window, ft in parts:
+        device_memory.update(ft.device_memory)
+        if ft.memory is not None:
+            for k, v in ft.memory.items():
+                mems.setdefault(k, []).append(v)
+            n_mem = len(ft.memory["ts"])
+            mems.setdefault("window", []).append(np.full(n_mem, window, dtype=np.int16))
         lmap = np.empty(len(ft.lanes), dtype=np.int32)
         for row in ft.lanes.itertuples(index=False):
             key = (int(row.kind), str(row.pid), str(row.tid))
@@ -128,6 +143,9 @@ def parse_source(source: RankSource) -> RankResult:
     columns["step"] = _step_column(columns, steps)
     lanes = pd.DataFrame(lane_rows, columns=["lane", "kind", "pid", "tid", "name"])
     comm_table = _comm_table(comm_all, columns, strings_list)
+    memory = None
+    if mems:
+        memory, _ = sort_by_ts({k: np.concatenate(v) for k, v in mems.items()})
     first = parts[0][1]
     return RankResult(
         source=source,
@@ -144,6 +162,8 @@ def parse_source(source: RankSource) -> RankResult:
         steps=steps,
         problems=problems,
         t_first=int(columns["ts"][0]),
+        memory=memory,
+        device_memory=device_memory,
     )
 
 

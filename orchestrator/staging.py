@@ -27,8 +27,8 @@ LOCK_FORMAT = ".{name}.lock"
 TMP_FORMAT = ".{name}.{pid}.tmp"
 #: Folder beside the output where parsed ranks wait to be written (:class:`_Spill`).
 SPILL_FORMAT = ".{name}.{pid}.ranks.tmp"
-#: One parked column of one rank inside the spill folder.
-SPILL_COLUMN_FORMAT = "{rank:05d}.{column}.npy"
+#: One parked column of one rank inside the spill folder (``part``: "events", "memory").
+SPILL_COLUMN_FORMAT = "{rank:05d}.{part}.{column}.npy"
 #: What a killed merge may have left beside the output (temporary store, spill folder).
 STALE_GLOB = ".{name}.*.tmp"
 
@@ -96,33 +96,36 @@ class Spill:
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
-        self._columns: dict[int, list[str]] = {}
+        self._columns: dict[int, dict[str, list[str]]] = {}
         folder.mkdir()
 
-    def _path(self, rank: int, column: str) -> Path:
-        return self.folder / SPILL_COLUMN_FORMAT.format(rank=rank, column=column)
+    def _path(self, rank: int, part: str, column: str) -> Path:
+        return self.folder / SPILL_COLUMN_FORMAT.format(rank=rank, part=part, column=column)
 
-    def put(self, rank: int, columns: Mapping[str, np.ndarray]) -> None:
-        """Park the columns of ``rank`` (replacing those parked for it before)."""
+    def put(self, rank: int, columns: Mapping[str, np.ndarray], part: str = "events") -> None:
+        """Park the columns of one ``part`` of ``rank`` (the events, its memory table), replacing
+        those parked for it before (putting ``"events"`` first forgets every part)."""
         import numpy as np
 
-        self.drop(rank)
+        if part == "events":
+            self.drop(rank)
         for name, values in columns.items():
-            with self._path(rank, name).open("wb") as fh:
+            with self._path(rank, part, name).open("wb") as fh:
                 np.save(fh, values, allow_pickle=False)
-        self._columns[rank] = list(columns)
+        self._columns.setdefault(rank, {})[part] = list(columns)
 
-    def take(self, rank: int) -> dict[str, np.ndarray]:
-        """The columns parked for ``rank``, read back."""
+    def take(self, rank: int, part: str = "events") -> dict[str, np.ndarray]:
+        """The columns of ``part`` parked for ``rank``, read back ({} when none were)."""
         import numpy as np
 
         out = {}
-        for name in self._columns[rank]:
-            with self._path(rank, name).open("rb") as fh:
+        for name in self._columns.get(rank, {}).get(part, []):
+            with self._path(rank, part, name).open("rb") as fh:
                 out[name] = np.load(fh, allow_pickle=False)
         return out
 
     def drop(self, rank: int) -> None:
         """Forget ``rank`` and remove its files."""
-        for name in self._columns.pop(rank, []):
-            self._path(rank, name).unlink(missing_ok=True)
+        for part, names in self._columns.pop(rank, {}).items():
+            for name in names:
+                self._path(rank, part, name).unlink(missing_ok=True)

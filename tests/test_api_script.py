@@ -100,6 +100,19 @@ def test_scheduler_choice_follows_the_work() -> None:
     assert choose(ClusterSpec(scheduler="tcp://h:8786"), 8, small).scheduler == "tcp://h:8786"
 
 
+def test_unsized_cluster_counts_the_parents_core(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unsized, the parent's core adds nothing: 2 cores stay in-process, 16 cores pay."""
+    from rankscope.analysis import scheduler
+
+    guarded = scheduler.ClusterSpec(main_is_guarded=True)
+    monkeypatch.setattr(scheduler, "_cores", lambda: 2)
+    two = scheduler.choose(guarded, 8, 100_000_000)
+    assert two.scheduler == scheduler.SYNCHRONOUS and "one is the parent's" in two.reason
+    monkeypatch.setattr(scheduler, "_cores", lambda: 16)
+    assert scheduler.choose(guarded, 8, 100_000_000).scheduler == scheduler.LOCAL
+    assert scheduler.choose(guarded, 8, 10_000).scheduler == scheduler.SYNCHRONOUS
+
+
 def test_nothing_profiled_says_why() -> None:
     from rankscope.orchestrator.run import nothing_profiled
 

@@ -1,8 +1,9 @@
 """Memory across ranks (rankscope.analysis.memory): extraction, peaks, leaks, imbalance, holders.
 
-Fast tests run on generated ground truth; the one slow test runs the real example with
-``--profile-memory --leak-mb 1:4 --extra-memory-mb 2:64`` on 4 CPU ranks and reads the raw window
-traces with :func:`memory_rows` (phase 2 switches :func:`read_run_memory` to the store).
+Fast tests run on generated ground truth (and through ``rankscope merge``: the store's memory
+table); the slow tests share one real run of the example with ``--profile-memory --leak-mb 1:4
+--extra-memory-mb 2:64`` on 4 CPU ranks, merged and analysed by ``rankscope analyze``, and read it
+through the store, summary.json, the terminal, the HTML report, Perfetto and the timeline.
 """
 
 from __future__ import annotations
@@ -388,25 +389,96 @@ def test_holders_at_peak_match_by_address_within_the_peak_window() -> None:
     assert M.holders_at_peak(mem)["share"].sum() <= 1.0 + 1e-12
 
 
+# -- through the merge: decode, store, analysis ---------------------------------------------------
+
+
+def write_trace_file(path: Path, events: list[dict[str, Any]], rank: int, **top: Any) -> Path:
+    """A Kineto-like trace of ``events`` for ``rank`` (one event per line, like Kineto)."""
+    doc = {"distributedInfo": {"rank": rank, "world_size": 2}, **top, "traceEvents": events}
+    path.write_text(json.dumps(doc, indent=2))
+    return path
+
+
+def test_store_round_trip_of_the_memory_table(tmp_path: Path) -> None:
+    """Two ranks' memory events through ``rankscope merge``: the store's memory table is what
+    memory_rows makes of the same events, its ts on the aligned clock like the events', and
+    a malformed event is a problem of the store; GPU totals come from deviceProperties."""
+    from rankscope.analysis.store import open_store
+    from rankscope.orchestrator.merge import merge_run_dir
+
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    per_rank = {}
+    for rank in (0, 1):
+        events = [
+            op("ProfilerStep#1", 100, 100, cat="user_annotation"),
+            op("fwd", 105, 60, cat="user_annotation"),
+            op("aten::ones", 110, 10),
+            op("aten::empty", 111, 2),
+            mem_event(
+                111.5,
+                0x1000,
+                (rank + 1) * MiB,
+                (rank + 1) * MiB,
+                device_type=1,
+                device_id=0,
+                reserved=2 * MiB,
+            ),
+            mem_event(
+                150.25, 0x1000, -(rank + 1) * MiB, 0, device_type=1, device_id=0, reserved=2 * MiB
+            ),
+            mem_event(160.0, 0x2000, 8, 8, device_type=1, device_id=0, Addr="bad"),
+        ]
+        events[-1]["args"]["Addr"] = "bad"
+        base = 1_700_000_000_000_000_000 + rank * 5_000  # rank 1's clock 5 µs ahead
+        props = [{"id": 0, "name": "H200", "totalGlobalMem": 140 * GiB}]
+        write_trace_file(
+            traces / f"rank{rank}.json", events, rank,
+            baseTimeNanoseconds=base, deviceProperties=props,
+        )  # fmt: skip
+        per_rank[rank] = M.memory_rows(events, rank=rank, base_ns=base)
+    out = merge_run_dir(traces, quiet=True)
+    with open_store(out) as store:
+        mem = store.memory()
+        assert list(mem.columns) == list(M.MEMORY_COLUMNS)
+        assert store.has_memory() and store.device_memory(1) == {0: 140 * GiB}
+        clock = store.clock().set_index("rank")
+        events0 = store.events(1, columns=["ts", "name"])
+        problems = store.problems()
+    assert (problems["problem"] == "memory event: missing or bad 'Addr': 1 skipped").sum() == 2
+    for rank, (rows, skipped) in per_rank.items():
+        assert skipped == {"memory event: missing or bad 'Addr'": 1}
+        got = mem[mem["rank"] == rank].reset_index(drop=True)
+        offset = int(clock.loc[rank, "offset_ns"])
+        assert got["ts"].tolist() == (rows["ts"] + offset).tolist()  # the events' clock
+        for col in ("bytes", "total_allocated", "total_reserved", "addr", "op", "scope", "step"):
+            assert got[col].tolist() == rows[col].tolist(), col
+    # the memory event sits inside aten::ones on the aligned clock too
+    ones = events0[events0["name"] == "aten::ones"]["ts"].iloc[0]
+    assert ones < mem[mem["rank"] == 1]["ts"].iloc[0] < ones + 10_000
+
+
+def test_stores_without_memory_still_open(data_dir: Path, tmp_path: Path) -> None:
+    """A store written before the memory table (or of a run without it) reads as no events."""
+    import shutil
+
+    from analysis_frames import merged
+    from rankscope.analysis.pipeline import ClusterSpec, analyze
+    from rankscope.analysis.report import summary
+    from rankscope.analysis.store import open_store
+
+    path = merged(data_dir, "cpu_gloo_4rank_straggler", tmp_path)
+    old = tmp_path / "old.h5"
+    shutil.copy(path, old)
+    with open_store(old) as store:
+        assert not store.has_memory()
+        assert store.memory().empty and list(store.memory().columns) == list(M.MEMORY_COLUMNS)
+        assert store.device_memory(0) == {}
+    a = analyze(old, ClusterSpec(scheduler="synchronous"))
+    assert not a.memory.has_events and "memory" not in summary(a)
+
+
 # -- the real example ----------------------------------------------------------------------------
-
-
-def read_run_memory(run: Path) -> tuple[pd.DataFrame, dict[str, int]]:
-    """The memory table of a run directory's raw window traces (phase 2: the store)."""
-    frames, skipped = [], {}
-    for path in sorted(run.glob("ranks/*/window-*.json.gz")):
-        trace = json.loads(gzip.decompress(path.read_bytes()))
-        facts = trace["rankscope"]
-        rows, bad = M.memory_rows(
-            trace["traceEvents"],
-            rank=facts["rank"],
-            window=facts["window"],
-            base_ns=trace.get("baseTimeNanoseconds") or 0,
-        )
-        frames.append(rows)
-        for k, v in bad.items():
-            skipped[k] = skipped.get(k, 0) + v
-    return pd.concat(frames, ignore_index=True), skipped
 
 
 def raw_max_total_allocated(run: Path, rank: int) -> int:
@@ -419,28 +491,58 @@ def raw_max_total_allocated(run: Path, rank: int) -> int:
     )
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_real_leak_and_extra_memory(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def real_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """4 CPU ranks, 15 steps, 3 windows of 4 steps: rank 1 leaks 4 MiB/step, rank 2 holds 64 MiB
-    more; ranks 0 and 3 (no knob) are the no-leak control, rank 2 (steady) a second one."""
+    more; ranks 0 and 3 (no knob) are the no-leak control, rank 2 (steady) a second one. Run
+    once, merged and analysed by ``rankscope analyze`` (summary.json, terminal, HTML)."""
+    tmp_path = tmp_path_factory.mktemp("memory_run")
     schedule = ["--wait", "0", "--warmup", "1", "--active", "4", "--repeat", "0"]
     script = [str(EXAMPLE), "--steps", "15", "--hidden", "128"]
     knobs = ["--leak-mb", "1:4", "--extra-memory-mb", "2:64"]
     out = ["--out", str(tmp_path), "--no-merge", "--no-analyze"]
     head = [sys.executable, "-m", "rankscope", "run", "--nproc-per-node", "4", "--profile-memory"]
+    env = {**os.environ, "COLUMNS": "200"}
     proc = subprocess.run(
         [*head, *schedule, *out, *script, *knobs],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=240,
-        env={**os.environ, "COLUMNS": "200"},
+        env=env,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (run,) = [p for p in tmp_path.iterdir() if p.is_dir()]
-    mem, skipped = read_run_memory(run)
-    assert skipped == {}
+    summary_path, html_path = tmp_path / "summary.json", tmp_path / "report.html"
+    cmd = [sys.executable, "-m", "rankscope", "analyze", str(run), "--scheduler", "synchronous"]
+    proc = subprocess.run(
+        [*cmd, "--json", str(summary_path), "--html", str(html_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return {
+        "run": run,
+        "terminal": " ".join(proc.stdout.split()),
+        "summary": json.loads(summary_path.read_text()),
+        "html": html_path.read_text(),
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_real_leak_and_extra_memory(real_run: dict[str, Any]) -> None:
+    """The analyses on the store's memory table, against the knobs' ground truth."""
+    from rankscope.analysis.store import open_store
+
+    run = real_run["run"]
+    with open_store(run) as store:
+        mem = store.memory()
+        problems = store.problems()
+    assert not problems["problem"].str.startswith("memory event").any()
     assert set(mem["device_type"]) == {M.DeviceType.CPU}
 
     pk = M.peaks(mem).set_index("rank")
@@ -469,3 +571,82 @@ def test_real_leak_and_extra_memory(tmp_path: Path) -> None:
     assert (FindingKind.MEMORY_LEAK, 1) in kinds and (FindingKind.MEMORY_IMBALANCE, 2) in kinds
     assert not {(FindingKind.MEMORY_LEAK, r) for r in (0, 2, 3)} & kinds
     print("\n".join(f.text for f in findings))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_real_run_summary_terminal_and_html(real_run: dict[str, Any]) -> None:
+    """summary.json's ``memory`` (docs/summary.md), the terminal's Memory section, the report."""
+    doc = real_run["summary"]
+    devices = {d["rank"]: d for d in doc["memory"]["devices"]}
+    assert sorted(devices) == [0, 1, 2, 3]
+    for rank, d in devices.items():
+        assert d["device"] == "cpu"
+        assert d["peak_allocated_bytes"] == raw_max_total_allocated(real_run["run"], rank)
+        assert d["total_bytes"] is None  # CPU: no headroom
+    assert devices[1]["is_leak"] and not any(devices[r]["is_leak"] for r in (0, 2, 3))
+    assert devices[1]["leak_bytes_per_step"] == pytest.approx(4 * MiB, rel=0.10)
+    assert devices[2]["is_imbalanced"]
+    assert devices[2]["excess_bytes"] == pytest.approx(64 * MiB, rel=0.10)
+    top = devices[2]["top_holder"]
+    assert (top["op"], top["scope"], top["bytes"]) == (
+        "aten::ones",
+        "rankscope_example::extra_memory",
+        64 * MiB,
+    )
+    steps = doc["memory"]["steps"]
+    assert {s["rank"] for s in steps} == {0, 1, 2, 3} and all(s["step"] >= 0 for s in steps)
+    kinds = {(f["kind"], f["rank"]) for f in doc["findings"]}
+    assert ("memory_leak", 1) in kinds and ("memory_imbalance", 2) in kinds
+
+    text = real_run["terminal"]
+    assert "Memory (peak per rank and device, MiB)" in text
+    assert "Memory leak: rank 1 (cpu)" in text and "Memory imbalance: rank 2 (cpu)" in text
+    assert "aten::ones" in text
+
+    page = real_run["html"]
+    assert "<h2>Memory</h2>" in page and "allocated memory per rank over time" in page
+    assert page.count("<polyline") >= 4
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_real_run_perfetto_counters_and_timeline_lanes(
+    real_run: dict[str, Any], tmp_path: Path
+) -> None:
+    """The Perfetto export has a memory counter track per rank (``ph: C``, aligned ts); the
+    timeline has a memory lane per rank with allocated and reserved curves."""
+    import importlib
+
+    from rankscope.analysis.perfetto import export_perfetto
+    from rankscope.analysis.store import open_store
+
+    timeline = importlib.import_module("rankscope.analysis.timeline")
+    out = tmp_path / "trace.json"
+    with open_store(real_run["run"]) as store:
+        mem = store.memory()
+        stats = export_perfetto(store, out)
+        rows = timeline.timeline_rows(store)
+        ext = timeline.store_extent(store)
+        window = (ext.start_ns, ext.end_ns)
+        overlay = timeline.timeline_overlay(store, window, origin_ns=ext.start_ns, width=300)
+        allocated, reserved = timeline.memory_paths(store, rows, window, ext.start_ns, 300)
+    doc = json.loads(out.read_text())
+    counters = [e for e in doc["traceEvents"] if e["ph"] == "C"]
+    assert stats.counters == {r: int((mem["rank"] == r).sum()) for r in range(4)}
+    assert {(e["pid"], e["name"]) for e in counters} == {(r, "memory cpu") for r in range(4)}
+    first = mem[mem["rank"] == 0].iloc[0]
+    c0 = next(e for e in counters if e["pid"] == 0)
+    assert c0["ts"] == pytest.approx(first["ts"] / 1000, abs=1.0)
+    assert c0["args"]["allocated"] == first["total_allocated"]
+
+    lanes = [r for r in rows if r.lane == timeline.MEMORY_LANE]
+    assert [r.label for r in lanes] == [f"r{r} memory" for r in range(4)]
+    assert len(allocated) == len(reserved) == 4
+    assert all(len(x) <= 600 for x, _ in allocated)  # per pixel: min and max
+    # each rank's peak is drawn: the top of its row (row + ROW_PAD) is reached
+    for (_, y), row in zip(allocated, lanes, strict=True):
+        i = rows.index(row)
+        assert float(np.min(y)) >= i + timeline.ROW_PAD - 1e-9
+    labels = [layer.label for layer in overlay]
+    assert "memory allocated" in labels and "memory reserved" in labels
