@@ -160,6 +160,11 @@ def _us_to_ns(us: float | int | Decimal) -> int:
     return int(whole) * 1000 + round((us - whole) * 1000)
 
 
+def memory_field_limits() -> dict[str, tuple[int, int]]:
+    """Inclusive (low, high) of each integer column of a memory event (a copy)."""
+    return dict(_LIMITS)
+
+
 def bad_memory_field(ts: Any, values: Sequence[Any] | None) -> str:
     """The first missing or wrong-typed field of a memory event (``"ts"``, ``"args"``, or an
     ``args`` key such as ``"Addr"``), ``""`` when it is well formed. ``values``: the six ``args``
@@ -279,30 +284,50 @@ def memory_rows(
 def _enclosing(
     ts: np.ndarray, tids: list[Any], ranges: Mapping[Any, list[tuple[int, int, str, bool]]]
 ) -> tuple[list[str], list[str]]:
-    """(op, scope) of each memory event: a sweep over each thread's properly nested ranges."""
+    """(op, scope) of each memory event: a sweep over each thread's properly nested ranges.
+
+    One pass per thread: ranges are pushed as the sweep passes their start and popped once
+    ended; the open ones are read from the innermost out, stopping at the first op that is not
+    a pure allocation op and the first user range (a trace can hold 10^5 memory events).
+    """
     ops = [""] * len(ts)
     scopes = [""] * len(ts)
+    stamps = ts.tolist()
     by_tid: dict[Any, list[int]] = {}
     for i, tid in enumerate(tids):
         by_tid.setdefault(tid, []).append(i)
+    alloc = ALLOCATION_OPS
     for tid, idx in by_tid.items():
         spans = sorted(ranges.get(tid, []), key=lambda r: (r[0], -r[1]))
-        idx.sort(key=lambda i: int(ts[i]))
+        n_spans = len(spans)
+        idx.sort(key=stamps.__getitem__)
         stack: list[tuple[int, int, str, bool]] = []
         j = 0
         for i in idx:
-            t = int(ts[i])
-            while j < len(spans) and spans[j][0] <= t:
-                while stack and stack[-1][1] < spans[j][0]:
+            t = stamps[i]
+            while j < n_spans and spans[j][0] <= t:
+                span = spans[j]
+                while stack and stack[-1][1] < span[0]:
                     stack.pop()
-                stack.append(spans[j])
+                stack.append(span)
                 j += 1
             while stack and stack[-1][1] < t:
                 stack.pop()
-            open_ = [s for s in stack if s[1] >= t]  # the stack is nested; cheap in practice
-            op = next((s[2] for s in reversed(open_) if s[2] not in ALLOCATION_OPS), "")
-            ops[i] = op or (open_[-1][2] if open_ else "")
-            scopes[i] = next((s[2] for s in reversed(open_) if s[3]), "")
+            op = scope = innermost = ""
+            for start_end_name_user in reversed(stack):
+                if start_end_name_user[1] < t:  # not nested: an ended range under an open one
+                    continue
+                name = start_end_name_user[2]
+                if not innermost:
+                    innermost = name
+                if not op and name not in alloc:
+                    op = name
+                if not scope and start_end_name_user[3]:
+                    scope = name
+                if op and scope:
+                    break
+            ops[i] = op or innermost
+            scopes[i] = scope
     return ops, scopes
 
 
