@@ -12,15 +12,18 @@ Every time is int64 ns on the aligned clock (see ``/clock`` for how to recover a
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
-from collections.abc import Iterable, Mapping, Sequence
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from rankscope.analysis import schema
-from rankscope.errors import InputFileError
+from rankscope.atomic import output_error
+from rankscope.errors import InputFileError, OutputError
 
 if TYPE_CHECKING:
     import dask.dataframe as dd
@@ -130,6 +133,68 @@ def read_table(
     return pd.DataFrame(out)
 
 
+class _GuardedFile:
+    """The store's file as HDF5 sees it (h5py's ``fileobj`` driver): a write that fails is
+    recorded, never reported to HDF5.
+
+    Why: HDF5 surfaces a failed write (a full disk) late and repeatedly — on flushes, on every
+    object's release, at close — and h5py 3.x can crash (SIGSEGV) closing a file whose writes
+    failed. Here the first ``OSError`` is kept in :attr:`error` and every later write is
+    dropped while HDF5 is told it succeeded, so HDF5 stays consistent, closes cleanly, and the
+    writer raises one :class:`~rankscope.errors.OutputError` (the file is then deleted).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self._raw = open(path, "w+b", buffering=0)  # noqa: SIM115 (closed by :meth:`close`)
+        self.error: OSError | None = None
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        if self.error is None:
+            try:
+                done = 0
+                while done < len(view):
+                    done += self._raw.write(view[done:]) or 0
+            except OSError as exc:
+                self.error = exc
+        return len(view)
+
+    def readinto(self, buffer: Any) -> int:
+        return self._raw.readinto(buffer) or 0
+
+    def read(self, size: int = -1) -> bytes:
+        return self._raw.read(size) or b""
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        return self._raw.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._raw.tell()
+
+    def truncate(self, size: int | None = None) -> int:
+        if self.error is None:
+            try:
+                return self._raw.truncate(size)
+            except OSError as exc:
+                self.error = exc
+        return self._raw.tell() if size is None else size
+
+    def flush(self) -> None:
+        """Nothing is buffered here (the file is unbuffered); :meth:`sync` makes it durable."""
+
+    def sync(self) -> None:
+        """fsync the file (a late ENOSPC/EIO of a network file system shows here)."""
+        if self.error is None:
+            try:
+                os.fsync(self._raw.fileno())
+            except OSError as exc:
+                self.error = exc
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._raw.close()
+
+
 class StoreWriter:
     """Writes a store file; used by the merge (``rankscope.orchestrator.merge``).
 
@@ -138,24 +203,57 @@ class StoreWriter:
     does not give back the space of deleted or rewritten compressed data), :meth:`write_tables`,
     then :meth:`close` (writes ``/strings``).
     The caller writes to a temporary name and renames (the merge does this).
+
+    A write that fails (full disk, quota, read-only file system, no permission) raises ONE
+    :class:`~rankscope.errors.OutputError` naming ``target`` (the file the user asked for;
+    default ``path``) and its cause, from the method that met it or at the latest from
+    :meth:`close`; the HDF5 file is then closed quietly and the caller removes ``path``.
     """
 
-    def __init__(self, path: Path, *, attrs: Mapping[str, Any]) -> None:
+    def __init__(self, path: Path, *, attrs: Mapping[str, Any], target: Path | None = None) -> None:
         import h5py
 
         self.path = Path(path)
-        self._file = h5py.File(self.path, "w", libver="latest")
+        self.target = Path(target) if target is not None else self.path
+        try:
+            self._io = _GuardedFile(self.path)
+        except OSError as exc:
+            raise output_error(self.target, exc) from exc
+        self._failure: OutputError | None = None
+        try:
+            self._file = h5py.File(self._io, "w", libver="latest")
+        except BaseException:
+            self._io.close()
+            raise
         self._strings: dict[str, int] = {}
-        self._file.attrs["schema_name"] = schema.SCHEMA_NAME
-        self._file.attrs["schema_version"] = schema.SCHEMA_VERSION
-        self._file.attrs["created"] = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
-        for key, value in attrs.items():
-            self.set_attr(key, value)
-        self._file.require_group(RANKS)
+        with self._guarded():
+            self._file.attrs["schema_name"] = schema.SCHEMA_NAME
+            self._file.attrs["schema_version"] = schema.SCHEMA_VERSION
+            self._file.attrs["created"] = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+            for key, value in attrs.items():
+                self._file.attrs[key] = _attr_value(value)
+            self._file.require_group(RANKS)
+
+    @contextlib.contextmanager
+    def _guarded(self) -> Iterator[None]:
+        """Raise :class:`OutputError` once a write has failed (at once on the next call too)."""
+        if self._failure is not None:
+            raise self._failure
+        try:
+            yield
+        except (OSError, RuntimeError) as exc:
+            if self._io.error is None:
+                raise
+            self._failure = output_error(self.target, self._io.error)
+            raise self._failure from exc
+        if self._io.error is not None:
+            self._failure = output_error(self.target, self._io.error)
+            raise self._failure
 
     def set_attr(self, key: str, value: Any) -> None:
         """Set a root attribute (dicts and lists are stored as JSON text)."""
-        self._file.attrs[key] = _attr_value(value)
+        with self._guarded():
+            self._file.attrs[key] = _attr_value(value)
 
     def intern(self, strings: Iterable[str]) -> np.ndarray:
         """Codes (int32) of ``strings`` in ``/strings``, adding the new ones."""
@@ -174,6 +272,16 @@ class StoreWriter:
     ) -> None:
         """Write one rank: ``events`` columns (schema.EVENT_COLUMNS, name/cat as string codes,
         sorted by ts), its lanes and group attributes (meta)."""
+        with self._guarded():
+            self._write_rank(rank, events, lanes, attrs)
+
+    def _write_rank(
+        self,
+        rank: int,
+        events: Mapping[str, np.ndarray],
+        lanes: pd.DataFrame,
+        attrs: Mapping[str, Any],
+    ) -> None:
         group = self._file.require_group(_rank_group(rank))
         ev = group.require_group(EVENTS)
         for col, dtype in schema.EVENT_COLUMNS.items():
@@ -196,22 +304,24 @@ class StoreWriter:
         scope as codes into ``/strings``. Written only for ranks with memory events."""
         from rankscope.analysis.memory import MEMORY_COLUMNS
 
-        group = self._file[_rank_group(rank)].require_group(MEMORY)
-        group.attrs["columns"] = [c for c in MEMORY_COLUMNS if c != "rank"]
-        for col, dtype in MEMORY_COLUMNS.items():
-            if col == "rank":
-                continue
-            if col in group:
-                del group[col]
-            want = "int32" if col in MEMORY_STRING_CODED else dtype
-            _write_column(group, col, columns[col].astype(want, copy=False))
-        self._file[_rank_group(rank)].attrs["memory_events"] = len(columns["ts"])
+        with self._guarded():
+            group = self._file[_rank_group(rank)].require_group(MEMORY)
+            group.attrs["columns"] = [c for c in MEMORY_COLUMNS if c != "rank"]
+            for col, dtype in MEMORY_COLUMNS.items():
+                if col == "rank":
+                    continue
+                if col in group:
+                    del group[col]
+                want = "int32" if col in MEMORY_STRING_CODED else dtype
+                _write_column(group, col, columns[col].astype(want, copy=False))
+            self._file[_rank_group(rank)].attrs["memory_events"] = len(columns["ts"])
 
     def set_rank_attrs(self, rank: int, attrs: Mapping[str, Any]) -> None:
         """Set attributes of ``/ranks/NNNNN``."""
-        group = self._file[_rank_group(rank)]
-        for key, value in attrs.items():
-            group.attrs[key] = _attr_value(value)
+        with self._guarded():
+            group = self._file[_rank_group(rank)]
+            for key, value in attrs.items():
+                group.attrs[key] = _attr_value(value)
 
     def write_tables(self, tables: Mapping[str, pd.DataFrame]) -> None:
         """Write the run-wide tables (collectives, steps, clock, problems) at the root."""
@@ -221,25 +331,45 @@ class StoreWriter:
             CLOCK: schema.CLOCK_COLUMNS,
             PROBLEMS: schema.PROBLEM_COLUMNS,
         }
-        for name, frame in tables.items():
-            write_table(self._file, name, frame, specs[name])
+        with self._guarded():
+            for name, frame in tables.items():
+                write_table(self._file, name, frame, specs[name])
 
     def close(self) -> None:
-        """Write ``/strings`` and the rank list, then close the file."""
+        """Write ``/strings`` and the rank list, close the file and sync it to disk.
+
+        Raises :class:`OutputError` when any write failed (the file is then incomplete).
+        """
         import h5py
         import numpy as np
 
         if not self._file.id.valid:
             return
-        if STRINGS in self._file:
-            del self._file[STRINGS]
-        strings = np.array(list(self._strings), dtype=object)
-        self._file.create_dataset(
-            STRINGS, data=strings, dtype=h5py.string_dtype("utf-8"), **_dataset_kwargs(len(strings))
-        )
-        ranks = sorted(int(g.attrs["rank"]) for g in self._file[RANKS].values())
-        self._file.attrs["ranks"] = np.asarray(ranks, dtype=np.int32)
-        self._file.close()
+        try:
+            with self._guarded():
+                if STRINGS in self._file:
+                    del self._file[STRINGS]
+                strings = np.array(list(self._strings), dtype=object)
+                self._file.create_dataset(
+                    STRINGS,
+                    data=strings,
+                    dtype=h5py.string_dtype("utf-8"),
+                    **_dataset_kwargs(len(strings)),
+                )
+                ranks = sorted(int(g.attrs["rank"]) for g in self._file[RANKS].values())
+                self._file.attrs["ranks"] = np.asarray(ranks, dtype=np.int32)
+                self._file.close()
+                self._io.sync()
+        finally:
+            self._abandon()
+
+    def _abandon(self) -> None:
+        """Close the HDF5 file (failed writes were never reported to HDF5, so it closes
+        cleanly) and the file under it; errors here no longer matter."""
+        with contextlib.suppress(Exception):
+            if self._file.id.valid:
+                self._file.close()
+        self._io.close()
 
     def __enter__(self) -> StoreWriter:
         return self
@@ -252,8 +382,8 @@ class StoreWriter:
     ) -> None:
         if exc_type is None:
             self.close()
-        elif self._file.id.valid:
-            self._file.close()
+        else:
+            self._abandon()
 
 
 def _attr_value(value: Any) -> Any:

@@ -19,17 +19,21 @@ the analysis floor.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import importlib
 import os
 import secrets
+import shutil
+import sys
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from rankscope.errors import InputFileError, UsageError
+from rankscope.atomic import translate_write_errors
+from rankscope.errors import InputFileError, OutputError, RankscopeError, UsageError
 from rankscope.launchers import rundir
 from rankscope.launchers.rundir import RunRecord, RunState, load_run, update_run, utc_now
 from rankscope.launchers.spec import LauncherKind, RunSpec, check_run_name
@@ -82,8 +86,13 @@ def create_run_dir(out: Path, name: str) -> Path:
             run_dir.mkdir()
         except FileExistsError:
             continue
-        (run_dir / rundir.RANKS_DIR).mkdir()
-        (run_dir / rundir.LOGS_DIR).mkdir()
+        try:
+            with translate_write_errors(run_dir):
+                (run_dir / rundir.RANKS_DIR).mkdir()
+                (run_dir / rundir.LOGS_DIR).mkdir()
+        except OutputError:
+            shutil.rmtree(run_dir, ignore_errors=True)
+            raise
         return run_dir.resolve()
     raise UsageError(f"could not create a unique run folder in {out}")
 
@@ -121,6 +130,31 @@ def rank_failures(run_dir: Path) -> list[dict[str, Any]]:
                 }
             )
     return failures
+
+
+def unfinished_profiles(run_dir: Path, world_size: int | None) -> list[dict[str, Any]]:
+    """After a job that completed: one failure naming the ranks whose final ``meta.json`` is
+    missing or not final (no ``ended_ns``), else none.
+
+    Every rank that ends normally rewrites its meta.json last, with ``ended_ns``; when it could
+    not (a full disk, a quota…), the rank printed why, the training went on, and the profile is
+    incomplete: the run must not look like a success that merely saw no training step.
+    """
+    metas = read_rank_metas(run_dir)
+    ranks = range(world_size) if world_size else sorted(metas)
+    unfinished = [r for r in ranks if not (metas.get(r) or {}).get("ended_ns")]
+    if not unfinished:
+        return []
+    first = rundir.rank_dir(Path(run_dir), unfinished[0]) / rundir.META_JSON
+    which = ", ".join(str(r) for r in unfinished[:8]) + (", …" if len(unfinished) > 8 else "")
+    return [
+        {
+            "rank": unfinished[0],
+            "error": f"profiling output incomplete on rank(s) {which}: {first} not final (a "
+            "write failed, see the ranks' lines above); the training itself completed",
+            "exit_code": None,
+        }
+    ]
 
 
 @dataclass
@@ -239,20 +273,36 @@ class Launcher(ABC):
 
     # ----------------------------------------------------------------- shared logic
     def launch(self, spec: RunSpec) -> RunHandle:
-        """Create the run directory, write ``run.json`` and start the job."""
+        """Create the run directory, write ``run.json`` and start the job.
+
+        A ``run.json`` that cannot be written before the start (full disk, read-only…) stops
+        here, one line (:class:`OutputError`), nothing started, the empty run folder removed.
+        Once the job runs, a failed ``run.json`` update never stops it: one warning line, and
+        the final update (:meth:`_finish`) tries again.
+        """
         run_dir = create_run_dir(spec.out, spec.name)
-        RunRecord.of_spec(spec, run_dir, launcher=self.kind, state=RunState.PENDING).write(run_dir)
+        try:
+            RunRecord.of_spec(spec, run_dir, launcher=self.kind, state=RunState.PENDING).write(
+                run_dir
+            )
+        except OutputError:
+            shutil.rmtree(run_dir, ignore_errors=True)
+            raise
         try:
             job = self._start(spec, run_dir)
         except BaseException as exc:
-            update_run(
-                run_dir,
-                state=str(RunState.FAILED),
-                ended_at=utc_now(),
-                failures=[{"rank": None, "error": f"launch failed: {exc}", "exit_code": None}],
-            )
+            with contextlib.suppress(OutputError):  # the launch's own error is the one to see
+                update_run(
+                    run_dir,
+                    state=str(RunState.FAILED),
+                    ended_at=utc_now(),
+                    failures=[{"rank": None, "error": f"launch failed: {exc}", "exit_code": None}],
+                )
             raise
-        update_run(run_dir, state=str(self.started_state), **self._record_fields(job))
+        try:
+            update_run(run_dir, state=str(self.started_state), **self._record_fields(job))
+        except OutputError as exc:
+            warn(f"{exc} (the job runs on)")
         return RunHandle(self, run_dir, job)
 
     def attach(self, run_dir: Path | str) -> RunHandle:
@@ -276,7 +326,10 @@ class Launcher(ABC):
             outcome.state = RunState.INTERRUPTED
             if outcome.exit_code is None:
                 outcome.exit_code = EXIT_INTERRUPTED
-            self._finish(handle, outcome)
+            try:
+                self._finish(handle, outcome)
+            except RankscopeError as exc:  # the interrupt stays the outcome; say what failed
+                warn(str(exc))
             raise
         if outcome is None:
             return current
@@ -296,6 +349,10 @@ class Launcher(ABC):
     def _finish(self, handle: RunHandle, outcome: JobOutcome) -> RunState:
         """Record the final state, exit code and failures (the ranks' own and the backend's)."""
         failures = rank_failures(handle.run_dir)
+        if outcome.state == RunState.COMPLETED and not outcome.failures and not failures:
+            with contextlib.suppress(InputFileError):
+                world = load_run(handle.run_dir).get("world_size")
+                failures = unfinished_profiles(handle.run_dir, world)
         seen = {f["rank"] for f in failures}
         roots = {f.get("rank") for f in outcome.failures if f.get("root_cause")}
         failures += [f for f in outcome.failures if f.get("rank") not in seen]
@@ -315,15 +372,25 @@ class Launcher(ABC):
         state = outcome.state
         if state == RunState.COMPLETED and failures:
             state = RunState.FAILED
-        update_run(
-            handle.run_dir,
-            state=str(state),
-            exit_code=outcome.exit_code,
-            ended_at=utc_now(),
-            failures=failures,
-            **outcome.fields,
-        )
+        try:
+            update_run(
+                handle.run_dir,
+                state=str(state),
+                exit_code=outcome.exit_code,
+                ended_at=utc_now(),
+                failures=failures,
+                **outcome.fields,
+            )
+        except OutputError as exc:
+            # The job has ended all the same: say how, in the same line.
+            code = "" if outcome.exit_code is None else f" (exit status {outcome.exit_code})"
+            raise OutputError(f"{exc}; the job itself ended as {state}{code}") from exc
         return state
+
+
+def warn(message: str) -> None:
+    """One warning line on stderr (``rankscope: warning: …``): the run goes on."""
+    print(f"rankscope: warning: {message}", file=sys.stderr, flush=True)
 
 
 def launcher_for(kind: LauncherKind | str) -> Launcher:

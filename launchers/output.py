@@ -9,6 +9,7 @@ so it always gets every byte; the console is a courtesy and stops at its first w
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -58,18 +59,40 @@ def tee(
     ``shown`` picks what ``echo`` gets of each line (None: nothing); without it, every line.
     Runs in a thread of its own; closes ``src`` at the end.
     """
-    with log.open("ab") as fh:
-        for line in iter(src.readline, b""):
-            fh.write(line)
-            fh.flush()
-            if echo is None:
-                continue
-            out = line if shown is None else shown(line)
-            if out is None:
-                continue
+    fh: IO[bytes] | None = log.open("ab")
+    for line in iter(src.readline, b""):
+        if fh is not None:
             try:
-                echo.write(out)
-                echo.flush()
-            except (OSError, ValueError):
-                echo = None
+                fh.write(line)
+                fh.flush()
+            except OSError as exc:  # a full disk: the job's output must keep flowing
+                _drop_log(fh, log, exc, echo)
+                fh = None
+        if echo is None:
+            continue
+        out = line if shown is None else shown(line)
+        if out is None:
+            continue
+        try:
+            echo.write(out)
+            echo.flush()
+        except (OSError, ValueError):
+            echo = None
+    if fh is not None:
+        with contextlib.suppress(OSError):
+            fh.close()
     src.close()
+
+
+def _drop_log(fh: IO[bytes], log: Path, exc: OSError, echo: IO[bytes] | None) -> None:
+    """Stop writing ``log`` after a failed write: one line on the console, the copy goes on
+    (a reader that stopped would block the job on a full pipe)."""
+    from rankscope.atomic import write_cause
+
+    with contextlib.suppress(OSError):
+        fh.close()
+    if echo is not None:
+        line = f"rankscope: warning: {log}: cannot write ({write_cause(exc)}); the log stops here\n"
+        with contextlib.suppress(OSError, ValueError):
+            echo.write(line.encode())
+            echo.flush()

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rankscope import __version__
-from rankscope.atomic import atomic_output
+from rankscope.atomic import atomic_output, translate_write_errors
 from rankscope.errors import InputFileError
 from rankscope.launchers.spec import LauncherKind
 
@@ -94,8 +94,12 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file in the same folder and a rename.
 
     Permissions follow the umask (0644 under 022), so teammates can read a shared run folder.
+    A full disk, a quota, a read-only file system or missing permissions raise
+    :class:`~rankscope.errors.OutputError` (one line naming ``path``; an ``OSError`` too), the
+    previous file untouched and no temporary file left.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
+    with translate_write_errors(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_output(path) as fh:
         fh.write(data)
 
@@ -253,7 +257,8 @@ def load_run(run_dir: Path | str) -> dict[str, Any]:
 
 def update_run(run_dir: Path | str, **changes: Any) -> dict[str, Any]:
     """Merge ``changes`` (:class:`RunRecord` fields) into ``run.json`` and rewrite it atomically;
-    return the new record."""
+    return the new record. A failed write raises :class:`~rankscope.errors.OutputError`, the
+    previous ``run.json`` untouched."""
     unknown = sorted(set(changes) - RUN_KEYS)
     if unknown:
         raise TypeError(f"update_run: {', '.join(unknown)} not RunRecord field(s)")

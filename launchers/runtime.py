@@ -40,6 +40,7 @@ from types import FrameType
 from typing import Any
 
 from rankscope import __version__
+from rankscope.atomic import output_error, write_cause
 from rankscope.launchers import clocksync, p2p, rundir
 from rankscope.launchers.spec import LauncherKind, ProfilerSettings
 
@@ -131,13 +132,18 @@ class WindowWriter:
             self._thread.start()
         self._queue.put((tmp, window))
 
-    def finish(self, timeout_s: float = WRITER_TIMEOUT_S) -> None:
-        """Write everything queued, then stop the thread (waits at most ``timeout_s`` s)."""
+    def finish(self, timeout_s: float = WRITER_TIMEOUT_S) -> bool:
+        """Write everything queued, then stop the thread (waits at most ``timeout_s`` s).
+
+        Returns False when the thread is still writing after ``timeout_s``.
+        """
         if self._thread is None:
-            return
+            return True
         self._queue.put(None)
         self._thread.join(timeout_s)
+        done = not self._thread.is_alive()
         self._thread = None
+        return done
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
@@ -179,6 +185,9 @@ class RankRuntime:
         self._lead_optimizer: weakref.ref[Any] | None = None
         self.lock = threading.RLock()
         """Guards ``meta`` and meta.json between the main thread and the writer thread."""
+        self.disabled = False
+        """The rank's folder could not be created: the training runs without profiling."""
+        self._warned: set[str] = set()
         self.writer = WindowWriter(self._write_window)
         self.meta: dict[str, Any] = {
             "rank": self.rank,
@@ -211,7 +220,12 @@ class RankRuntime:
         from torch.optim.optimizer import register_optimizer_step_post_hook
         from torch.profiler import ProfilerAction, ProfilerActivity, profile, schedule
 
-        self.dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # never harm the job: it runs on, unprofiled
+            self.disabled = True
+            self.warn(f"{output_error(self.dir, exc)}; this rank runs without profiling")
+            return
         self._continue_previous_attempt()
         cuda = torch.cuda.is_available()
         versions = self.meta["versions"]
@@ -261,7 +275,7 @@ class RankRuntime:
         if (self.run_dir / rundir.RUN_JSON).exists():
             return
         self.external = True
-        rundir.RunRecord(
+        record = rundir.RunRecord(
             run_id=self.run_dir.name,
             name=self.run_dir.name,
             launcher=LauncherKind.EXTERNAL,
@@ -274,7 +288,11 @@ class RankRuntime:
             nproc_per_node=self.local_world_size,
             profiler=self.settings.to_dict(),
             state=rundir.RunState.RUNNING,
-        ).write(self.run_dir)
+        )
+        try:
+            record.write(self.run_dir)
+        except OSError as exc:
+            self.warn(str(output_error(self.run_dir / rundir.RUN_JSON, exc)))
 
     def _finish_external_run(self) -> None:
         """Rank 0 records the end of an external run (as rank 0 saw it)."""
@@ -290,7 +308,7 @@ class RankRuntime:
                 self.run_dir, state=str(state), exit_code=code, ended_at=rundir.utc_now()
             )
         except Exception as exc:
-            print(f"rankscope: cannot update run.json: {exc}", file=sys.stderr)
+            self.warn(f"cannot update run.json: {exc}")
 
     def _continue_previous_attempt(self) -> None:
         """After a torchrun restart (``--max-restarts``), keep the earlier attempts' windows.
@@ -328,7 +346,8 @@ class RankRuntime:
                 self.prof.stop()
             except Exception as exc:  # never mask the user's own error
                 self.meta["flush_error"] = f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
-        self.writer.finish()
+        if self.writer.finish():
+            self._remove_exports()
         if self.sync is not None:
             self.sync.close()
         self.meta["ended_ns"] = time.time_ns()
@@ -374,12 +393,34 @@ class RankRuntime:
             rundir.write_json_atomic(Path(path), record)
 
     def write_meta(self) -> None:
-        """Rewrite ``meta.json`` atomically (after every window and at the end)."""
+        """Rewrite ``meta.json`` atomically (after every window and at the end).
+
+        A failed write never reaches the training: one line on stderr (once per cause), the
+        previous meta.json untouched.
+        """
+        if self.disabled:
+            return
         try:
             with self.lock:
                 rundir.write_json_atomic(self.dir / rundir.META_JSON, self.meta)
         except OSError as exc:
-            print(f"rankscope: rank {self.rank}: cannot write meta.json: {exc}", file=sys.stderr)
+            self.warn(f"{output_error(self.dir / rundir.META_JSON, exc)}")
+
+    def warn(self, message: str) -> None:
+        """One line on stderr, ``rankscope: rank N: …`` (the same line only once per rank)."""
+        if message in self._warned:
+            return
+        self._warned.add(message)
+        print(f"rankscope: rank {self.rank}: {message} (training continues)", file=sys.stderr)
+
+    def _remove_exports(self) -> None:
+        """Remove what a failed export left in the rank's folder (the profiler's own temporary
+        ``.export-KKK.json.tmp`` included); called once the writer thread has stopped."""
+        if self.disabled:
+            return
+        for leftover in self.dir.glob(f"{EXPORT_TMP_PREFIX}*"):
+            with contextlib.suppress(OSError):
+                leftover.unlink()
 
     # ------------------------------------------------------------------ stepping
     def step(self) -> None:
@@ -494,15 +535,22 @@ class RankRuntime:
             "attempt": self.meta["attempt"],
         }
         tmp = self.dir / f"{EXPORT_TMP_PREFIX}{index:03d}.json"
+        # Kineto writes ``tmp`` through its own ``tmp.tmp`` and, when that write fails (a full
+        # disk), only logs it: the export returns, ``tmp`` is missing, ``tmp.tmp`` stays.
+        kineto_tmp = tmp.with_name(tmp.name + ".tmp")
         try:
             prof.export_chrome_trace(str(tmp))
+            exported = tmp.exists()
+            cause = None if exported else _write_failure_cause(self.dir)
         except Exception as exc:
-            tmp.unlink(missing_ok=True)
-            print(
-                f"rankscope: rank {self.rank}: window {index} not exported: {exc}", file=sys.stderr
-            )
-        else:
+            exported, cause = False, str(exc)
+        if exported:
             self.writer.submit(tmp, window)
+        else:
+            for leftover in (tmp, kineto_tmp):
+                with contextlib.suppress(OSError):
+                    leftover.unlink(missing_ok=True)
+            self.warn(f"window {index} not written: {self.dir / window['file']}: {cause}")
         if not self.exiting:
             self._sync(f"window-{index:03d}")
             self.write_meta()
@@ -511,13 +559,16 @@ class RankRuntime:
         """In the writer thread: gzip the exported trace, write it atomically, record it."""
         try:
             raw = tmp.read_bytes()
+            if not raw.rstrip().endswith(b"}"):  # Kineto renames what it could write, even 0 B
+                self.warn(
+                    f"window {window['index']} not written: {self.dir / window['file']}: "
+                    f"{_write_failure_cause(self.dir)} (the profiler's export is truncated)"
+                )
+                return
             data = gzip.compress(raw, compresslevel=GZIP_LEVEL)
             rundir.write_bytes_atomic(self.dir / window["file"], data)
         except Exception as exc:
-            print(
-                f"rankscope: rank {self.rank}: window {window['index']} not written: {exc}",
-                file=sys.stderr,
-            )
+            self.warn(f"window {window['index']} not written: {exc}")
             return
         finally:
             tmp.unlink(missing_ok=True)
@@ -582,6 +633,25 @@ class RankRuntime:
             self.meta["clock"]["error"] = self.sync.failed
             return
         self.meta["clock"]["samples"].extend(samples)
+
+
+def _write_failure_cause(folder: Path) -> str:
+    """Why a write into ``folder`` failed when the writer did not say (Kineto only logs it)."""
+    import errno
+
+    try:
+        st = os.statvfs(folder)
+    except OSError as exc:
+        return f"cannot write ({write_cause(exc)})"
+    if st.f_flag & os.ST_RDONLY:
+        code = errno.EROFS
+    elif st.f_bavail == 0 or st.f_favail == 0:
+        code = errno.ENOSPC
+    elif not os.access(folder, os.W_OK | os.X_OK):
+        code = errno.EACCES
+    else:
+        return "the profiler could not write it (see its ERROR line above)"
+    return f"cannot write ({write_cause(OSError(code, os.strerror(code)))})"
 
 
 def start(script: str = "", script_args: list[str] | None = None) -> RankRuntime | None:

@@ -198,7 +198,12 @@ def run_analysis(store: Path, spec: Any, *, show_progress: bool = True) -> Any:
 
 
 def write_reports(analysis: Any, json_path: Path | None, html_path: Path | None) -> list[Path]:
-    """Write summary.json and/or the HTML report atomically; returns what was written."""
+    """Write summary.json and/or the HTML report atomically; returns what was written.
+
+    A report that cannot be written (full disk, quota, read-only folder) raises
+    :class:`~rankscope.errors.OutputError`: one line naming it and the cause, the previous file
+    untouched, no temporary file left (``rankscope.atomic``; docs/reliability.md).
+    """
     from rankscope.analysis.report import render_html, render_json
 
     written = []

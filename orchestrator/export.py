@@ -3,7 +3,9 @@
 Writes Chrome trace-event JSON (ui.perfetto.dev and chrome://tracing load it): one process per
 rank, one thread per lane, µs on the aligned clock, collectives linked across ranks by flow
 events (format: :mod:`rankscope.analysis.perfetto`). A run directory without ``trace.h5`` is
-merged first. The output is written to a temporary name beside it and renamed.
+merged first. The output is written to a temporary name beside it and renamed; a write that
+fails (full disk, quota, read-only) is one line naming the file and the cause, the previous file
+untouched and no temporary file left (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import argparse
 import re
 from pathlib import Path
 
-from rankscope.errors import InputFileError, UsageError
+from rankscope.atomic import output_error
+from rankscope.errors import InputFileError, OutputError, UsageError
 
 #: ``--window-steps`` syntax: ``N`` or ``FIRST:LAST`` (inclusive ProfilerStep numbers).
 STEPS_PATTERN = re.compile(r"^\s*(\d+)\s*(?::\s*(\d+)\s*)?$")
@@ -118,8 +121,10 @@ def main(args: argparse.Namespace) -> int:
 
             try:
                 stats = export_perfetto(store, out, ranks=ranks, window=window, progress=tick)
+            except OutputError:
+                raise  # one line naming the file and the cause, nothing left (rankscope.atomic)
             except OSError as exc:
-                raise InputFileError(f"{out}: cannot write ({exc.strerror or exc})") from None
+                raise output_error(out, exc) from exc
     total = sum(stats.events.values())
     print(
         f"wrote {out}: {total:,} events from {len(stats.events)} ranks, "

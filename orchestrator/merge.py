@@ -21,6 +21,10 @@ Pipeline (docs/format.md, "How the merge works"; docs/architecture.md, "The path
    categories translated to the store's string table; then the run-wide tables.
 5. The store is written to a temporary name in the output folder and renamed; a lock file
    (``.trace.h5.lock``, removed when the merge ends) keeps two merges of one output apart.
+   A write that fails (full disk, quota, read-only: in the spill, the store, the rename) ends
+   the merge with ONE :class:`~rankscope.errors.OutputError` line naming the output; the
+   temporary store and the spill are removed, a previous store is untouched
+   (docs/reliability.md).
 
 Why the columns are parked rather than written as they arrive: whether a rank is kept and how its
 clock is shifted are known only once every rank is parsed, and HDF5 neither gives back the space
@@ -49,6 +53,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rankscope.analysis.scheduler import SYNCHRONOUS as SYNCHRONOUS  # the one word, for callers
+from rankscope.atomic import translate_write_errors
 from rankscope.errors import InputFileError, UsageError
 from rankscope.launchers import rundir
 from rankscope.orchestrator.discovery import Problem, RankSource, discover, nothing_to_merge
@@ -120,7 +125,8 @@ def merge_run_dir(
     out = Path(output) if output is not None else base / rundir.STORE_NAME
     if out.is_dir():
         out = out / rundir.STORE_NAME
-    out.parent.mkdir(parents=True, exist_ok=True)
+    with translate_write_errors(out):
+        out.parent.mkdir(parents=True, exist_ok=True)
     with output_lock(out):
         problems = _merge_locked(
             inputs, out, scheduler=scheduler, quiet=quiet, main_is_guarded=main_is_guarded
@@ -163,9 +169,10 @@ def _merge_locked(
     total_bytes = sum(p.stat().st_size for s in sources for _, p in s.files if p.exists())
     parked: dict[int, RankResult] = {}  # their columns wait in the spill
     try:
-        spill = Spill(spill_dir)
+        spill = Spill(spill_dir, out)
         writer = StoreWriter(
             tmp,
+            target=out,
             attrs={
                 "run_id": str(run.get("run_id") or inputs[0].resolve().name),
                 "source": str(inputs[0].resolve()),
@@ -260,9 +267,11 @@ def _merge_locked(
                     ),
                 }
             )
-        os.replace(tmp, out)
+        with translate_write_errors(out):
+            os.replace(tmp, out)
     finally:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
         shutil.rmtree(spill_dir, ignore_errors=True)
     if not quiet:
         n_coll = int(colls_aligned["coll"].nunique()) if not colls_aligned.empty else 0

@@ -5,6 +5,10 @@ the output when complete (:data:`TMP_FORMAT`), and parks each parsed rank's colu
 folder until it knows which ranks to keep and how to align them (:class:`Spill`, why in
 ``merge``'s docstring). Every temporary ends in ``.tmp``, so the next merge of the same output
 removes what a killed one left (:func:`remove_stale`).
+
+A write that fails here (the lock file, the spill: a full disk, a quota, a read-only folder)
+raises :class:`~rankscope.errors.OutputError` naming the OUTPUT the user asked for, with the
+cause; the caller removes the spill folder and the temporary store (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -14,8 +18,9 @@ import os
 import shutil
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
+from rankscope.atomic import output_error, translate_write_errors
 from rankscope.errors import InputFileError
 
 if TYPE_CHECKING:
@@ -46,7 +51,8 @@ def output_lock(output: Path) -> Iterator[None]:
 
     lock_path = output.parent / LOCK_FORMAT.format(name=output.name)
     while True:
-        fh = lock_path.open("a+")
+        with translate_write_errors(output, detail=f"lock file {lock_path.name}"):
+            fh = lock_path.open("a+")
         try:
             fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -92,12 +98,24 @@ class Spill:
     Why (module docstring): which ranks are kept and how their clocks shift are known only once
     every rank is parsed; until then each rank's columns wait here, one file per column, so the
     parent holds one rank's arrays at a time. The folder is the caller's to remove.
+
+    ``output``: the store the columns are parked for, named by the :class:`OutputError` that a
+    failed write raises (full disk…). Columns are written through Python's file objects, never
+    ``ndarray.tofile``, whose failure carries no errno (``"2460 requested and 2032 written"``).
     """
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, output: Path | None = None) -> None:
         self.folder = folder
+        self.output = output if output is not None else folder
         self._columns: dict[int, dict[str, list[str]]] = {}
-        folder.mkdir()
+        with self._writing():
+            folder.mkdir()
+
+    def _writing(self) -> contextlib.AbstractContextManager[None]:
+        return translate_write_errors(self.output, detail=self._detail())
+
+    def _detail(self) -> str:
+        return f"in {self.folder.parent}, while parking the parsed ranks"
 
     def _path(self, rank: int, part: str, column: str) -> Path:
         return self.folder / SPILL_COLUMN_FORMAT.format(rank=rank, part=part, column=column)
@@ -109,10 +127,14 @@ class Spill:
 
         if part == "events":
             self.drop(rank)
-        for name, values in columns.items():
-            with self._path(rank, part, name).open("wb") as fh:
-                np.save(fh, values, allow_pickle=False)
-        self._columns.setdefault(rank, {})[part] = list(columns)
+        self._columns.setdefault(rank, {})[part] = list(columns)  # so drop() removes them all
+        try:
+            for name, values in columns.items():
+                with self._path(rank, part, name).open("wb") as fh:
+                    np.lib.format.write_array(_Sink(fh), values, allow_pickle=False)
+        except OSError as exc:
+            self.drop(rank)
+            raise output_error(self.output, exc, detail=self._detail()) from exc
 
     def take(self, rank: int, part: str = "events") -> dict[str, np.ndarray]:
         """The columns of ``part`` parked for ``rank``, read back ({} when none were)."""
@@ -129,3 +151,11 @@ class Spill:
         for part, names in self._columns.pop(rank, {}).items():
             for name in names:
                 self._path(rank, part, name).unlink(missing_ok=True)
+
+
+class _Sink:
+    """Only ``write`` of a file: numpy then writes an array in Python-level chunks, whose
+    failure is an ``OSError`` with its errno (``ndarray.tofile``'s has none)."""
+
+    def __init__(self, fh: BinaryIO) -> None:
+        self.write = fh.write

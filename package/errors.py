@@ -29,3 +29,18 @@ class InputFileError(RankscopeError):
     """A file the user gave cannot be used; the message names the file and the problem."""
 
     exit_code = 1
+
+
+class OutputError(RankscopeError, OSError):
+    """A file rankscope writes could not be written (full disk, quota, read-only, permissions).
+
+    One line naming the file and the cause (:func:`rankscope.atomic.output_error` words it). It
+    is also an :class:`OSError` carrying the cause's ``errno``, so code that tolerates a failed
+    write (the ranks' runtime, which must never harm the training job) keeps catching it.
+    """
+
+    exit_code = 1
+
+    def __str__(self) -> str:
+        # OSError's own text would become "[Errno 28] None: 'path'" once errno is set.
+        return str(self.args[0]) if self.args else ""
