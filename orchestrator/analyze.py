@@ -48,23 +48,28 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--top-ops", type=int, default=8, metavar="N", help="ops shown in the terminal (default 8)"
     )
+    from rankscope.orchestrator.merge import add_rank_from
+
+    add_rank_from(parser)
 
 
-def resolve_store(path: Path, *, merge: bool = True, scheduler: str | None = None) -> Path:
+def resolve_store(
+    path: Path, *, merge: bool = True, scheduler: str | None = None, rank_from: str | None = None
+) -> Path:
     """The store to analyse for ``path``, checked readable (so a bad one fails in one line).
 
     ``path`` is a store file, a run directory or folder of traces, or one Kineto trace file. A
     folder or trace without an up-to-date store is merged (``scheduler`` as ``rankscope merge``)
     into the store ``rankscope merge PATH`` writes: ``trace.h5`` in the folder, or beside the
     trace. An existing store is used as it is when no input is newer; ``merge=False`` never
-    merges (``rankscope run`` merged already).
+    merges (``rankscope run`` merged already). ``rank_from``: ``--rank-from`` of the merge.
     """
     if not path.exists():
         raise InputFileError(f"{path}: no such file or directory")
     if path.is_file():
         if _is_store_file(path):
             return _checked(path)
-        return _store_for_trace(path, merge=merge, scheduler=scheduler)
+        return _store_for_trace(path, merge=merge, scheduler=scheduler, rank_from=rank_from)
     store = path / rundir.STORE_NAME
     if store.exists():
         newer = _newer_input(store, [path]) if merge else None
@@ -73,7 +78,7 @@ def resolve_store(path: Path, *, merge: bool = True, scheduler: str | None = Non
         print(f"{newer} is newer than {store}: merging again", file=sys.stderr)
     elif not merge:
         raise InputFileError(f"{path}: no {rundir.STORE_NAME} (run `rankscope merge {path}` first)")
-    return _checked(_merge(path, scheduler))
+    return _checked(_merge(path, scheduler, rank_from))
 
 
 def _is_store_file(path: Path) -> bool:
@@ -83,7 +88,9 @@ def _is_store_file(path: Path) -> bool:
     return path.name.endswith(STORE_SUFFIXES) or bool(h5py.is_hdf5(path))
 
 
-def _store_for_trace(trace: Path, *, merge: bool, scheduler: str | None) -> Path:
+def _store_for_trace(
+    trace: Path, *, merge: bool, scheduler: str | None, rank_from: str | None = None
+) -> Path:
     """The store of one trace file: ``trace.h5`` beside it, merged from it when out of date.
 
     The store is the one ``rankscope merge TRACE`` writes; it is reused while it was merged from
@@ -118,14 +125,14 @@ def _store_for_trace(trace: Path, *, merge: bool, scheduler: str | None) -> Path
             return _checked(store)
     elif not merge:
         raise InputFileError(f"{trace}: no {rundir.STORE_NAME} beside it (run `rankscope merge`)")
-    return _checked(_merge(trace, scheduler))
+    return _checked(_merge(trace, scheduler, rank_from))
 
 
-def _merge(path: Path, scheduler: str | None) -> Path:
+def _merge(path: Path, scheduler: str | None, rank_from: str | None = None) -> Path:
     """Merge ``path`` into its default store (prints the clock line and where it went)."""
     from rankscope.orchestrator.merge import merge_run_dir
 
-    return Path(merge_run_dir(path, scheduler=scheduler, main_is_guarded=True))
+    return Path(merge_run_dir(path, scheduler=scheduler, main_is_guarded=True, rank_from=rank_from))
 
 
 def _newer_input(store: Path, inputs: list[Path]) -> Path | None:
@@ -230,7 +237,9 @@ def main(args: argparse.Namespace) -> int:
     if args.slurm_workers is not None and args.slurm_workers < 1:
         raise UsageError(f"--slurm-workers must be >= 1, got {args.slurm_workers}")
     _refuse_unprofiled_run(path)
-    store = resolve_store(path, scheduler=_merge_scheduler(args))
+    store = resolve_store(
+        path, scheduler=_merge_scheduler(args), rank_from=getattr(args, "rank_from", None)
+    )
     analysis = run_analysis(store, _spec(args))
     json_path, html_path = args.json, args.html
     if path.is_dir():

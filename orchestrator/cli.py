@@ -47,6 +47,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "rankscope.orchestrator.export",
         "export one aligned trace (Perfetto / Chrome JSON)",
     ),
+    "compare": ("rankscope.orchestrator.compare", "compare two runs; gate CI on regressions"),
     "synth": (
         "rankscope.orchestrator.synth",
         "generate a synthetic multi-GPU job's traces with ground truth",

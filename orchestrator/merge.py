@@ -45,7 +45,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import itertools
 import os
+import re
 import shutil
 import sys
 from collections.abc import Iterator
@@ -107,6 +109,7 @@ def merge_run_dir(
     strict: bool = False,
     extra_inputs: list[Path] | None = None,
     main_is_guarded: bool = False,
+    rank_from: str | None = None,
 ) -> Path:
     """Merge the traces under ``run_dir`` (a run directory or any folder of traces) into a store.
 
@@ -118,9 +121,12 @@ def merge_run_dir(
     running Dask scheduler. ``main_is_guarded``: the caller's ``__main__`` is safe to re-import
     in worker processes (rankscope's CLI; see ``scheduler.processes_are_safe``). Raises
     :class:`InputFileError` when no rank could be merged (or, with ``strict``, when any problem
-    was found — the store is still written).
+    was found — the store is still written). ``rank_from``: a regular expression whose first
+    group (or whole match) in a file's name is its rank, for traces without ``distributedInfo``
+    (:func:`rank_rankless`).
     """
     inputs = [Path(run_dir), *(extra_inputs or [])]
+    rank_rx = rank_pattern(rank_from)
     base = inputs[0] if inputs[0].is_dir() else inputs[0].parent
     out = Path(output) if output is not None else base / rundir.STORE_NAME
     if out.is_dir():
@@ -129,7 +135,12 @@ def merge_run_dir(
         out.parent.mkdir(parents=True, exist_ok=True)
     with output_lock(out):
         problems = _merge_locked(
-            inputs, out, scheduler=scheduler, quiet=quiet, main_is_guarded=main_is_guarded
+            inputs,
+            out,
+            scheduler=scheduler,
+            quiet=quiet,
+            main_is_guarded=main_is_guarded,
+            rank_from=rank_rx,
         )
     if strict and problems:
         raise InputFileError(f"{out}: {len(problems)} input problem(s) (--strict)", exit_code=1)
@@ -137,7 +148,13 @@ def merge_run_dir(
 
 
 def _merge_locked(
-    inputs: list[Path], out: Path, *, scheduler: str | None, quiet: bool, main_is_guarded: bool
+    inputs: list[Path],
+    out: Path,
+    *,
+    scheduler: str | None,
+    quiet: bool,
+    main_is_guarded: bool,
+    rank_from: re.Pattern[str] | None = None,
 ) -> list[Problem]:
     """The merge proper, under the output lock; returns the problems found."""
     import numpy as np
@@ -150,6 +167,12 @@ def _merge_locked(
     from rankscope.orchestrator.rank_columns import parse_source
 
     sources, run, problems = discover(inputs)
+    if rank_from is not None:
+        for src in sources:
+            if not src.from_run_dir:
+                src.rank_hint = rank_in_name(rank_from, src.files[0][1])
+    order = {src.label: i for i, src in enumerate(sources)}
+    rankless: list[RankResult] = []
     if not sources:
         # One line, not the problems and then an error: ``analyze`` relays it under its name.
         raise InputFileError(nothing_to_merge(inputs[0], problems))
@@ -187,17 +210,24 @@ def _merge_locked(
                     problems.append(p)
                     _say(p, quiet, progress)
                 progress.advance(result)
-                if result.columns is None or result.rank is None:
-                    if result.columns is not None:
-                        p = Problem(
-                            result.source.label,
-                            -1,
-                            "rank unknown (no distributedInfo, no rank in name)",
-                        )
-                        problems.append(p)
-                        _say(p, quiet, progress)
+                if result.columns is None:
+                    continue
+                if result.rank is None:
+                    rankless.append(result)  # ranked once every rank is known
                     continue
                 _accept(result, parked, spill, problems, quiet, progress)
+            rankless.sort(key=lambda r: order.get(r.source.label, len(order)))
+            for res, why in rank_rankless(rankless, set(parked), rank_from):
+                if res.rank is None:
+                    p = Problem(res.source.label, -1, why)
+                    problems.append(p)
+                    _say(p, quiet, progress)
+                else:
+                    _accept(res, parked, spill, problems, quiet, progress)
+            if rankless and rank_from is None and any(r.rank is not None for r in rankless):
+                note = rankless_note([r for r in rankless if r.rank is not None])
+                if progress.console is not None:
+                    progress.console.print(f"merge: {note}", markup=False, highlight=False)
             _reject_foreign(run, parked, spill, problems, quiet)
             if not parked:
                 raise InputFileError(
@@ -281,6 +311,66 @@ def _merge_locked(
             f"{len(problems)} problem(s) → {out}"
         )
     return problems
+
+
+def rank_pattern(text: str | None) -> re.Pattern[str] | None:
+    """``--rank-from``'s regular expression, compiled; one-line UsageError when invalid."""
+    if text is None:
+        return None
+    try:
+        return re.compile(text)
+    except re.error as exc:
+        raise UsageError(f"--rank-from {text!r}: not a regular expression ({exc})") from None
+
+
+def rank_in_name(rx: re.Pattern[str], path: Path) -> int | None:
+    """The rank ``rx`` finds in ``path``'s file name: its first group, else the whole match."""
+    m = rx.search(path.name)
+    if m is None:
+        return None
+    text = m.group(1) if rx.groups else m.group(0)
+    return int(text) if text is not None and text.isdigit() else None
+
+
+def rank_rankless(
+    rankless: list[RankResult], taken: set[int], rank_from: re.Pattern[str] | None
+) -> list[tuple[RankResult, str]]:
+    """Give ranks to the parsed traces that hold no rank (no ``distributedInfo``, none in the
+    name), in the order given (command line, or name order inside a folder): the lowest ranks not
+    taken by the others — one such trace alone is rank 0. Never a silent guess: the caller says
+    which file got which rank (:func:`rankless_note`). With ``--rank-from``, the user's rule is
+    the only one: a file it does not match stays unranked (a problem naming the rule).
+    """
+    out: list[tuple[RankResult, str]] = []
+    free = (r for r in itertools.count() if r not in taken)
+    for res in rankless:
+        if rank_from is not None:
+            out.append(
+                (
+                    res,
+                    f"rank unknown (--rank-from {rank_from.pattern!r} finds no rank number in the file name)",
+                )
+            )
+            continue
+        res.rank = next(free)
+        out.append((res, ""))
+    return out
+
+
+def rankless_note(ranked: list[RankResult]) -> str:
+    """One line naming the rank each rank-less trace got and how to choose otherwise."""
+    if len(ranked) == 1:
+        res = ranked[0]
+        return (
+            f"{res.source.label}: no rank in the trace (no distributedInfo) or its name; "
+            f"merged as rank {res.rank}"
+        )
+    shown = ", ".join(f"{Path(r.source.label).name} → {r.rank}" for r in ranked[:6])
+    more = f", … ({len(ranked)} in all)" if len(ranked) > 6 else ""
+    return (
+        f"{len(ranked)} traces hold no rank; ranked in the order given: {shown}{more} "
+        "(--rank-from REGEX takes the rank from the file names)"
+    )
 
 
 def _accept(
@@ -536,7 +626,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--strict", action="store_true", help="exit non-zero when any input problem was found"
     )
+    add_rank_from(parser)
     parser.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+
+
+def add_rank_from(parser: argparse.ArgumentParser) -> None:
+    """``--rank-from REGEX`` (merge, and analyze when it merges)."""
+    parser.add_argument(
+        "--rank-from",
+        default=None,
+        metavar="REGEX",
+        help="for traces without distributedInfo: take the rank from the file name, the first "
+        "group of REGEX (e.g. 'gpu(\\d+)'); default: such traces are ranked in the order given",
+    )
 
 
 @contextlib.contextmanager
@@ -589,5 +691,6 @@ def main(args: argparse.Namespace) -> int:
             strict=args.strict,
             extra_inputs=paths[1:],
             main_is_guarded=True,
+            rank_from=args.rank_from,
         )
     return 0
