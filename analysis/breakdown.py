@@ -17,6 +17,9 @@ Two timelines are painted, one per device kind (definitions in ``docs/analysis.m
   on a ``pt_gloo_runloop`` thread or the c10d enqueue call — and the main thread runs no operator:
   this is the DDP reducer's wait, which is only a hole in the main thread), compute (an operator
   or a ``record_function`` range covers it), or idle (nothing recorded: Python/host time).
+
+Why one module of ~570 lines: one analysis (the time breakdown) with the interval arithmetic it
+is built on.
 """
 
 from __future__ import annotations

@@ -20,6 +20,9 @@ below ``alpha / 2``: many KPIs and ranks
 are tested at once, so the family-wise false-alarm rate is held at ``alpha`` — Holm within the
 job-level family and within the per-rank family, each at ``alpha / 2`` (Bonferroni across the
 two). Only the job-level family decides :func:`gate`.
+
+Why one module of ~810 lines: the rank-sum test, its exact distribution, Holm's correction and
+the comparison tables that use them belong together.
 """
 
 from __future__ import annotations

@@ -28,6 +28,10 @@ What the counters mean (measured on torch 2.x; it decides how the analyses read 
   allocations it saw in the peak's window and reports the rest as unattributed.
 
 Units: bytes (int64) and ns (int64); ``MiB`` in words means 2**20 bytes.
+
+Why one module of ~940 lines: the extraction rule the decoder shares and the pure memory
+analyses with their per-rank and cross-rank halves read together; the renderings live in
+report_memory.py.
 """
 
 from __future__ import annotations

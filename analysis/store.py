@@ -8,6 +8,9 @@ back as pandas categoricals whose categories are the whole string table (the sam
 every rank, so per-rank frames concatenate cheaply; use ``observed=True`` when grouping).
 
 Every time is int64 ns on the aligned clock (see ``/clock`` for how to recover a rank's raw clock).
+
+Why one module of ~700 lines: the writer and the reader of one format (docs/format.md) change
+together.
 """
 
 from __future__ import annotations

@@ -25,6 +25,8 @@ last at ``MIN_LAST_FRACTION`` of its collectives: on an oversubscribed CPU, cont
 "last" around, and such a rank's lateness is measured to come from elsewhere. A second, smaller
 straggler hidden behind the first is found by setting the first aside (``masked_by``,
 :func:`find_stragglers`).
+
+Why one module of ~530 lines: one analysis (arrival windows and the straggler tests).
 """
 
 from __future__ import annotations

@@ -20,6 +20,9 @@ maximum so no peak disappears in a wide view.
 Units: the x axis is **milliseconds since the run's first event** (float64 cannot hold epoch
 nanoseconds exactly; Bokeh works in float64); hover shows start and duration in **µs**. Store
 times are int64 ns on the aligned clock.
+
+Why one module of ~660 lines: the per-pixel data reduction and the HoloViews elements built from
+it change together.
 """
 
 from __future__ import annotations

@@ -16,6 +16,9 @@
   exception (type and one-line message) in ``meta.json`` for the launcher.
 
 Outside a rankscope run (no :data:`rundir.ENV_RUN_DIR`), :func:`step` is a no-op.
+
+Why one module of ~680 lines: the profiler schedule, windows, clock sync and failure capture of
+one rank share its state.
 """
 
 from __future__ import annotations

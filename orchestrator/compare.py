@@ -7,6 +7,9 @@ BASE and NEW are run directories, folders of traces or stores (merged first when
 ``--markdown`` (a CI job summary or PR comment). ``--fail-above PCT`` and the ``[thresholds]``
 of ``--config FILE`` make it a gate: exit 1 when a job-level KPI regressed significantly by more
 than its threshold, 0 otherwise. Method and formats: docs/compare.md.
+
+Why one module of ~690 lines: resolving two runs, the gate and the four renderings of one
+comparison make one command.
 """
 
 from __future__ import annotations

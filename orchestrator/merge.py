@@ -38,6 +38,9 @@ with its file; the exit status is non-zero only when no rank could be merged (or
 The driver and its command stay one module (~560 lines): the decisions between parsing and
 writing (keep, leave out, align, write once) read best in one place; the files beside the output
 live in ``output.py``, the per-rank work in ``rank_columns.py``.
+
+Why one module of ~700 lines: the decisions between parsing and writing (keep, leave out, rank
+the rank-less, align, write once) are in one place.
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ when it looks like a flag (``--lr 3e-4``). The command validates everything befo
 (exit 2, one line, nothing created), runs the job, prints a summary, then merges and analyses
 the run when those steps are installed (``--no-merge`` / ``--no-analyze`` skip them). The exit
 status is the job's (130 after Ctrl-C), whatever the merge or analysis do.
+
+Why one module of ~530 lines: one command (rankscope run: flags, launch, end-of-run summary).
 """
 
 from __future__ import annotations

@@ -15,6 +15,9 @@ times the slow-link factor). Early ranks' NCCL kernels therefore last longer: th
 
 See docs/synth.md for the model, the knobs, truth.json's fields and the limits.
 Library use: ``simulate(SynthConfig(...))`` (arrays, no files) or ``generate(config, out_dir)``.
+
+Why one module of ~1110 lines: the synthetic job generator is one model (configuration,
+simulation, truth, Kineto writer) that must stay independent of the analysis it tests.
 """
 
 from __future__ import annotations
