@@ -55,6 +55,8 @@ _EXPORTS: dict[str, str] = {
     "analysis_of": "pipeline",
     "timeline": "timeline",
     "export_perfetto": "perfetto",
+    "what_if": "whatif",
+    "Scenario": "whatif",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -3,7 +3,8 @@
 Left: rank selector, step selector (zooms to that ProfilerStep on every rank), event-kind filter.
 Middle: the timeline (:func:`rankscope.analysis.timeline.timeline`), re-read from the store on
 every zoom. Right: the per-rank summary (verdict and where the time went, % of profiled time)
-and the findings (stragglers with their evidence, the pipeline finding), from
+and the findings (stragglers with their evidence and what fixing them would save, the pipeline
+finding, the what-if scenarios), from
 :func:`rankscope.analysis.findings.findings` — the same sentences as the terminal and the report.
 
 Built per browser session by :func:`build_app`; the store and the analysis are shared and
@@ -86,6 +87,8 @@ def finding_markdown(f: Finding) -> str:
     from rankscope.analysis.findings import FindingKind
 
     extra = ""
+    if f.kind == FindingKind.WHAT_IF and f.rank is not None:
+        return f"  - *{_md(f.headline)}*{_md(f.tail)}"  # under its straggler / bottleneck
     if f.kind == FindingKind.STRAGGLER:
         g = f.figures
         extra = (
@@ -180,14 +183,24 @@ def build_app(store: Store, analysis: Analysis | None = None) -> Any:
     )
     column: list[Any] = []
     if analysis is not None:
-        from rankscope.analysis.findings import findings
+        from rankscope.analysis.findings import findings, job_what_if
+        from rankscope.analysis.report import WHAT_IF_TITLE
 
+        found = findings(analysis)
+        job = job_what_if(found)
         column = [
             pn.pane.Markdown("### Per rank (% of profiled time)", margin=(0, 10)),
             pn.pane.HTML(summary_html(analysis), width=FINDINGS_WIDTH, stylesheets=[TABLE_CSS]),
             pn.pane.Markdown("### Stragglers", margin=(10, 10, 0, 10)),
-            pn.pane.Markdown(findings_markdown(findings(analysis)), width=FINDINGS_WIDTH),
+            pn.pane.Markdown(
+                findings_markdown([f for f in found if f not in job]), width=FINDINGS_WIDTH
+            ),
         ]
+        if job:
+            column += [
+                pn.pane.Markdown(f"### {WHAT_IF_TITLE}", margin=(10, 10, 0, 10)),
+                pn.pane.Markdown(findings_markdown(job), width=FINDINGS_WIDTH),
+            ]
     header = pn.pane.Markdown(
         f"## {APP_TITLE} — {run_id}\n"
         f"{len(store.ranks)} of {store.world_size} ranks · times on the aligned clock · "

@@ -10,6 +10,9 @@ renderers only choose how to show it (colour by :class:`Severity`, escaping for 
 The sentences are worded here and nowhere else; their figures come from the same rows as
 summary.json's ``stragglers[]`` and ``pipeline`` (rounded the same way), so a reader can check one
 against the other. This module imports nothing heavy at module level.
+
+Why one module of ~630 lines: every finding is worded once here for all renderers (stragglers,
+bottlenecks, memory, what-if).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ class FindingKind(enum.StrEnum):
     MEMORY_IMBALANCE = "memory_imbalance"
     LOW_MEMORY_HEADROOM = "low_memory_headroom"
     NO_MEMORY_EVENTS = "no_memory_events"
+    WHAT_IF = "what_if"
 
 
 #: The kinds about memory (rankscope.analysis.memory); none without ``--profile-memory``.
@@ -69,6 +73,13 @@ PIPELINE_KINDS = frozenset(
         FindingKind.UNPAIRED_P2P,
     }
 )
+
+
+#: Replay error (largest |replayed − measured| step time, %) above which the what-if figures
+#: say it: the unmodified replay did not give the measured steps back (docs/analysis.md, 7).
+WHAT_IF_ERROR_PCT = 1.0
+#: The minus of a saving ("−24.7 %"), as the terminal and the docs print it.
+MINUS = "\u2212"
 
 
 class Severity(enum.StrEnum):
@@ -246,6 +257,69 @@ def headroom_evidence(figures: Mapping[str, float]) -> str:
         f"peak reserved {mib(figures['peak_reserved_bytes'])} of {mib(figures['total_bytes'])} "
         f"({figures['headroom_share']:.1%} left)"
     )
+
+
+def what_if_headline(scenario: str, rank: int) -> str:
+    """'if rank 2 ran like the median rank' for a scenario that fixes one rank; else the
+    scenario's name ('all ranks like the median rank', 'no input stall')."""
+    from rankscope.analysis.whatif import RANK_SCENARIOS
+
+    if scenario in RANK_SCENARIOS and rank >= 0:
+        return f"if rank {rank} ran like the median rank"
+    return scenario
+
+
+def what_if_evidence(figures: Mapping[str, float], per_step: bool = False) -> str:
+    """'42.1 → 30.9 ms (−26.6 %)' (``per_step``: 'step 42.1 → …') from a what-if finding's
+    figures; the replay error when the unmodified replay missed the measured steps by more
+    than :data:`WHAT_IF_ERROR_PCT`."""
+    saving = figures["saving_share"] * 100.0
+    sign = MINUS if saving >= 0 else "+"
+    text = (
+        f"{'step ' if per_step else ''}{figures['step_s'] * 1e3:.1f} → "
+        f"{figures['predicted_step_s'] * 1e3:.1f} ms ({sign}{abs(saving):.1f} %)"
+    )
+    error = figures.get("replay_error_share", 0.0) * 100.0
+    if error > WHAT_IF_ERROR_PCT:
+        text += f"; the replay of the measured steps is off by up to {error:.1f} %"
+    return text
+
+
+def what_if_findings(table: Any) -> list[Finding]:
+    """One finding per row of a what-if table (whatif.SCENARIO_COLUMNS), in its order: the
+    ranks fixed (stragglers, bottlenecks: rank set, 'step A → B ms'), then the job-wide
+    scenarios (rank None). Figures: the statistic over the profiled steps (``step_s`` the
+    measured step, ``predicted_step_s`` the replay with the fix, ``saving_s`` = replayed −
+    predicted, ``saving_share`` of the replayed step, ``replay_error_share``). Pure."""
+    import math
+
+    out: list[Finding] = []
+    if table is None or not len(table):
+        return out
+    for row in table.itertuples(index=False):
+        rank = int(row.rank)
+        error = float(row.replay_error_pct)
+        figures: dict[str, float] = {
+            "step_s": round(float(row.measured_step_ns) / 1e9, 6),
+            "replayed_step_s": round(float(row.replayed_step_ns) / 1e9, 6),
+            "predicted_step_s": round(float(row.predicted_step_ns) / 1e9, 6),
+            "saving_s": round(float(row.saving_ns) / 1e9, 6),
+            "saving_share": round(float(row.saving_pct) / 100.0, 4)
+            if math.isfinite(float(row.saving_pct))
+            else 0.0,
+            "replay_error_share": round(error / 100.0, 4) if math.isfinite(error) else 0.0,
+        }
+        out.append(
+            Finding(
+                kind=FindingKind.WHAT_IF,
+                severity=Severity.NOTE,
+                rank=rank if rank >= 0 else None,
+                headline=what_if_headline(str(row.scenario), rank),
+                evidence=what_if_evidence(figures, per_step=rank >= 0),
+                figures=figures,
+            )
+        )
+    return out
 
 
 def _device_label(row: Mapping[str, Any]) -> str:
@@ -516,8 +590,36 @@ def findings(a: Analysis) -> list[Finding]:
     finding when the job has send/recv ops, input problems. Pure: the same analysis gives the
     same list, so every renderer of one analysis shows the same findings. The memory findings
     come before the input problems, when the store has memory events or the run asked for them
-    (``--profile-memory``; then "no memory events" is the finding)."""
-    return _straggler_findings(a) + _pipeline_findings(a) + _memory_findings(a) + _input_findings(a)
+    (``--profile-memory``; then "no memory events" is the finding). With a what-if table
+    (``a.whatif``), each straggler and bottleneck is followed by what fixing it would save, and
+    the job-wide scenarios follow the pipeline findings (kind ``what_if``)."""
+    linked = _with_what_if(_straggler_findings(a) + _pipeline_findings(a), a)
+    return linked + _memory_findings(a) + _input_findings(a)
+
+
+def _with_what_if(items: list[Finding], a: Analysis) -> list[Finding]:
+    """``items`` with each straggler's / bottleneck's what-if finding right after it, and the
+    job-wide what-if findings at the end."""
+    found = what_if_findings(getattr(a, "whatif", None))
+    if not found:
+        return items
+    fixes = {f.rank: f for f in found if f.rank is not None}
+    out: list[Finding] = []
+    for f in items:
+        out.append(f)
+        if f.kind in (FindingKind.STRAGGLER, FindingKind.PIPELINE_BOTTLENECK) and f.rank in fixes:
+            out.append(fixes.pop(f.rank))
+    return out + list(fixes.values()) + [f for f in found if f.rank is None]
+
+
+def rank_what_if(items: list[Finding]) -> list[Finding]:
+    """The what-if findings that fix one rank (shown under its straggler / bottleneck)."""
+    return [f for f in items if f.kind == FindingKind.WHAT_IF and f.rank is not None]
+
+
+def job_what_if(items: list[Finding]) -> list[Finding]:
+    """The job-wide what-if findings (the "What if" block)."""
+    return [f for f in items if f.kind == FindingKind.WHAT_IF and f.rank is None]
 
 
 def _memory_findings(a: Analysis) -> list[Finding]:

@@ -79,6 +79,10 @@ class Analysis:
     memory: MemoryAnalysis = dataclasses.field(default_factory=lambda: _no_memory())
     """Memory peaks, leaks, imbalance, holders, headroom (memory.MemoryAnalysis; empty frames
     without memory events)."""
+    whatif: pd.DataFrame = dataclasses.field(default_factory=lambda: _no_whatif())
+    """What fixing the stragglers, the bottlenecks, every rank, the communication or the input
+    would save per step: whatif.SCENARIO_COLUMNS (empty when no model could be built: one rank,
+    no profiled steps, no collectives)."""
 
     def whole(self) -> pd.DataFrame:
         """The whole-run breakdown row of each rank."""
@@ -108,16 +112,54 @@ def _no_memory() -> MemoryAnalysis:
     return MemoryAnalysis.empty()
 
 
+def _no_whatif() -> pd.DataFrame:
+    import pandas as pd
+    from rankscope.analysis.whatif import SCENARIO_COLUMNS
+
+    return pd.DataFrame({c: pd.Series(dtype=d) for c, d in SCENARIO_COLUMNS.items()})
+
+
+def _whatif(
+    steps: pd.DataFrame,
+    colls: pd.DataFrame,
+    clocks: dict[int, pd.DataFrame],
+    stragglers: list[int],
+    bottlenecks: list[int],
+) -> pd.DataFrame:
+    """The what-if table (whatif.SCENARIO_COLUMNS) from the rank tasks' clocks; empty where the
+    replay has nothing to replay across ranks (one rank, no steps, no collectives) or its graph
+    cannot be built (analyze never fails for it: the block is then left out)."""
+    import logging
+
+    from rankscope.analysis import whatif
+
+    stepped = steps[steps["step"] >= 0] if len(steps) else steps
+    if stepped["rank"].nunique() < 2 or not len(colls):
+        return _no_whatif()
+    try:
+        model = whatif.build(stepped, colls, clocks)
+        fixes = [r for r in bottlenecks if r not in stragglers]
+        return whatif.scenarios(model, stragglers, fixes)
+    except (ValueError, KeyError, IndexError) as exc:  # a graph the model cannot take
+        logging.getLogger(__name__).warning("what-if left out: %s", exc)
+        return _no_whatif()
+
+
 def rank_task(
     path: str,
     rank: int,
     coll_rows: pd.DataFrame,
     grid_phase_ns: int,
     drop_last_step: bool | None,
+    whatif_times: Any = None,
 ) -> dict[str, Any]:
-    """Everything computed from ONE rank's events; opens the store itself (runs on a worker)."""
+    """Everything computed from ONE rank's events; opens the store itself (runs on a worker).
+
+    ``whatif_times``: the rank's own points (whatif.own_points), measured for the what-if
+    replay with the painter built here (whatif.rank_clock); None: not measured."""
     import numpy as np
     from rankscope.analysis import breakdown as bd
+    from rankscope.analysis import whatif
     from rankscope.analysis.memory import rank_memory
     from rankscope.analysis.ops import annotation_stats, op_stats
     from rankscope.analysis.schema import EventKind
@@ -141,7 +183,10 @@ def rank_task(
         "annotations": annotation_stats(events, rank, spans=profiled),
         "hta": None,
         "memory": memory,
+        "whatif_clock": None,
     }
+    if whatif_times is not None and len(whatif_times):
+        out["whatif_clock"] = whatif.rank_clock(events, lanes, whatif_times, (device, measure))
     if device is bd.Device.GPU:
         if drop_last_step is None:
             is_step = events["kind"].to_numpy() == int(EventKind.PROFILER_STEP)
@@ -174,6 +219,7 @@ def analyze(
     from rankscope.analysis.store import open_store
     from rankscope.analysis.stragglers import arrival_windows, find_stragglers
     from rankscope.analysis.verdict import verdicts
+    from rankscope.analysis.whatif import own_points
 
     spec = spec or ClusterSpec()
     with open_store(path) as store:
@@ -192,6 +238,13 @@ def analyze(
     colls["last_start"] = colls.groupby("coll")["start"].transform("max")
     drop_last: bool | None = bool(steps["step"].nunique() >= 2) if len(steps) else None
     offsets = dict(zip(clock["rank"].astype(int), clock["offset_ns"].astype("int64"), strict=False))
+    stepped = steps[steps["step"] >= 0] if len(steps) else steps
+    points = own_points(stepped, colls) if stepped["rank"].nunique() >= 2 and len(colls) else None
+    point_times = (
+        {int(r): g["time_ns"].to_numpy() for r, g in points.groupby("rank", sort=False)}
+        if points is not None
+        else {}
+    )
     calls = [
         (
             str(store_path),
@@ -201,6 +254,7 @@ def analyze(
             ),
             int(offsets.get(rank, 0)) % bd.HTA_GRID_NS,
             drop_last,
+            point_times.get(int(rank)),
         )
         for rank in ranks
     ]
@@ -231,7 +285,7 @@ def analyze(
     whole = breakdown[breakdown["step"] == bd.WHOLE_RUN_STEP]
     profiled = whole.set_index("rank")["total_ns"] if len(whole) else None
     op_table = cat("op_stats")
-    return Analysis(
+    out = Analysis(
         path=store_path,
         meta=meta,
         world_size=world,
@@ -252,6 +306,9 @@ def analyze(
         scheduler=choice,
         memory=mem.across_ranks((r["memory"] for r in results), requested=mem.requested_in(meta)),
     )
+    clocks = {int(r["rank"]): r["whatif_clock"] for r in results if r["whatif_clock"] is not None}
+    out.whatif = _whatif(steps, colls, clocks, out.straggler_ranks(), out.bottleneck_ranks())
+    return out
 
 
 # -- one DataFrame per call, from a store (for notebooks) ------------------------------------

@@ -6,6 +6,10 @@ once there; here they are only styled and escaped). They return text (or print t
 writing files (atomically) is the caller's job. The HTML report is one self-contained
 file: inline CSS and inline SVG charts, no script, no font, nothing fetched from the network.
 The JSON contract is documented in ``docs/summary.md`` (``SUMMARY_SCHEMA`` / ``SUMMARY_VERSION``).
+
+Why one module of ~950 lines: summary.json, the terminal and the HTML report are three
+renderings of the same tables and findings, kept side by side so they stay alike (memory's
+renderings live in report_memory.py).
 """
 
 from __future__ import annotations
@@ -17,10 +21,12 @@ from typing import TYPE_CHECKING, Any
 
 from rankscope.analysis.findings import (
     MEMORY_KINDS,
+    PIPELINE_KINDS,
     Finding,
     FindingKind,
     Severity,
     findings,
+    job_what_if,
     pipeline_findings,
     point_to_point,
 )
@@ -110,6 +116,42 @@ def short_names(names: list[str], width: int = NAME_WIDTH) -> list[str]:
 
 def _finite(x: float) -> float | None:
     return None if x is None or (isinstance(x, float) and not math.isfinite(x)) else x
+
+
+#: Title of the what-if block (terminal, HTML report, app).
+WHAT_IF_TITLE = "What if (per step, mean over profiled steps)"
+
+
+def what_if_summary(table: Any) -> dict[str, Any] | None:
+    """summary.json's ``what_if`` (docs/summary.md) from a what-if table
+    (whatif.SCENARIO_COLUMNS); None when it is empty (the key is then left out)."""
+    from rankscope.analysis.whatif import SCENARIO_KEYS, STEP_STATISTIC
+
+    if table is None or not len(table):
+        return None
+    first = table.iloc[0]
+    error = float(first["replay_error_pct"])
+
+    def share(pct: float) -> float:
+        return round(pct / 100.0, 4) if math.isfinite(pct) else 0.0
+
+    return {
+        "statistic": STEP_STATISTIC,
+        "step_s": _s(first["measured_step_ns"]),
+        "replayed_step_s": _s(first["replayed_step_ns"]),
+        "replay_error_share": share(error),
+        "scenarios": [
+            {
+                "kind": SCENARIO_KEYS.get(str(r.scenario), "custom"),
+                "scenario": str(r.scenario),
+                "rank": int(r.rank) if int(r.rank) >= 0 else None,
+                "predicted_step_s": _s(r.predicted_step_ns),
+                "saving_s": _s(r.saving_ns),
+                "saving_share": share(float(r.saving_pct)),
+            }
+            for r in table.itertuples(index=False)
+        ],
+    }
 
 
 def summary(a: Analysis, found: list[Finding] | None = None) -> dict[str, Any]:
@@ -260,6 +302,12 @@ def summary(a: Analysis, found: list[Finding] | None = None) -> dict[str, Any]:
     memory = memory_summary(a.memory)
     if memory is not None:  # additive: absent without memory events (docs/summary.md)
         doc["memory"] = memory
+    what_if = what_if_summary(getattr(a, "whatif", None))
+    if what_if is not None:  # additive: absent when no replay could be built (docs/summary.md)
+        doc["what_if"] = what_if
+    from rankscope.analysis.kpis import kpis, to_json
+
+    doc["kpis"] = to_json(kpis(a))  # additive: the figures `rankscope compare` compares
     return doc
 
 
@@ -389,11 +437,16 @@ def print_summary(a: Analysis, console: Console | None = None, *, top_ops: int =
                 s["cause"],
             )
         console.print(st)
-    # the stragglers' evidence (or "no straggler") and the pipeline finding under the table;
-    # input problems close the summary
+    # the stragglers' evidence (or "no straggler") and the pipeline finding under the table,
+    # each flagged rank's what-if line under it, then the what-if block; input problems close
+    # the summary
     for f in found:
-        if f.kind != FindingKind.INPUT_PROBLEMS and f.kind not in MEMORY_KINDS:
+        if f.kind == FindingKind.WHAT_IF:
+            if f.rank is not None:
+                console.print("  " + finding_markup(f))
+        elif f.kind != FindingKind.INPUT_PROBLEMS and f.kind not in MEMORY_KINDS:
             console.print(finding_markup(f))
+    print_what_if(found, console)
     print_memory(a.memory, found, console, finding_markup)
     if doc["clock"]:
         ct = Table(
@@ -447,6 +500,20 @@ def print_summary(a: Analysis, console: Console | None = None, *, top_ops: int =
     for f in found:
         if f.kind == FindingKind.INPUT_PROBLEMS:
             console.print(finding_markup(f))
+
+
+def print_what_if(found: list[Finding], console: Console) -> None:
+    """The job-wide what-if findings as an aligned block under :data:`WHAT_IF_TITLE`; nothing
+    when the analysis has none (one rank, no steps or no collectives)."""
+    from rich.markup import escape
+
+    rows = job_what_if(found)
+    if not rows:
+        return
+    console.print(f"[bold]{WHAT_IF_TITLE}[/bold]")
+    width = max(len(f.headline) for f in rows) + 1
+    for f in rows:
+        console.print(f"  {escape(f.headline + ':'):<{width}}  {escape(f.evidence)}")
 
 
 # -- HTML ------------------------------------------------------------------------------------
@@ -667,6 +734,53 @@ def _finding_html(f: Finding, cls: str = "") -> str:
     return f"<p class='{classes}'><b>{_e(f.headline)}</b>{_e(f.tail)}</p>"
 
 
+def _with_their_what_if(found: list[Finding], kinds: set[FindingKind]) -> list[Finding]:
+    """The findings of ``kinds``, each followed by its rank's what-if finding (the order of
+    :func:`findings` puts it right after)."""
+    out: list[Finding] = []
+    keep = False
+    for f in found:
+        if f.kind in kinds:
+            out.append(f)
+            keep = True
+        elif f.kind == FindingKind.WHAT_IF and f.rank is not None and keep:
+            out.append(f)
+        else:
+            keep = False
+    return out
+
+
+def _what_if_html(found: list[Finding]) -> str:
+    """The what-if section: one row per scenario (the rank fixes first), its step time before →
+    after and a bar of the saving (share of the step); nothing without what-if findings."""
+    rows = [f for f in found if f.kind == FindingKind.WHAT_IF]
+    if not rows:
+        return ""
+    body = []
+    for f in rows:
+        share = max(0.0, min(1.0, float(f.figures.get("saving_share", 0.0))))
+        bar = (
+            f"<div style='background:#eceef2;width:240px;height:12px;border-radius:2px'>"
+            f"<div style='background:#e45756;width:{share * 240:.1f}px;height:12px;"
+            f"border-radius:2px' title='{share:.1%} of the step'></div></div>"
+        )
+        body.append(
+            f"<tr><td class='l'>{_e(f.headline)}</td><td class='l'>{_e(f.evidence)}</td>"
+            f"<td class='l'>{bar}</td></tr>"
+        )
+    return (
+        f"<section><h2>{_e(WHAT_IF_TITLE)}</h2><div class='scroll'><table><thead><tr>"
+        "<th class='l'>scenario</th><th class='l'>step time, measured → predicted</th>"
+        "<th class='l'>saving</th></tr></thead><tbody>"
+        + "".join(body)
+        + "</tbody></table></div><p class='note'>A replay of the profiled steps as a dependency "
+        "graph (own work, collectives as barriers with their measured transfer) with the slow "
+        "parts made normal; the median rank is that of the other ranks at the same point of the "
+        f"step. Model, assumptions and where it is wrong: docs/analysis.md, section 7. How to "
+        f"read it: {READING_DOC}.</p></section>"
+    )
+
+
 def render_html(a: Analysis) -> str:
     """The self-contained HTML report (inline CSS and SVG; opens offline)."""
     from rankscope.analysis.report_memory import memory_html
@@ -736,9 +850,8 @@ def render_html(a: Analysis) -> str:
     # the figures of each straggler in a table, then every straggler finding (or "no
     # straggler") as the terminal prints it
     strag_html = "".join(
-        _finding_html(f)
-        for f in found
-        if f.kind in (FindingKind.STRAGGLER, FindingKind.NO_STRAGGLER)
+        _finding_html(f, "whatif" if f.kind == FindingKind.WHAT_IF else "")
+        for f in _with_their_what_if(found, {FindingKind.STRAGGLER, FindingKind.NO_STRAGGLER})
     )
     if strag:
         st_rows = [
@@ -755,7 +868,10 @@ def render_html(a: Analysis) -> str:
         ]
         header = ["rank", "last", "p-value", "confidence", "wait caused s", "share of wait"]
         strag_html = _table([*header, "cause"], st_rows, {6}) + strag_html
-    pipe_html = "".join(_finding_html(f, "note") for f in pipeline_findings(found))
+    pipe_html = "".join(
+        _finding_html(f, "whatif" if f.kind == FindingKind.WHAT_IF else "note")
+        for f in _with_their_what_if(found, set(PIPELINE_KINDS))
+    )
     input_html = "".join(
         _finding_html(f, "note") for f in found if f.kind == FindingKind.INPUT_PROBLEMS
     )
@@ -822,6 +938,7 @@ def render_html(a: Analysis) -> str:
 <section><h2>Where the time went, per rank</h2>{_bars_svg(a)}{ranks_table}<ul>{reasons}</ul>
 <p class='note'>Every figure is a part of the rank's profiled time (total s). Wait and transfer: time with a collective in flight, waiting until the last rank arrives (aligned clock) / moving data; each instant counts once, however many collectives are in flight. Comm exposed: communication with nothing hiding it. How to read this report: {READING_DOC}.</p></section>
 <section><h2>Stragglers</h2>{strag_html}{pipe_html}</section>
+{_what_if_html(found)}
 {memory_html(a.memory, found, _finding_html)}
 <section><h2>Steps</h2>{_steps_html(a)}</section>
 <section><h2>Arrival lateness per collective</h2>{_lateness_svg(a)}

@@ -52,6 +52,9 @@ the fix and is not modelled); the dependency structure of the measured run is ke
 only *happened* to follow a collective end is treated as blocked on it: a fix can then look a
 little better than it is); steps are replayed one after the other, with no cross-step effects
 other than the chain of step ends.
+
+Why one module of ~750 lines: the dependency graph of one job, its replay and the scenarios that
+reweight it are one model, read together.
 """
 
 from __future__ import annotations
@@ -141,6 +144,17 @@ BOTTLENECK_LIKE_MEDIAN = "bottleneck like the median rank"
 ALL_LIKE_MEDIAN = "all ranks like the median rank"
 COMM_OVERLAPPED = "communication fully overlapped"
 NO_INPUT_STALL = "no input stall"
+#: A stable key per built-in scenario (summary.json ``what_if.scenarios[].kind``): readers select
+#: on these, never on the names, whose wording may improve; user scenarios have ``custom``.
+SCENARIO_KEYS: dict[str, str] = {
+    STRAGGLER_LIKE_MEDIAN: "straggler_like_median",
+    BOTTLENECK_LIKE_MEDIAN: "bottleneck_like_median",
+    ALL_LIKE_MEDIAN: "all_like_median",
+    COMM_OVERLAPPED: "communication_overlapped",
+    NO_INPUT_STALL: "no_input_stall",
+}
+#: The scenarios that fix one named rank (``rank`` >= 0).
+RANK_SCENARIOS = (STRAGGLER_LIKE_MEDIAN, BOTTLENECK_LIKE_MEDIAN)
 
 
 @dataclasses.dataclass
@@ -169,12 +183,15 @@ class Scenario:
 # -- per rank: the measures the own-work edges need --------------------------------------------
 
 
-def rank_clock(events: pd.DataFrame, lanes: pd.DataFrame, times: np.ndarray) -> pd.DataFrame:
+def rank_clock(
+    events: pd.DataFrame, lanes: pd.DataFrame, times: np.ndarray, painted: Any = None
+) -> pd.DataFrame:
     """Cumulative exposed communication and input stall of one rank at ``times`` (CLOCK_COLUMNS).
 
     Measured by the breakdown's painter (:func:`rankscope.analysis.breakdown.painter`), from
     the earliest of ``times``: a difference of two rows is the measure between them. Runs per
-    rank (it reads that rank's events); the pipeline's rank task can call it.
+    rank (it reads that rank's events); the pipeline's rank task calls it with the painter it
+    already built (``painted``: ``(device, measure)``), so the interval sets are built once.
     """
     import numpy as np
     import pandas as pd
@@ -184,7 +201,7 @@ def rank_clock(events: pd.DataFrame, lanes: pd.DataFrame, times: np.ndarray) -> 
     if len(times) == 0 or len(events) == 0:
         z = np.zeros(len(times), np.int64)
         return pd.DataFrame({"time_ns": times, "exposed_ns": z, "input_ns": z})
-    device, measure = bd.painter(events, lanes)
+    device, measure = painted if painted is not None else bd.painter(events, lanes)
     lo = np.full(len(times), int(times.min()), np.int64)
     got = measure(lo, times)
     zeros = np.zeros(len(times), np.int64)

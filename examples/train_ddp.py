@@ -12,7 +12,9 @@ Testing knobs: ``--fail-rank R --fail-step S`` raises on rank R at step S; ``--k
 --kill-step S`` SIGKILLs rank R; ``--no-optimizer`` updates weights by hand and calls
 ``rankscope.step()``; ``--bare-profiler`` runs plain torch.profiler with the same schedule (the
 overhead benchmark's baseline); ``--step-times FILE`` writes per-step wall and main-thread CPU
-seconds (``{rank}`` in FILE is replaced by the rank).
+seconds (``{rank}`` in FILE is replaced by the rank); ``--straggler-steps N:K`` /
+``--input-delay-steps N:K`` put the straggler's work / the slow batches only in the steps with
+``step % N == K``, so that one run holds steps with and without the effect (the what-if test).
 
 Memory knobs (real allocations the profiler sees with ``rankscope run --profile-memory``; MB is
 MiB, 2**20 bytes, on the model's device): ``--leak-mb R:MB`` makes rank R keep MB of new tensors
@@ -64,6 +66,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--input-delay-rank", type=int, default=-1, help="rank with the slow loader (-1: all)"
+    )
+    p.add_argument(
+        "--straggler-steps",
+        type=step_set,
+        default=(1, 0),
+        metavar="N:K",
+        help="the straggler works only in steps with step %% N == K (default 1:0, every step)",
+    )
+    p.add_argument(
+        "--input-delay-steps",
+        type=step_set,
+        default=(1, 0),
+        metavar="N:K",
+        help="the loader is slow only for steps with step %% N == K (default 1:0, every step)",
     )
     p.add_argument("--fail-rank", type=int, default=-1, help="rank that raises at --fail-step")
     p.add_argument("--fail-step", type=int, default=0)
@@ -117,6 +133,20 @@ def rank_mb(text: str) -> tuple[int, float]:
     return int(rank), float(mb)
 
 
+def step_set(text: str) -> tuple[int, int]:
+    """``N:K`` → (N, K): the steps with ``step % N == K`` (an effect on some steps only, so that
+    one run holds its steps with and without it)."""
+    n, sep, k = text.partition(":")
+    if not sep or int(n) < 1 or not 0 <= int(k) < int(n):
+        raise ValueError(text)
+    return int(n), int(k)
+
+
+def on_step(step: int, steps: tuple[int, int]) -> bool:
+    """Whether ``step`` is in the ``--*-steps`` set ``steps``."""
+    return step % steps[0] == steps[1]
+
+
 def allocate_mb(mb: float, device: torch.device) -> torch.Tensor:
     """A real ``mb`` MiB tensor on ``device`` (uint8; ``torch.ones`` touches every page)."""
     return torch.ones(int(mb * 2**20), dtype=torch.uint8, device=device)
@@ -136,15 +166,21 @@ def spend(ms: float, mode: str) -> None:
 
 
 class RandomBatches(IterableDataset):
-    """Endless random (input, target) batches; ``delay_ms`` models a slow input pipeline."""
+    """Endless random (input, target) batches; ``delay_ms`` models a slow input pipeline (for
+    the batches of the steps in ``delay_steps``: batch i is step i's, one batch per step)."""
 
-    def __init__(self, batch: int, width: int, delay_ms: float, seed: int) -> None:
+    def __init__(
+        self, batch: int, width: int, delay_ms: float, seed: int, delay_steps: tuple[int, int]
+    ) -> None:
         self.batch, self.width, self.delay_ms, self.seed = batch, width, delay_ms, seed
+        self.delay_steps = delay_steps
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         gen = torch.Generator().manual_seed(self.seed)
+        i = 0
         while True:
-            spend(self.delay_ms, "wait")
+            spend(self.delay_ms if on_step(i, self.delay_steps) else 0.0, "wait")
+            i += 1
             x = torch.randn(self.batch, self.width, generator=gen)
             yield x, x.roll(1, dims=1)
 
@@ -201,7 +237,8 @@ def main(argv: list[str] | None = None) -> None:
     optimizer = None if args.no_optimizer else torch.optim.SGD(model.parameters(), lr=args.lr)
     delay = args.input_delay_ms if args.input_delay_rank in (-1, rank) else 0.0
     loader = DataLoader(
-        RandomBatches(args.batch_size, args.hidden, delay, seed=rank), batch_size=None
+        RandomBatches(args.batch_size, args.hidden, delay, rank, args.input_delay_steps),
+        batch_size=None,
     )
     prof = bare_profiler(args, rank) if args.bare_profiler else None
     if prof is not None:
@@ -233,7 +270,11 @@ def main(argv: list[str] | None = None) -> None:
         if leak_mb > 0:
             with record_function("rankscope_example::leak"):
                 leaked.append(allocate_mb(leak_mb, device))
-        if rank == args.straggler_rank and args.straggler_ms > 0:
+        if (
+            rank == args.straggler_rank
+            and args.straggler_ms > 0
+            and on_step(step, args.straggler_steps)
+        ):
             with record_function("straggler_work"):
                 spend(args.straggler_ms, args.straggler_mode)
         loss = nn.functional.mse_loss(model(x), y)

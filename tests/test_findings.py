@@ -99,18 +99,70 @@ def test_every_renderer_shows_the_same_findings(analyses: dict[str, Analysis], n
     assert (doc["pipeline"]["pairs"] > 0) == any(k in PIPELINE_KINDS for k in kinds)
 
 
+def _verdicts(a: Analysis) -> list[Finding]:
+    """The findings less the what-if ones (tested on their own below)."""
+    return [f for f in findings(a) if f.kind != FindingKind.WHAT_IF]
+
+
 def test_the_known_findings_of_the_test_stores(analyses: dict[str, Analysis]) -> None:
     """tests/data/README.md: rank 2 sleeps in the straggler set; stage 1 is slow in the pipeline."""
-    (strag,) = findings(analyses["cpu_gloo_4rank_straggler"])
+    (strag,) = _verdicts(analyses["cpu_gloo_4rank_straggler"])
     assert strag.kind == FindingKind.STRAGGLER and strag.rank == 2 and strag.masked_by == -1
     assert strag.headline == "Straggler: rank 2" and strag.cause == "own compute"
     assert strag.evidence.startswith("last at 3 of 3 collectives")
-    no_strag, pipe = findings(analyses["cpu_gloo_4rank_pipeline"])
+    no_strag, pipe = _verdicts(analyses["cpu_gloo_4rank_pipeline"])
     assert no_strag.kind == FindingKind.NO_STRAGGLER and no_strag.severity == Severity.OK
     assert pipe.kind == FindingKind.PIPELINE_BOTTLENECK and pipe.rank == 1
     assert pipe.text.startswith("Pipeline bottleneck: rank 1 — 21 receivers' waits")
     assert pipe.figures["pairs"] == 36 and pipe.figures["root_pairs"] == 21
-    assert [f.kind for f in findings(analyses["param_dlrm_8rank"])] == [FindingKind.NO_STRAGGLER]
+    assert [f.kind for f in _verdicts(analyses["param_dlrm_8rank"])] == [FindingKind.NO_STRAGGLER]
+
+
+def test_what_if_follows_the_rank_it_fixes_then_the_job_wide_block(
+    analyses: dict[str, Analysis],
+) -> None:
+    """Each straggler / bottleneck is followed by what fixing it saves; the job-wide scenarios
+    close the straggler part; the terminal prints the line under the finding and the block."""
+    from rankscope.analysis import whatif as wi
+
+    for name, kind, rank in (
+        ("cpu_gloo_4rank_ddp_buckets", FindingKind.STRAGGLER, 2),
+        ("cpu_gloo_4rank_pipeline", FindingKind.PIPELINE_BOTTLENECK, 1),
+    ):
+        a = analyses[name]
+        found = findings(a)
+        at = next(i for i, f in enumerate(found) if f.kind == kind)
+        fix = found[at + 1]
+        assert fix.kind == FindingKind.WHAT_IF and fix.rank == rank
+        assert fix.headline == f"if rank {rank} ran like the median rank"
+        assert fix.evidence.startswith("step ") and fix.evidence.endswith(" %)")
+        row = a.whatif[a.whatif["rank"] == rank].iloc[0]
+        assert fix.figures["saving_s"] == round(row["saving_ns"] / 1e9, 6)
+        job = [f for f in found if f.kind == FindingKind.WHAT_IF and f.rank is None]
+        assert [f.headline for f in job] == [
+            wi.ALL_LIKE_MEDIAN,
+            wi.COMM_OVERLAPPED,
+            wi.NO_INPUT_STALL,
+        ]
+        term = _terminal(a)
+        assert f"{fix.text} What if (per step, mean over profiled steps) " in term
+        doc = json.loads(render_json(a))["what_if"]
+        assert [s["rank"] for s in doc["scenarios"]] == [rank, None, None, None]
+        assert doc["scenarios"][0]["saving_s"] == fix.figures["saving_s"]
+    # the quickstart store: rank 2 waits 20 ms per step (43.0 -> 26.3 ms)
+    (fix,) = [f for f in findings(analyses["cpu_gloo_4rank_ddp_buckets"]) if f.rank == 2][1:]
+    assert fix.text == "if rank 2 ran like the median rank: step 43.0 → 26.3 ms (−38.7 %)"
+
+
+def test_no_what_if_without_a_replay(analyses: dict[str, Analysis]) -> None:
+    """An analysis without a what-if table (one rank, no steps, no collectives) shows no block
+    and has no ``what_if`` key."""
+    from rankscope.analysis.pipeline import _no_whatif
+
+    a = dataclasses.replace(analyses["cpu_gloo_4rank_straggler"], whatif=_no_whatif())
+    assert not [f for f in findings(a) if f.kind == FindingKind.WHAT_IF]
+    assert "what_if" not in json.loads(render_json(a))
+    assert "What if" not in _terminal(a) and "What if" not in render_html(a)
 
 
 def test_figures_carry_their_units(analyses: dict[str, Analysis]) -> None:

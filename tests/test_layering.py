@@ -60,3 +60,23 @@ def test_one_word_for_the_in_process_scheduler() -> None:
     from rankscope.analysis.scheduler import SYNCHRONOUS as MERGE
 
     assert MERGE == ANALYSIS
+
+
+#: A module may grow past this many lines only when its docstring says why it is one module.
+LONG_MODULE_LINES = 500
+
+
+def test_long_modules_say_why_they_are_one_module() -> None:
+    """Issue 10: no module over ~500 lines without a sentence in its docstring saying why."""
+    import ast
+
+    silent = []
+    for folder in ("orchestrator", "launchers", "analysis", "package"):
+        for path in sorted((ROOT / folder).glob("*.py")):
+            text = path.read_text()
+            if len(text.splitlines()) <= LONG_MODULE_LINES:
+                continue
+            doc = ast.get_docstring(ast.parse(text)) or ""
+            if "Why one module" not in doc:
+                silent.append(f"{folder}/{path.name} ({len(text.splitlines())} lines)")
+    assert not silent, f"long modules without a 'Why one module' sentence: {silent}"
