@@ -539,7 +539,7 @@ def _finish(
             xlim=xlim,
             title=title,
             legend_position="bottom",
-            legend_cols=8,
+            legend_cols=4,  # wider would spill past the plot into the findings column
             legend_opts={"label_text_font_size": "9pt", "glyph_width": 14},
             toolbar="above",
             show_grid=False,
