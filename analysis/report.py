@@ -360,8 +360,21 @@ def finding_markup(f: Finding) -> str:
     return f"[{style}]{escape(f.headline)}[/{style}]{escape(f.tail)}"
 
 
-def print_summary(a: Analysis, console: Console | None = None, *, top_ops: int = 8) -> None:
-    """The terminal summary: per-rank table, stragglers with evidence, memory, clocks, top ops."""
+#: Above this many ranks the terminal summarises per-rank tables (distribution, flagged ranks,
+#: hosts) instead of listing every rank; ``--all-ranks`` and summary.json keep every row.
+MANY_RANKS = 16
+
+
+def print_summary(
+    a: Analysis, console: Console | None = None, *, top_ops: int = 8, all_ranks: bool = False
+) -> None:
+    """The terminal summary: per-rank table, stragglers with evidence, memory, clocks, top ops.
+
+    With more than :data:`MANY_RANKS` ranks (and not ``all_ranks``) the per-rank and clock tables
+    are summarised so the summary fits a screen: the median, p90 and worst rank of each column,
+    every flagged rank (straggler, bottleneck) and the worst rank by total time and by wait,
+    one row per host when there are few hosts, and one line saying what was left out.
+    """
     from rankscope.analysis.report_memory import print_memory
     from rich import box
     from rich.console import Console
@@ -394,10 +407,11 @@ def print_summary(a: Analysis, console: Console | None = None, *, top_ops: int =
             no_wrap=True,
             min_width=len(col),
         )
-    for r in doc["ranks"]:
+
+    def cells_of(r: dict[str, Any], label: str | None = None) -> list[str]:
         tot = r["total_s"]
         cells = {
-            "rank": str(r["rank"]),
+            "rank": label if label is not None else str(r["rank"]),
             "host": r["host"],
             "total ms": f"{tot * 1e3:.1f}",
             "comp": _pct(r["compute_s"], tot),
@@ -409,8 +423,24 @@ def print_summary(a: Analysis, console: Console | None = None, *, top_ops: int =
             "idle": _pct(r["idle_s"], tot),
             "bound by": _SHORT_VERDICT.get(r["verdict"], r["verdict"]),
         }
-        t.add_row(*(cells[c] for c in cols))
+        return [cells[c] for c in cols]
+
+    rank_rows = doc["ranks"]
+    many = len(rank_rows) > MANY_RANKS and not all_ranks
+    if not many:
+        for r in rank_rows:
+            t.add_row(*cells_of(r))
+    else:
+        for label, r in many_rank_rows(rank_rows, a.flagged_ranks()):
+            t.add_row(*cells_of(r, label), style="red" if label.endswith("flagged") else None)
     console.print(t)
+    if many:
+        console.print(
+            f"[dim]{len(rank_rows)} ranks: the median, p90 and max of each column over all "
+            "ranks (each column on its own: not one rank), then the flagged ranks and the "
+            "ranks with the most total time and the most wait; --all-ranks lists every rank, "
+            "summary.json holds them all.[/dim]"
+        )
     console.print(
         "[dim]total: the rank's profiled steps; comp/comm/mem/input/idle: shares of it (comm = "
         "exposed communication); wait/xfer ms: time in it with a collective in flight, waiting "
@@ -448,7 +478,9 @@ def print_summary(a: Analysis, console: Console | None = None, *, top_ops: int =
             console.print(finding_markup(f))
     print_what_if(found, console)
     print_memory(a.memory, found, console, finding_markup)
-    if doc["clock"]:
+    if doc["clock"] and len(doc["clock"]) > MANY_RANKS and not all_ranks:
+        console.print(clock_digest(doc["clock"]))
+    elif doc["clock"]:
         ct = Table(
             title="Clock alignment", title_justify="left", header_style="bold", box=box.SIMPLE_HEAD
         )
@@ -500,6 +532,67 @@ def print_summary(a: Analysis, console: Console | None = None, *, top_ops: int =
     for f in found:
         if f.kind == FindingKind.INPUT_PROBLEMS:
             console.print(finding_markup(f))
+
+
+_SUMMED_COLUMNS = (
+    "total_s",
+    "compute_s",
+    "comm_exposed_s",
+    "comm_wait_s",
+    "comm_transfer_s",
+    "memory_s",
+    "input_s",
+    "idle_s",
+)
+
+
+def many_rank_rows(
+    ranks: list[dict[str, Any]], flagged: list[int]
+) -> list[tuple[str, dict[str, Any]]]:
+    """The rows of a summarised per-rank table: (label, row) for the median, p90 and max of every
+    column (each over all ranks, separately), then each flagged rank and the ranks with the most
+    total time and the most wait (each once). Aggregate, not drop: every rank counts in the first
+    three rows."""
+    import numpy as np
+
+    def stat_row(label: str, q: float) -> tuple[str, dict[str, Any]]:
+        row: dict[str, Any] = {"rank": -1, "host": ""}
+        for key in _SUMMED_COLUMNS:
+            row[key] = float(np.quantile([r[key] for r in ranks], q))
+        verdicts = [r["verdict"] for r in ranks]
+        row["verdict"] = max(set(verdicts), key=verdicts.count) if q == 0.5 else ""
+        return label, row
+
+    out = [stat_row("median", 0.5), stat_row("p90", 0.9), stat_row("max", 1.0)]
+    by_rank = {int(r["rank"]): r for r in ranks}
+    shown: list[int] = []
+    for rank in flagged:
+        if rank in by_rank and rank not in shown:
+            shown.append(rank)
+            out.append((f"{rank} flagged", by_rank[rank]))
+    for key, what in (("total_s", "most time"), ("comm_wait_s", "most wait")):
+        worst = max(ranks, key=lambda r: r[key])
+        if int(worst["rank"]) not in shown:
+            shown.append(int(worst["rank"]))
+            out.append((f"{worst['rank']} {what}", worst))
+    return out
+
+
+def clock_digest(clock: list[dict[str, Any]]) -> str:
+    """One paragraph for many ranks' clocks: hosts, methods, offset range, worst uncertainty."""
+    from collections import Counter
+
+    hosts = len({c["host"] for c in clock})
+    methods = Counter(str(c["method"]) for c in clock)
+    offsets = [c["offset_ns"] / 1e6 for c in clock]
+    worst = max(clock, key=lambda c: c["uncertainty_ns"])
+    method_text = ", ".join(f"{m} {n}" for m, n in methods.most_common())
+    return (
+        f"Clock alignment: {len(clock)} ranks on {hosts} host(s); methods: {method_text}; "
+        f"offsets {min(offsets):+.3f} … {max(offsets):+.3f} ms; largest uncertainty "
+        f"±{worst['uncertainty_ns'] / 1e3:.1f} µs (rank {worst['rank']}, {worst['host']}). "
+        "--all-ranks lists every rank."
+    )
 
 
 def print_what_if(found: list[Finding], console: Console) -> None:

@@ -48,6 +48,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--top-ops", type=int, default=8, metavar="N", help="ops shown in the terminal (default 8)"
     )
+    parser.add_argument(
+        "--all-ranks",
+        action="store_true",
+        help="list every rank in the terminal tables (above 16 ranks they are summarised)",
+    )
     from rankscope.orchestrator.merge import add_rank_from
 
     add_rank_from(parser)
@@ -247,7 +252,9 @@ def main(args: argparse.Namespace) -> int:
         json_path = json_path or report / rundir.SUMMARY_JSON
         html_path = html_path or report / rundir.REPORT_HTML
     console = _console()
-    print_summary(analysis, console, top_ops=args.top_ops)
+    print_summary(
+        analysis, console, top_ops=args.top_ops, all_ranks=getattr(args, "all_ranks", False)
+    )
     for p in write_reports(analysis, json_path, html_path):
         console.print(f"wrote {p}")
     return 0

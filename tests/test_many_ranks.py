@@ -1,0 +1,85 @@
+"""Many ranks in the terminal: summarised tables that aggregate every rank and name the flagged
+ones (issue 15), on a synthetic job with two known stragglers."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+RANKS = 40
+STRAGGLERS = (5, 33)
+
+
+@pytest.fixture(scope="module")
+def analysis(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from rankscope.analysis.pipeline import SYNCHRONOUS, ClusterSpec, analyze
+    from rankscope.orchestrator.merge import merge_run_dir
+    from rankscope.orchestrator.synth import SynthConfig, generate
+
+    job = tmp_path_factory.mktemp("many")
+    generate(
+        SynthConfig(
+            ranks=RANKS,
+            ranks_per_host=8,
+            steps=3,
+            seed=4,
+            stragglers=[(STRAGGLERS[0], 3.0, 1.0), (STRAGGLERS[1], 2.0, 1.0)],
+        ),
+        job,
+    )
+    store = merge_run_dir(job, quiet=True, scheduler=SYNCHRONOUS)
+    return analyze(store, ClusterSpec(scheduler=SYNCHRONOUS))
+
+
+def _terminal(a: Any, **kw: Any) -> str:
+    from rankscope.analysis.report import print_summary
+    from rich.console import Console
+
+    buf = io.StringIO()
+    print_summary(a, Console(file=buf, width=160), **kw)
+    return buf.getvalue()
+
+
+def _rank_table(text: str) -> list[str]:
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if "bound by" in line) + 2
+    end = next(i for i in range(start, len(lines)) if not lines[i].strip())
+    return lines[start:end]
+
+
+def test_many_ranks_are_summarised_and_the_stragglers_named(analysis: Any) -> None:
+    assert sorted(analysis.straggler_ranks()) == list(STRAGGLERS)
+    text = _terminal(analysis)
+    rows = _rank_table(text)
+    labels = [row.split()[0] for row in rows]
+    assert labels[:3] == ["median", "p90", "max"]
+    flagged = [row for row in rows if "flagged" in row]
+    assert sorted(int(row.split()[0]) for row in flagged) == list(STRAGGLERS)
+    assert len(rows) <= 3 + len(STRAGGLERS) + 2  # the distribution, flagged, most time / wait
+    assert "--all-ranks lists every rank" in " ".join(text.split())
+    assert f"Clock alignment: {RANKS} ranks on 5 host(s)" in " ".join(text.split())
+    # the max row aggregates every rank: it equals the largest total over all ranks
+    totals = [r["total_s"] for r in _summary(analysis)["ranks"]]
+    max_row = next(row for row in rows if row.split()[0] == "max")
+    assert f"{max(totals) * 1e3:.1f}" in max_row
+
+
+def test_all_ranks_lists_every_rank(analysis: Any) -> None:
+    rows = _rank_table(_terminal(analysis, all_ranks=True))
+    assert [int(row.split()[0]) for row in rows] == list(range(RANKS))
+
+
+def _summary(a: Any) -> dict[str, Any]:
+    from rankscope.analysis.report import summary
+
+    return summary(a)
+
+
+def test_all_ranks_flag_reaches_the_command(tmp_path: Path) -> None:
+    from rankscope.orchestrator.cli import build_parser
+
+    args = build_parser().parse_args(["analyze", str(tmp_path), "--all-ranks"])
+    assert args.all_ranks is True
