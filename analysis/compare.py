@@ -104,6 +104,7 @@ class CompareKind(enum.StrEnum):
     NEW_STRAGGLER = "new_straggler"
     STRAGGLER_GONE = "straggler_gone"
     OP_CHANGES = "op_changes"
+    ATTENTION_MATH = "attention_math"
     NOT_COMPARABLE = "not_comparable"
 
 
@@ -771,8 +772,30 @@ def compare(
         findings=[],
         config=config,
     )
-    c.findings = compare_findings(c)
+    c.findings = compare_findings(c) + attention_findings(base, new)
     return c
+
+
+def attention_findings(base: Analysis, new: Analysis) -> list[CompareFinding]:
+    """NEW's SDPA math fallback measured against BASE's fused calls of the same query shape
+    (e.g. the same job with the flash backend): how much slower each call ran."""
+    from rankscope.analysis.attention import math_fallback_findings
+
+    calls = getattr(new, "attention_calls", None)
+    if calls is None or not len(calls):
+        return []
+    ref = getattr(base, "attention_calls", None)
+    return [
+        CompareFinding(
+            CompareKind.ATTENTION_MATH,
+            f"{f.headline}: {f.evidence}",
+            rank=f.rank,
+            figures=dict(f.figures),
+        )
+        for f in math_fallback_findings(
+            calls, reference=ref if ref is not None and len(ref) else None
+        )
+    ]
 
 
 # -- the CI gate -----------------------------------------------------------------------------

@@ -52,6 +52,7 @@ class FindingKind(enum.StrEnum):
     LOW_MEMORY_HEADROOM = "low_memory_headroom"
     NO_MEMORY_EVENTS = "no_memory_events"
     WHAT_IF = "what_if"
+    SDPA_MATH_FALLBACK = "sdpa_math_fallback"
 
 
 #: The kinds about memory (rankscope.analysis.memory); none without ``--profile-memory``.
@@ -594,7 +595,17 @@ def findings(a: Analysis) -> list[Finding]:
     (``a.whatif``), each straggler and bottleneck is followed by what fixing it would save, and
     the job-wide scenarios follow the pipeline findings (kind ``what_if``)."""
     linked = _with_what_if(_straggler_findings(a) + _pipeline_findings(a), a)
-    return linked + _memory_findings(a) + _input_findings(a)
+    return linked + _memory_findings(a) + _attention_findings(a) + _input_findings(a)
+
+
+def _attention_findings(a: Analysis) -> list[Finding]:
+    """The SDPA math fallback, per rank that ran it (analysis/attention.py words it)."""
+    calls = getattr(a, "attention_calls", None)
+    if calls is None or not len(calls):
+        return []
+    from rankscope.analysis.attention import math_fallback_findings
+
+    return math_fallback_findings(calls)
 
 
 def _with_what_if(items: list[Finding], a: Analysis) -> list[Finding]:

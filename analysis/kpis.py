@@ -10,6 +10,10 @@ steps. Definitions in docs/compare.md ("KPIs").
 
 Units are in :data:`UNITS` (SI: seconds, bytes, samples/s, FLOP/s, a fraction for MFU), values
 float64. This module imports nothing heavy at module level.
+
+Why one module of ~540 lines: the KPI definitions, what each rank recorded about its steps
+(samples, FLOPs, device: :func:`rank_facts`) and the one function that turns both into per-step
+samples are read together; summary.json's rendering is 40 of those lines.
 """
 
 from __future__ import annotations
@@ -135,11 +139,16 @@ SAMPLE_COLUMNS: dict[str, str] = {
     "value": "float64",
 }
 
-#: Keys of a rank's or the store's attributes read when a run recorded them (``rankscope.step
-#: (samples=N)``, ``--samples-per-step``, ``--with-flops``, the device's marketing name).
+#: Keys of a rank's or the store's attributes read when a run recorded them (constants: samples
+#: and FLOPs per step, the device's marketing name).
 SAMPLES_KEY = "samples_per_step"
 FLOPS_KEY = "flops_per_step"
 DEVICE_NAME_KEY = "device_name"
+#: Keys of a rank's meta.json (the store's rank attribute ``meta``) written by the runtime
+#: (docs/runtime.md): per recorded step (the step number as text), the samples given to
+#: ``rankscope.step(samples=N)`` and the FLOPs torch counted (``--with-flops``).
+STEP_SAMPLES_KEY = "step_samples"
+STEP_FLOPS_KEY = "step_flops"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,20 +214,104 @@ def peak_flops_of(device_name: str | None) -> float | None:
 
 
 def _recorded(a: Analysis, key: str) -> Any:
-    """``key`` from the store's root attributes, its run record, or rank 0's attributes."""
+    """``key`` from the store's root attributes or its run record (its profiler settings)."""
     run = a.meta.get("run")
-    wheres: list[dict[str, Any]] = [a.meta, run if isinstance(run, dict) else {}]
+    run = run if isinstance(run, dict) else {}
+    profiler = run.get("profiler")
+    wheres: list[dict[str, Any]] = [
+        a.meta,
+        run,
+        profiler if isinstance(profiler, dict) else {},
+    ]
     for where in wheres:
         if where.get(key) is not None:
             return where[key]
-    try:
-        from rankscope.analysis.store import open_store
+    return None
 
+
+@dataclasses.dataclass
+class RankFacts:
+    """What one rank recorded beyond its events (its store attributes and meta.json)."""
+
+    samples_per_step: float | None = None
+    """The constant samples per step (``--samples-per-step``), if any."""
+    step_samples: dict[int, float] = dataclasses.field(default_factory=dict)
+    """Samples per profiled step (``rankscope.step(samples=N)``)."""
+    flops_per_step: float | None = None
+    """A constant FLOPs per step recorded in the rank's attributes, if any."""
+    step_flops: dict[int, float] = dataclasses.field(default_factory=dict)
+    """FLOPs per profiled step counted by torch (``--with-flops``)."""
+    device_name: str | None = None
+    """The device's name (``torch.cuda.get_device_name``; ``cpu`` on CPU)."""
+
+
+def _per_step(value: Any, zero_ok: bool = False) -> dict[int, float]:
+    """``{"12": 32, …}`` as ``{12: 32.0}``; keys that are not step numbers and values that are
+    not finite numbers > 0 (>= 0 with ``zero_ok``) are left out."""
+    out: dict[int, float] = {}
+    if not isinstance(value, dict):
+        return out
+    for key, v in value.items():
+        try:
+            step = int(key)
+            number = float(v)
+        except (TypeError, ValueError):
+            continue
+        if math.isfinite(number) and (number > 0 or (zero_ok and number == 0)):
+            out[step] = number
+    return out
+
+
+def rank_facts(a: Analysis) -> dict[int, RankFacts]:
+    """:class:`RankFacts` of every rank of the analysed store (empty when it cannot be read)."""
+    from rankscope.analysis.store import open_store
+    from rankscope.errors import RankscopeError
+
+    out: dict[int, RankFacts] = {}
+    try:
         with open_store(a.path) as store:
-            ranks = store.ranks
-            return store.rank_meta(ranks[0]).get(key) if ranks else None
-    except (OSError, ValueError, KeyError):
-        return None
+            attrs = {r: store.rank_meta(r) for r in store.ranks}
+    except (OSError, ValueError, KeyError, RankscopeError):
+        return out
+    for rank, at in attrs.items():
+        meta = at.get("meta")
+        meta = meta if isinstance(meta, dict) else {}
+        profiler = meta.get("profiler")
+        profiler = profiler if isinstance(profiler, dict) else {}
+        name = at.get(DEVICE_NAME_KEY) or at.get("device") or meta.get("device")
+        out[int(rank)] = RankFacts(
+            samples_per_step=_number(at.get(SAMPLES_KEY))
+            or _number(profiler.get("samples_per_step")),
+            step_samples=_per_step(meta.get(STEP_SAMPLES_KEY)),
+            flops_per_step=_number(at.get(FLOPS_KEY)),
+            step_flops=_per_step(meta.get(STEP_FLOPS_KEY), zero_ok=True),
+            device_name=str(name) if name else None,
+        )
+    return out
+
+
+def _per_row(
+    ranks: Any,
+    steps: Any,
+    given: float | None,
+    per_step: dict[int, dict[int, float]],
+    constant: dict[int, float | None],
+    fallback: float | None,
+) -> Any:
+    """One value per (rank, step) row: ``given`` (the user's), else the rank's value for the step,
+    else the rank's constant, else ``fallback``; NaN where none is known."""
+    import numpy as np
+
+    if given is not None:
+        return np.full(len(ranks), given, dtype=np.float64)
+    out = np.full(len(ranks), np.nan, dtype=np.float64)
+    for i, (rank, step) in enumerate(zip(ranks.tolist(), steps.tolist(), strict=True)):
+        value = per_step.get(rank, {}).get(step)
+        if value is None:
+            value = constant.get(rank) or fallback
+        if value is not None:
+            out[i] = value
+    return out
 
 
 def _number(value: Any) -> float | None:
@@ -309,27 +402,72 @@ def kpis(a: Analysis, config: KpiConfig | None = None) -> Kpis:
         merged = base.merge(comm, on=["rank", "step"], how="left").fillna(0.0)
         per_step[Kpi.WAIT] = frame(merged["wait_ns"].to_numpy(np.float64) / 1e9)
         per_step[Kpi.TRANSFER] = frame(merged["transfer_ns"].to_numpy(np.float64) / 1e9)
-        samples = _number(config.samples_per_step) or _number(_recorded(a, SAMPLES_KEY))
-        if samples is not None:
-            per_step[Kpi.THROUGHPUT] = frame(samples / step_s)
-        else:
-            notes.append(
-                "throughput: samples per step unknown (give --samples-per-step or call "
-                "rankscope.step(samples=N))"
-            )
-        flops = _number(config.flops_per_step) or _number(_recorded(a, FLOPS_KEY))
-        if flops is not None:
-            per_step[Kpi.FLOPS] = frame(flops / step_s)
-            if device == "gpu":
-                peak = _number(config.peak_flops) or peak_flops_of(
-                    config.device_name or _recorded(a, DEVICE_NAME_KEY)
+        facts = rank_facts(a)
+        ranks_v = base["rank"].to_numpy(np.int64)
+        steps_v = base["step"].to_numpy(np.int64)
+
+        def known(values: Any, label: str, hint: str, none: str) -> pd.DataFrame | None:
+            """The rows whose value is known; a note for the rows (or all: ``none``) that are
+            not."""
+            ok = np.isfinite(values)
+            if not ok.any():
+                notes.append(none)
+                return None
+            if not ok.all():
+                missing = int((~ok).sum())
+                notes.append(f"{label} unknown for {missing} of {len(ok)} rank-steps ({hint})")
+            return frame(values)[ok].reset_index(drop=True)
+
+        samples = _per_row(
+            ranks_v,
+            steps_v,
+            _number(config.samples_per_step),
+            {r: f.step_samples for r, f in facts.items()},
+            {r: f.samples_per_step for r, f in facts.items()},
+            _number(_recorded(a, SAMPLES_KEY)),
+        )
+        got = known(
+            samples / step_s,
+            "throughput: samples per step",
+            "give --samples-per-step or call rankscope.step(samples=N)",
+            "throughput: samples per step unknown (give --samples-per-step or call "
+            "rankscope.step(samples=N))",
+        )
+        if got is not None:
+            per_step[Kpi.THROUGHPUT] = got
+        flops = _per_row(
+            ranks_v,
+            steps_v,
+            _number(config.flops_per_step),
+            {r: f.step_flops for r, f in facts.items()},
+            {r: f.flops_per_step for r, f in facts.items()},
+            _number(_recorded(a, FLOPS_KEY)),
+        )
+        achieved = flops / step_s
+        got = known(
+            achieved,
+            "FLOP/s and MFU: FLOPs per step",
+            "run with --with-flops",
+            "FLOP/s and MFU: the trace has no FLOP counts (run with --with-flops)",
+        )
+        if got is not None:
+            per_step[Kpi.FLOPS] = got
+            gpu = stepped["device"].astype(str).to_numpy() == "gpu"
+            given_name = config.device_name or _recorded(a, DEVICE_NAME_KEY)
+            peak = np.full(len(ranks_v), np.nan)
+            for i, rank in enumerate(ranks_v.tolist()):
+                f = facts.get(rank)
+                value = _number(config.peak_flops) or peak_flops_of(
+                    given_name or (f.device_name if f else None)
                 )
-                if peak is not None:
-                    per_step[Kpi.MFU] = frame(flops / step_s / peak)
-                else:
-                    notes.append("MFU: the device's peak FLOP/s is unknown (see PEAK_FLOPS)")
-        else:
-            notes.append("FLOP/s and MFU: the trace has no FLOP counts (run with --with-flops)")
+                peak[i] = value if value is not None and gpu[i] else np.nan
+            mfu = achieved / peak
+            if np.isfinite(mfu).any():
+                per_step[Kpi.MFU] = frame(mfu)[np.isfinite(mfu)].reset_index(drop=True)
+            elif gpu.any():
+                notes.append("MFU: the device's peak FLOP/s is unknown (see PEAK_FLOPS)")
+            else:
+                notes.append("MFU: not for CPU runs (no peak FLOP/s); FLOP/s only")
     else:
         notes.append("no profiled steps: no per-step KPIs")
     sp = a.memory.step_peaks

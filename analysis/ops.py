@@ -10,6 +10,10 @@ Two totals per op and rank: ``total_ns`` sums its calls (rank-time, as ``key_ave
 ``wall_ns`` is the time at least one call was running, inside the profiled steps. They differ when
 calls overlap — gloo's ``all_reduce`` of two DDP buckets on two runloop threads, async ranges — and
 only ``wall_ns`` is a part of the profiled time (it never exceeds it), so tables rank and show it.
+
+The op table of ``key_averages()`` (:func:`op_table`: self and total CPU time, device time through
+correlation ids, input shapes) lives here too. Why one module of ~560 lines: both are the per-op
+statistics of one rank and their cross-rank combination, read and rendered together.
 """
 
 from __future__ import annotations
@@ -188,3 +192,372 @@ def across_ranks(stats: pd.DataFrame, top: int = 20) -> pd.DataFrame:
         top
     )
     return out[ACROSS_COLUMNS].reset_index(drop=True)
+
+
+# -- the op table of key_averages() --------------------------------------------------------------
+
+#: Host event kinds that nest on a thread (torch's CPU ``FunctionEvent``s): the op tree's nodes.
+HOST_TREE_KINDS = (
+    EventKind.CPU_OP,
+    EventKind.USER_ANNOTATION,
+    EventKind.PROFILER_STEP,
+    EventKind.RUNTIME,
+    EventKind.COMM_CPU,
+    EventKind.COMM_ENQUEUE,
+)
+#: Device event kinds whose time counts as device time of the op that launched them.
+DEVICE_TIME_KINDS = (
+    EventKind.KERNEL_COMPUTE,
+    EventKind.KERNEL_COMM,
+    EventKind.MEMCPY,
+    EventKind.MEMSET,
+)
+#: Names ``key_averages()`` leaves out before it nests events (torch's ``_filter_name``): they are
+#: not in the table, and their time stays in their parent's self time, as in torch.
+TORCH_FILTERED_NAMES = frozenset(
+    {
+        "[memory]",
+        "[OutOfMemory]",
+        "profiler::_record_function_enter",
+        "profiler::_record_function_enter_new",
+        "profiler::_record_function_exit",
+        "aten::is_leaf",
+        "aten::output_nr",
+        "aten::_version",
+    }
+)
+
+#: Columns of :func:`op_table` (one row per rank and op, or op and input shapes), times in ns.
+OP_TABLE_COLUMNS: dict[str, str] = {
+    "rank": "int32",
+    "name": "str",
+    "kind": "str",  # EventKind name
+    "shapes": "str",  # str(Input Dims) with group_by_shape (torch's form), else ""
+    "count": "int64",
+    "self_cpu_ns": "int64",  # duration minus the direct children's on its thread, summed
+    "cpu_total_ns": "int64",  # duration (inclusive), summed; 0 for device events
+    "self_device_ns": "int64",  # kernels/copies launched while it was the innermost op
+    "device_total_ns": "int64",  # kernels/copies launched anywhere inside it
+}
+
+#: ``key_averages().table(sort_by=...)`` keys → :data:`OP_TABLE_COLUMNS` columns.
+SORT_KEYS: dict[str, str] = {
+    "count": "count",
+    "self_cpu_time_total": "self_cpu_ns",
+    "cpu_time_total": "cpu_total_ns",
+    "self_cuda_time_total": "self_device_ns",
+    "self_device_time_total": "self_device_ns",
+    "cuda_time_total": "device_total_ns",
+    "device_time_total": "device_total_ns",
+    **{c: c for c in ("self_cpu_ns", "cpu_total_ns", "self_device_ns", "device_total_ns")},
+}
+
+
+def sort_column(sort_by: str) -> str:
+    """The :data:`OP_TABLE_COLUMNS` column of a ``key_averages`` sort key (or a column name)."""
+    try:
+        return SORT_KEYS[sort_by]
+    except KeyError:
+        raise ValueError(f"unknown sort key {sort_by!r}; known: {sorted(SORT_KEYS)}") from None
+
+
+def _merge_redispatch(order: np.ndarray, parent_of: list[int], names: np.ndarray) -> np.ndarray:
+    """Drop an event that is the only child of an event of the same name (a redispatch such as
+    ``aten::div`` → ``aten::div``), its children moving up to that parent: what torch's
+    ``EventList._remove_dup_nodes`` does before ``key_averages``. ``parent_of`` is updated in
+    place; returns ``order`` without the dropped events."""
+    import numpy as np
+
+    n_children: dict[int, int] = {}
+    for i in order.tolist():
+        p = parent_of[i]
+        if p >= 0:
+            n_children[p] = n_children.get(p, 0) + 1
+    up: dict[int, int] = {}  # dropped event -> the parent that took its children
+    keep = []
+    for i in order.tolist():
+        p = parent_of[i]
+        while p in up:
+            p = up[p]
+        parent_of[i] = p
+        if p >= 0 and names[p] == names[i] and n_children.get(p, 0) == 1:
+            up[i] = p
+            n_children[p] = n_children.get(i, 0)
+            continue
+        keep.append(i)
+    return np.asarray(keep, dtype=np.int64)
+
+
+def op_tree(
+    events: pd.DataFrame, lanes: pd.DataFrame | None = None, *, merge_redispatch: bool = True
+) -> pd.DataFrame:
+    """Each host event's parent and its self and device times, the way torch nests them.
+
+    Host events (:data:`HOST_TREE_KINDS` on thread lanes, without :data:`TORCH_FILTERED_NAMES`)
+    are nested per lane as ``torch.autograd.profiler_util.EventList._populate_cpu_children`` does:
+    sorted by (start, -end), a child starts before and ends no later than its parent ends (a
+    partial overlap nests nowhere). ``self_cpu_ns`` = duration − the direct children's durations.
+    A device event (:data:`DEVICE_TIME_KINDS`) belongs to the runtime call with its correlation id
+    and counts in ``self_device_ns`` of the innermost non-runtime event around that call (torch
+    links a kernel to the innermost RecordFunction open at its launch), and in
+    ``device_total_ns`` of it and of every event around it.
+
+    ``merge_redispatch``: an event that is the only child of one of the same name is dropped and
+    its children move up (torch's ``_remove_dup_nodes``; a redispatch such as ``aten::div`` of a
+    scalar calling ``aten::div`` of a tensor counts once, as in ``key_averages``); its device
+    events count as its parent's own.
+
+    Returns one row per host event: ``row`` (position in ``events``), ``parent`` (position, -1
+    none), ``self_cpu_ns``, ``self_device_ns``, ``device_total_ns``; in nesting order (a parent
+    before its children).
+    """
+    import numpy as np
+    import pandas as pd
+
+    kind = events["kind"].to_numpy().astype(np.int64)
+    names = events["name"].astype(str).to_numpy(object)
+    host = np.isin(kind, [int(k) for k in HOST_TREE_KINDS])
+    host &= ~np.isin(names, list(TORCH_FILTERED_NAMES))
+    if "cat" in events.columns:
+        host &= events["cat"].astype(str).to_numpy(object) != "gpu_user_annotation"
+    lane = events["lane"].to_numpy().astype(np.int64)
+    if lanes is not None and len(lanes):
+        from rankscope.analysis.schema import LaneKind
+
+        is_gpu_lane = np.zeros(int(max(lane.max(initial=0), lanes["lane"].max()) + 1), bool)
+        gl = lanes["lane"].to_numpy(np.int64)[lanes["kind"].to_numpy() == int(LaneKind.GPU_STREAM)]
+        is_gpu_lane[gl] = True
+        host &= ~is_gpu_lane[lane]
+    rows = np.flatnonzero(host)
+    ts = events["ts"].to_numpy(np.int64)
+    dur = events["dur"].to_numpy(np.int64)
+    end = ts + dur
+    order = rows[np.lexsort((-end[rows], ts[rows], lane[rows]))]
+    parent_of = [-1] * len(events)
+    end_of = end.tolist()
+    stack: list[int] = []
+    last_lane = None
+    for i, ln, s, e in zip(
+        order.tolist(), lane[order].tolist(), ts[order].tolist(), end[order].tolist(), strict=True
+    ):
+        if ln != last_lane:
+            stack = []
+            last_lane = ln
+        while stack:
+            top = stack[-1]
+            if s >= end_of[top] or e > end_of[top]:
+                stack.pop()
+            else:
+                parent_of[i] = top
+                break
+        stack.append(i)
+    order = _merge_redispatch(order, parent_of, names) if merge_redispatch else order
+    parent = np.asarray(parent_of, dtype=np.int64)
+    self_cpu = dur.copy()
+    has = order[parent[order] >= 0]
+    np.subtract.at(self_cpu, parent[has], dur[has])
+    # device time: kernel -> its runtime call (corr) -> innermost non-runtime op around it
+    self_dev = np.zeros(len(events), np.int64)
+    dev_rows = np.flatnonzero(np.isin(kind, [int(k) for k in DEVICE_TIME_KINDS]))
+    launch = launches(events, dev_rows, runtime=rows[kind[rows] == int(EventKind.RUNTIME)])
+    ok = launch >= 0
+    owner = parent[np.maximum(launch, 0)]
+    runtime = int(EventKind.RUNTIME)
+    for _ in range(8):  # a runtime call inside a runtime call (driver under runtime) is rare
+        up = ok & (owner >= 0) & (kind[np.maximum(owner, 0)] == runtime)
+        if not up.any():
+            break
+        owner[up] = parent[owner[up]]
+    ok &= owner >= 0
+    np.add.at(self_dev, owner[ok], dur[dev_rows[ok]])
+    total_dev = self_dev.copy()
+    if ok.any():
+        tot = self_dev.tolist()
+        for i in order[::-1].tolist():  # children after parents in ``order``
+            p = parent_of[i]
+            if p >= 0:
+                tot[p] += tot[i]
+        total_dev = np.asarray(tot, dtype=np.int64)
+    return pd.DataFrame(
+        {
+            "row": order,
+            "parent": parent[order],
+            "self_cpu_ns": self_cpu[order],
+            "self_device_ns": self_dev[order],
+            "device_total_ns": total_dev[order],
+        }
+    )
+
+
+def launches(
+    events: pd.DataFrame, idx: np.ndarray, runtime: np.ndarray | None = None
+) -> np.ndarray:
+    """Row of the runtime call (same correlation id) that launched each device event ``idx``;
+    -1 where it has no correlation id or its launch is not in ``events``. ``runtime``: the rows
+    to look in (default: every RUNTIME event with a correlation id). The analysis' copy of the
+    merge's rule (``orchestrator/rank_columns.py:_launches``)."""
+    import numpy as np
+
+    corr = events["corr"].to_numpy(np.int64)
+    kind = events["kind"].to_numpy()
+    out = np.full(len(idx), -1, dtype=np.int64)
+    if runtime is None:
+        runtime = np.flatnonzero(kind == int(EventKind.RUNTIME))
+    runtime = runtime[corr[runtime] >= 0]
+    if not len(runtime) or not len(idx):
+        return out
+    order = np.argsort(corr[runtime], kind="stable")
+    rc, rows = corr[runtime][order], runtime[order]
+    want = corr[idx]
+    p = np.clip(np.searchsorted(rc, want), 0, len(rc) - 1)
+    found = (want >= 0) & (rc[p] == want)
+    out[found] = rows[p[found]]
+    return out
+
+
+def op_table(
+    events: pd.DataFrame,
+    rank: int = 0,
+    *,
+    lanes: pd.DataFrame | None = None,
+    group_by_shape: bool = False,
+    sort_by: str = "cpu_time_total",
+) -> pd.DataFrame:
+    """One rank's ``key_averages()``: per op (and input shapes), calls, self and total CPU time
+    and device time (ns; ``OP_TABLE_COLUMNS``), sorted by ``sort_by`` (a ``key_averages`` key such
+    as ``"self_cuda_time_total"``, or a column), largest first.
+
+    Rows: the host events of :func:`op_tree` and the device events (kernels, copies, memsets:
+    their duration is their self and total device time, their CPU time 0, as in torch).
+    ``group_by_shape``: group by (name, input shapes) like ``key_averages(group_by_input_shape=
+    True)``; needs the ``shapes`` column (``Store.events(rank, columns=[..., "shapes"])``, a trace
+    recorded with ``record_shapes``), else every shape is ``""``.
+    """
+    import numpy as np
+    import pandas as pd
+
+    col = sort_column(sort_by)
+    tree = op_tree(events, lanes)
+    kind = events["kind"].to_numpy().astype(np.int64)
+    dur = events["dur"].to_numpy(np.int64)
+    dev = np.flatnonzero(np.isin(kind, [int(k) for k in DEVICE_TIME_KINDS]))
+    rows = np.concatenate([tree["row"].to_numpy(np.int64), dev])
+    zeros = np.zeros(len(dev), np.int64)
+    frame = pd.DataFrame(
+        {
+            "name": events["name"].astype(str).to_numpy(object)[rows],
+            "kind": kind[rows],
+            "count": np.ones(len(rows), np.int64),
+            "self_cpu_ns": np.concatenate([tree["self_cpu_ns"].to_numpy(np.int64), zeros]),
+            "cpu_total_ns": np.concatenate([dur[tree["row"].to_numpy(np.int64)], zeros]),
+            "self_device_ns": np.concatenate([tree["self_device_ns"].to_numpy(np.int64), dur[dev]]),
+            "device_total_ns": np.concatenate(
+                [tree["device_total_ns"].to_numpy(np.int64), dur[dev]]
+            ),
+        }
+    )
+    if group_by_shape and "shapes" in events.columns:
+        frame["shapes"] = events["shapes"].astype(object).to_numpy(object)[rows]
+        frame["shapes"] = frame["shapes"].where(frame["shapes"].notna(), "").astype(str)
+    else:
+        frame["shapes"] = ""
+    if not len(frame):
+        return _empty(OP_TABLE_COLUMNS)
+    out = frame.groupby(["name", "kind", "shapes"], sort=False).sum().reset_index()
+    out["kind"] = [EventKind(int(k)).name for k in out["kind"]]
+    out.insert(0, "rank", rank)
+    out = out.sort_values([col, "name"], ascending=[False, True], kind="stable")
+    return out[list(OP_TABLE_COLUMNS)].astype(_dtypes(OP_TABLE_COLUMNS)).reset_index(drop=True)
+
+
+def _empty(columns: dict[str, str]) -> pd.DataFrame:
+    import pandas as pd
+
+    return pd.DataFrame(
+        {c: pd.Series(dtype=d if d != "str" else object) for c, d in columns.items()}
+    )
+
+
+def _dtypes(columns: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in columns.items() if v != "str"}
+
+
+#: Columns of :func:`op_table_across_ranks` (times in ns, means over the ranks that ran the op;
+#: ``spread`` = (max − min) / mean of the sort column over those ranks).
+OP_TABLE_ACROSS_COLUMNS = [
+    "name",
+    "kind",
+    "shapes",
+    "ranks",
+    "count_mean",
+    "self_cpu_mean_ns",
+    "cpu_total_mean_ns",
+    "self_device_mean_ns",
+    "device_total_mean_ns",
+    "sort_min_ns",
+    "sort_max_ns",
+    "spread",
+    "fastest_rank",
+    "slowest_rank",
+]
+
+
+def op_table_across_ranks(
+    tables: pd.DataFrame, sort_by: str = "cpu_time_total", top: int | None = 20
+) -> pd.DataFrame:
+    """:func:`op_table` rows of all ranks (concatenated) to one row per (name, kind, shapes): the
+    mean per rank, and the spread, fastest and slowest rank of the ``sort_by`` time; the largest
+    mean of ``sort_by`` first (``top`` rows; None: all)."""
+    import pandas as pd
+
+    col = sort_column(sort_by)
+    if not len(tables):
+        return pd.DataFrame(columns=OP_TABLE_ACROSS_COLUMNS)
+    keys = ["name", "kind", "shapes"]
+    tables = tables.reset_index(drop=True)
+    g = tables.groupby(keys, sort=False)
+    out = g.agg(
+        ranks=("rank", "nunique"),
+        count_mean=("count", "mean"),
+        self_cpu_mean_ns=("self_cpu_ns", "mean"),
+        cpu_total_mean_ns=("cpu_total_ns", "mean"),
+        self_device_mean_ns=("self_device_ns", "mean"),
+        device_total_mean_ns=("device_total_ns", "mean"),
+        sort_min_ns=(col, "min"),
+        sort_max_ns=(col, "max"),
+        sort_mean=(col, "mean"),
+    )
+    out["slowest_rank"] = tables.loc[g[col].idxmax().to_numpy()].set_index(keys)["rank"]
+    out["fastest_rank"] = tables.loc[g[col].idxmin().to_numpy()].set_index(keys)["rank"]
+    out["spread"] = (out["sort_max_ns"] - out["sort_min_ns"]) / out["sort_mean"].where(
+        out["sort_mean"] > 0
+    )
+    out = out.fillna({"spread": 0.0}).reset_index()
+    out = out.sort_values(["sort_mean", "name"], ascending=[False, True], kind="stable")
+    if top is not None:
+        out = out.head(top)
+    return out[OP_TABLE_ACROSS_COLUMNS].reset_index(drop=True)
+
+
+def format_op_table(
+    table: pd.DataFrame, sort_by: str = "cpu_time_total", row_limit: int = 20
+) -> str:
+    """One rank's :func:`op_table` as text, like ``key_averages().table(sort_by=...)`` (ms)."""
+    col = sort_column(sort_by)
+    rows = table.sort_values([col, "name"], ascending=[False, True], kind="stable").head(row_limit)
+    shapes = bool((rows["shapes"] != "").any()) if len(rows) else False
+    width = max([len("Name"), *(min(len(str(n)), 55) for n in rows["name"])])
+    head = (
+        f"{'Name':<{width}}  {'Self CPU':>10}  {'CPU total':>10}  {'Self dev':>10}  "
+        f"{'Dev total':>10}  {'# Calls':>7}" + ("  Input Shapes" if shapes else "")
+    )
+    lines = [head, "-" * len(head)]
+    for r in rows.itertuples(index=False):
+        name = str(r.name)
+        name = name if len(name) <= 55 else name[:52] + "..."
+        lines.append(
+            f"{name:<{width}}  {r.self_cpu_ns / 1e6:>8.3f}ms  {r.cpu_total_ns / 1e6:>8.3f}ms  "
+            f"{r.self_device_ns / 1e6:>8.3f}ms  {r.device_total_ns / 1e6:>8.3f}ms  {r.count:>7}"
+            + (f"  {r.shapes}" if shapes else "")
+        )
+    return "\n".join(lines)

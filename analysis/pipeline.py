@@ -83,6 +83,15 @@ class Analysis:
     """What fixing the stragglers, the bottlenecks, every rank, the communication or the input
     would save per step: whatif.SCENARIO_COLUMNS (empty when no model could be built: one rank,
     no profiled steps, no collectives)."""
+    op_table: pd.DataFrame = dataclasses.field(default_factory=lambda: _empty_frame())
+    """Per rank, op and (with record_shapes) input shapes: the ``key_averages()`` table —
+    calls, self/total CPU and device time (ns): ops.OP_TABLE_COLUMNS."""
+    op_table_across: pd.DataFrame = dataclasses.field(default_factory=lambda: _empty_frame())
+    """The op table across ranks (mean per rank, spread, slowest rank): ops.OP_TABLE_ACROSS_COLUMNS."""
+    attention_calls: pd.DataFrame = dataclasses.field(default_factory=lambda: _empty_frame())
+    """Every scaled-dot-product-attention call and its backend: attention.ATTENTION_CALL_COLUMNS."""
+    attention: pd.DataFrame = dataclasses.field(default_factory=lambda: _empty_frame())
+    """SDPA time per rank and backend: attention.ATTENTION_BACKEND_COLUMNS."""
 
     def whole(self) -> pd.DataFrame:
         """The whole-run breakdown row of each rank."""
@@ -104,6 +113,12 @@ class Analysis:
         """Pipeline stages whose own extra work the others' recv waits trace back to."""
         p = self.pipeline
         return [int(r) for r in p.loc[p["is_bottleneck"], "rank"]] if len(p) else []
+
+
+def _empty_frame() -> pd.DataFrame:
+    import pandas as pd
+
+    return pd.DataFrame()
 
 
 def _no_memory() -> MemoryAnalysis:
@@ -160,14 +175,18 @@ def rank_task(
     import numpy as np
     from rankscope.analysis import breakdown as bd
     from rankscope.analysis import whatif
+    from rankscope.analysis.attention import attention_calls
     from rankscope.analysis.memory import rank_memory
-    from rankscope.analysis.ops import annotation_stats, op_stats
-    from rankscope.analysis.schema import EventKind
+    from rankscope.analysis.ops import annotation_stats, op_stats, op_table
+    from rankscope.analysis.schema import EVENT_COLUMNS, EventKind
     from rankscope.analysis.store import open_store
     from rankscope.analysis.stragglers import arrival_points
 
     with open_store(path) as store:
-        events = store.events(rank)
+        shapes = store.has_shapes(rank)
+        events = store.events(
+            rank, columns=[*EVENT_COLUMNS, "shapes", "dtypes"] if shapes else None
+        )
         lanes = store.lanes(rank)
         host = str(store.rank_meta(rank).get("host", ""))
         memory = rank_memory(store, rank)
@@ -184,6 +203,8 @@ def rank_task(
         "hta": None,
         "memory": memory,
         "whatif_clock": None,
+        "op_table": op_table(events, rank, lanes=lanes, group_by_shape=shapes),
+        "attention": attention_calls(events, rank, lanes),
     }
     if whatif_times is not None and len(whatif_times):
         out["whatif_clock"] = whatif.rank_clock(events, lanes, whatif_times, (device, measure))
@@ -306,9 +327,23 @@ def analyze(
         scheduler=choice,
         memory=mem.across_ranks((r["memory"] for r in results), requested=mem.requested_in(meta)),
     )
+    from rankscope.analysis.attention import attention_by_backend
+    from rankscope.analysis.ops import op_table_across_ranks
+
+    out.op_table = cat("op_table")
+    out.op_table_across = op_table_across_ranks(out.op_table, sort_by=_op_sort(out.op_table))
+    out.attention_calls = cat("attention")
+    out.attention = attention_by_backend(out.attention_calls)
     clocks = {int(r["rank"]): r["whatif_clock"] for r in results if r["whatif_clock"] is not None}
     out.whatif = _whatif(steps, colls, clocks, out.straggler_ranks(), out.bottleneck_ranks())
     return out
+
+
+def _op_sort(table: pd.DataFrame) -> str:
+    """``key_averages``' sort for the op table: self device time when kernels were recorded
+    (GPU runs), else self CPU time."""
+    has_device = len(table) and "self_device_ns" in table and table["self_device_ns"].sum() > 0
+    return "self_cuda_time_total" if has_device else "self_cpu_time_total"
 
 
 # -- one DataFrame per call, from a store (for notebooks) ------------------------------------

@@ -7,7 +7,7 @@ writing files (atomically) is the caller's job. The HTML report is one self-cont
 file: inline CSS and inline SVG charts, no script, no font, nothing fetched from the network.
 The JSON contract is documented in ``docs/summary.md`` (``SUMMARY_SCHEMA`` / ``SUMMARY_VERSION``).
 
-Why one module of ~950 lines: summary.json, the terminal and the HTML report are three
+Why one module of ~1,130 lines: summary.json, the terminal and the HTML report are three
 renderings of the same tables and findings, kept side by side so they stay alike (memory's
 renderings live in report_memory.py).
 """
@@ -32,6 +32,7 @@ from rankscope.analysis.findings import (
 )
 
 if TYPE_CHECKING:
+    import pandas as pd
     from rankscope.analysis.pipeline import Analysis
     from rich.console import Console
 
@@ -308,7 +309,58 @@ def summary(a: Analysis, found: list[Finding] | None = None) -> dict[str, Any]:
     from rankscope.analysis.kpis import kpis, to_json
 
     doc["kpis"] = to_json(kpis(a))  # additive: the figures `rankscope compare` compares
+    op_rows = op_table_summary(getattr(a, "op_table_across", None))
+    if op_rows:  # additive: the key_averages-grade table across ranks (docs/summary.md)
+        doc["op_table"] = op_rows
+    attention = attention_summary(getattr(a, "attention", None))
+    if attention:  # additive: only when the run called scaled_dot_product_attention
+        doc["attention"] = attention
     return doc
+
+
+def op_table_summary(table: pd.DataFrame | None) -> list[dict[str, Any]]:
+    """summary.json ``op_table``: the across-ranks op table (ops.OP_TABLE_ACROSS_COLUMNS), times
+    in seconds (mean per rank)."""
+    if table is None or not len(table):
+        return []
+    out = []
+    for r in table.itertuples(index=False):
+        out.append(
+            {
+                "name": str(r.name),
+                "kind": str(r.kind),
+                "shapes": str(r.shapes) if isinstance(r.shapes, str) and r.shapes else None,
+                "ranks": int(r.ranks),
+                "calls_mean": round(float(r.count_mean), 3),
+                "self_cpu_s": round(float(r.self_cpu_mean_ns) / 1e9, 9),
+                "cpu_total_s": round(float(r.cpu_total_mean_ns) / 1e9, 9),
+                "self_device_s": round(float(r.self_device_mean_ns) / 1e9, 9),
+                "device_total_s": round(float(r.device_total_mean_ns) / 1e9, 9),
+                "spread": round(float(r.spread), 4) if r.spread == r.spread else None,
+                "slowest_rank": int(r.slowest_rank),
+            }
+        )
+    return out
+
+
+def attention_summary(table: pd.DataFrame | None) -> list[dict[str, Any]]:
+    """summary.json ``attention``: SDPA time per rank and backend (attention.ATTENTION_BACKEND_COLUMNS),
+    seconds."""
+    if table is None or not len(table):
+        return []
+    return [
+        {
+            "rank": int(r.rank),
+            "backend": str(r.backend),
+            "backward": bool(r.backward),
+            "calls": int(r.calls),
+            "total_s": round(float(r.total_ns) / 1e9, 9),
+            "mean_s": round(float(r.mean_ns) / 1e9, 9),
+            "device_s": round(float(r.device_ns) / 1e9, 9),
+            "share": round(float(r.share), 4),
+        }
+        for r in table.itertuples(index=False)
+    ]
 
 
 def render_json(a: Analysis) -> str:
@@ -478,6 +530,7 @@ def print_summary(
             console.print(finding_markup(f))
     print_what_if(found, console)
     print_memory(a.memory, found, console, finding_markup)
+    print_attention(getattr(a, "attention", None), console)
     if doc["clock"] and len(doc["clock"]) > MANY_RANKS and not all_ranks:
         console.print(clock_digest(doc["clock"]))
     elif doc["clock"]:
@@ -593,6 +646,35 @@ def clock_digest(clock: list[dict[str, Any]]) -> str:
         f"±{worst['uncertainty_ns'] / 1e3:.1f} µs (rank {worst['rank']}, {worst['host']}). "
         "--all-ranks lists every rank."
     )
+
+
+def print_attention(table: pd.DataFrame | None, console: Console) -> None:
+    """SDPA time per rank and backend (forward / backward), when the run called attention."""
+    from rich import box
+    from rich.table import Table
+
+    if table is None or not len(table):
+        return
+    t = Table(
+        title="Attention (scaled_dot_product_attention, per rank and backend)",
+        title_justify="left",
+        header_style="bold",
+        box=box.SIMPLE_HEAD,
+    )
+    for col in ("rank", "backend", "pass", "calls", "total ms", "ms per call", "share"):
+        t.add_column(col, justify="left" if col in ("backend", "pass") else "right")
+    for r in table.itertuples(index=False):
+        t.add_row(
+            str(r.rank),
+            str(r.backend),
+            "backward" if r.backward else "forward",
+            str(r.calls),
+            f"{r.total_ns / 1e6:.3f}",
+            f"{r.mean_ns / 1e6:.3f}",
+            f"{r.share:.0%}",
+            style="red" if "math" in str(r.backend) else None,
+        )
+    console.print(t)
 
 
 def print_what_if(found: list[Finding], console: Console) -> None:

@@ -90,6 +90,15 @@ EVENT_COLUMNS: dict[str, str] = {
     "window": "int16",  # profiler window index the event came from
 }
 
+#: Optional event columns, written only when the trace recorded them (``record_shapes=True``:
+#: Kineto's ``args["Input Dims"]`` / ``args["Input type"]`` as text, e.g. ``[[2, 64], []]`` and
+#: ``['float', 'Scalar']``). Additive: ``Store.events`` returns them only when asked, as
+#: categoricals with NaN where an event has none (and for every event of older stores).
+SHAPE_COLUMNS: dict[str, str] = {
+    "shapes": "category",  # str(Input Dims), the key of key_averages(group_by_input_shape=True)
+    "dtypes": "category",  # str(Input type)
+}
+
 #: Columns of ``Store.lanes(rank)``: one row per lane, row index == lane id.
 LANE_COLUMNS: dict[str, str] = {
     "lane": "int32",

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import functools
 import json
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from rankscope.analysis import schema
 from rankscope.atomic import output_error
@@ -33,6 +34,9 @@ if TYPE_CHECKING:
     import h5py
     import numpy as np
     import pandas as pd
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 #: File name of the store inside a run directory.
 STORE_NAME = "trace.h5"
@@ -274,7 +278,8 @@ class StoreWriter:
         attrs: Mapping[str, Any],
     ) -> None:
         """Write one rank: ``events`` columns (schema.EVENT_COLUMNS, name/cat as string codes,
-        sorted by ts), its lanes and group attributes (meta)."""
+        sorted by ts; optional schema.SHAPE_COLUMNS as string codes, -1 for none, written only
+        when some event has one), its lanes and group attributes (meta)."""
         with self._guarded():
             self._write_rank(rank, events, lanes, attrs)
 
@@ -292,6 +297,12 @@ class StoreWriter:
                 del ev[col]
             want = "int32" if col in STRING_CODED else dtype
             _write_column(ev, col, events[col].astype(want, copy=False))
+        for col in schema.SHAPE_COLUMNS:  # optional: only when the trace recorded shapes
+            if col in ev:
+                del ev[col]
+            values = events.get(col)
+            if values is not None and len(values) and bool((values >= 0).any()):
+                _write_column(ev, col, values.astype("int32", copy=False))
         ts = events["ts"]
         dur = events["dur"]
         group.attrs["rank"] = rank
@@ -422,6 +433,101 @@ def resolve_store_path(path: str | Path) -> Path:
     return p
 
 
+#: What h5py and numpy raise on a damaged store: the reader turns each into one InputFileError
+#: line (docs/reliability.md, "Foreign and hostile stores").
+READ_ERRORS = (
+    OSError,
+    LookupError,
+    ValueError,
+    TypeError,
+    AttributeError,
+    RuntimeError,
+    ArithmeticError,
+    RecursionError,
+)
+#: Deepest group nesting a store may have (its own layout is 3 deep: /ranks/NNNNN/events).
+MAX_GROUP_DEPTH = 8
+
+
+class StoreKeyError(KeyError):
+    """A rank or column the store does not hold: the caller's mistake, not damage (kept as is)."""
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 300 else text[:300] + "…"
+
+
+@contextlib.contextmanager
+def _reading(path: Path) -> Iterator[None]:
+    """Turn what a damaged store makes h5py raise into one :class:`InputFileError` line."""
+    try:
+        yield
+    except (StoreKeyError, InputFileError):
+        raise
+    except FileNotFoundError:
+        raise InputFileError(f"{path}: the store was removed while it was read") from None
+    except READ_ERRORS as exc:
+        raise InputFileError(
+            f"{path}: damaged store ({type(exc).__name__}: {_one_line(exc)}); merge the run again"
+        ) from None
+
+
+def _reads(method: Callable[Concatenate[Store, P], R]) -> Callable[Concatenate[Store, P], R]:
+    """Decorator: the reader method runs under :func:`_reading` (its store's path)."""
+
+    @functools.wraps(method)
+    def wrapper(self: Store, *args: P.args, **kwargs: P.kwargs) -> R:
+        with _reading(self.path):
+            return method(self, *args, **kwargs)
+
+    return wrapper
+
+
+def _refuse_outside_references(path: Path, root: h5py.Group) -> None:
+    """Refuse a store whose links or datasets point outside it, without following any.
+
+    rankscope writes hard links and plain datasets only. External links, virtual datasets and
+    datasets with external raw storage would make HDF5 read other files; soft links and
+    user-defined links are refused as well (the layout has none), and so is nesting deeper
+    than :data:`MAX_GROUP_DEPTH`. Each link is read with ``getlink=True`` (nothing resolved).
+    """
+    import h5py
+
+    stack: list[tuple[h5py.Group, str, int]] = [(root, "", 0)]
+    while stack:
+        group, prefix, depth = stack.pop()
+        if depth > MAX_GROUP_DEPTH:
+            raise InputFileError(f"{path}: not a rankscope store (groups nested too deep)")
+        for name in group:
+            where = f"{prefix}/{name}"
+            link = group.get(name, getlink=True)
+            if isinstance(link, h5py.ExternalLink):
+                raise InputFileError(
+                    f"{path}: refused: {where} is an external link to "
+                    f"{link.filename}:{link.path} (a store never points outside itself)"
+                )
+            if not isinstance(link, h5py.HardLink):
+                raise InputFileError(
+                    f"{path}: refused: {where} is a {type(link).__name__} "
+                    "(a rankscope store holds hard links only)"
+                )
+            obj = group[name]
+            if isinstance(obj, h5py.Group):
+                stack.append((obj, where, depth + 1))
+            elif isinstance(obj, h5py.Dataset):
+                if obj.is_virtual:
+                    raise InputFileError(
+                        f"{path}: refused: {where} is a virtual dataset "
+                        "(a store never points outside itself)"
+                    )
+                if obj.external:
+                    raise InputFileError(
+                        f"{path}: refused: {where} keeps its data in external file(s) "
+                        f"{[str(e[0]) for e in obj.external]} (a store never points outside itself)"
+                    )
+
+
 class Store:
     """A merged store opened for reading (``rankscope.open``). Also a context manager.
 
@@ -436,40 +542,56 @@ class Store:
             self._file = h5py.File(path, "r")
         except FileNotFoundError:
             raise InputFileError(f"{path}: no such store (run `rankscope merge` first)") from None
-        except OSError as exc:
-            raise InputFileError(f"{path}: not a readable HDF5 store ({exc})") from None
-        attrs = self._file.attrs
-        name = _attr_python(attrs.get("schema_name", ""))
-        version = int(attrs.get("schema_version", -1))
-        if name != schema.SCHEMA_NAME:
+        except READ_ERRORS as exc:
+            raise InputFileError(f"{path}: not a readable HDF5 store ({_one_line(exc)})") from None
+        try:
+            self._check()
+        except BaseException:
             self._file.close()
-            raise InputFileError(f"{path}: not a rankscope store (schema {name!r})")
-        if version > schema.SCHEMA_VERSION or version < 1:
-            self._file.close()
-            raise InputFileError(
-                f"{path}: store schema version {version} is newer than this rankscope reads "
-                f"({schema.SCHEMA_VERSION}); upgrade rankscope"
-            )
+            raise
         self._strings: Any = None
         self._categories: Any = None
 
+    def _check(self) -> None:
+        """Refuse a foreign store, a newer schema, and links or data that point outside."""
+        path = self.path
+        with _reading(path):
+            attrs = self._file.attrs
+            name = _attr_python(attrs.get("schema_name", ""))
+            raw_version = _attr_python(attrs.get("schema_version", -1))
+        if name != schema.SCHEMA_NAME:
+            raise InputFileError(f"{path}: not a rankscope store (schema {name!r})")
+        if not isinstance(raw_version, int) or isinstance(raw_version, bool) or raw_version < 1:
+            raise InputFileError(f"{path}: not a rankscope store (schema version {raw_version!r})")
+        if raw_version > schema.SCHEMA_VERSION:
+            raise InputFileError(
+                f"{path}: written by a newer rankscope (store schema version {raw_version}; "
+                f"this rankscope reads up to {schema.SCHEMA_VERSION}); upgrade rankscope"
+            )
+        with _reading(path):
+            _refuse_outside_references(path, self._file)
+
     # -- whole-store facts -------------------------------------------------------------------
     @property
+    @_reads
     def ranks(self) -> list[int]:
         """Ranks present in the store (ascending)."""
         return [int(r) for r in self._file.attrs.get("ranks", [])]
 
     @property
+    @_reads
     def world_size(self) -> int:
         """World size of the job (may exceed ``len(ranks)`` when ranks were missing)."""
         return int(self._file.attrs.get("world_size", len(self.ranks)))
 
     @property
+    @_reads
     def meta(self) -> dict[str, Any]:
         """Root attributes: schema, run_id, world_size, tool versions, created, source."""
         return {k: _attr_python(v) for k, v in self._file.attrs.items()}
 
     @property
+    @_reads
     def strings(self) -> np.ndarray:
         """The interned string table (object array; codes index into it)."""
         import numpy as np
@@ -491,10 +613,11 @@ class Store:
     def _rank(self, rank: int) -> h5py.Group:
         key = _rank_group(int(rank))
         if key not in self._file:
-            raise KeyError(f"rank {rank} is not in {self.path} (ranks: {self.ranks})")
+            raise StoreKeyError(f"rank {rank} is not in {self.path} (ranks: {self.ranks})")
         return self._file[key]
 
     # -- per-rank tables ---------------------------------------------------------------------
+    @_reads
     def events(
         self,
         rank: int,
@@ -512,9 +635,10 @@ class Store:
         import pandas as pd
 
         cols = list(schema.EVENT_COLUMNS) if columns is None else list(columns)
-        unknown = [c for c in cols if c not in schema.EVENT_COLUMNS]
+        known = {**schema.EVENT_COLUMNS, **schema.SHAPE_COLUMNS}
+        unknown = [c for c in cols if c not in known]
         if unknown:
-            raise KeyError(f"unknown event columns {unknown}; known: {list(schema.EVENT_COLUMNS)}")
+            raise StoreKeyError(f"unknown event columns {unknown}; known: {list(known)}")
         group = self._rank(rank)
         ev = group[EVENTS]
         rows: slice | np.ndarray = slice(None)
@@ -535,25 +659,39 @@ class Store:
             keep = (ts + dur > start) | ((dur == 0) & (ts >= start))
         out: dict[str, Any] = {}
         for col in cols:
+            if col in schema.SHAPE_COLUMNS and col not in ev:  # not recorded: all missing
+                n = len(ev["ts"][rows]) if keep is None else int(keep.sum())
+                out[col] = pd.Categorical.from_codes(
+                    np.full(n, -1, np.int32), dtype=self._category_dtype()
+                )
+                continue
             values = ev[col][rows]
             if keep is not None:
                 values = values[keep]
-            dtype = schema.EVENT_COLUMNS[col]
-            if col in STRING_CODED:
+            dtype = known[col]
+            if col in STRING_CODED or col in schema.SHAPE_COLUMNS:
                 out[col] = pd.Categorical.from_codes(values, dtype=self._category_dtype())
             else:
                 out[col] = values.astype(dtype, copy=False)
         return pd.DataFrame(out, columns=cols)
 
+    @_reads
+    def has_shapes(self, rank: int) -> bool:
+        """The rank's events carry input shapes (recorded with ``record_shapes=True``)."""
+        return "shapes" in self._rank(rank)[EVENTS]
+
+    @_reads
     def lanes(self, rank: int) -> pd.DataFrame:
         """Lanes (host threads and GPU streams) of ``rank``; row index == lane id."""
         return read_table(self._rank(rank), LANES, schema.LANE_COLUMNS)
 
+    @_reads
     def rank_meta(self, rank: int) -> dict[str, Any]:
         """What is known about ``rank``: host, device, backend, versions, files, windows."""
         group = self._rank(rank)
         return {k: _attr_python(v) for k, v in group.attrs.items()}
 
+    @_reads
     def memory(self, rank: int | None = None) -> pd.DataFrame:
         """The ``[memory]`` events of ``rank`` (all ranks when None) as rows of
         ``rankscope.analysis.memory.MEMORY_COLUMNS``, sorted by (rank, ts), ``ts`` on the aligned
@@ -584,10 +722,12 @@ class Store:
             return empty_memory()
         return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
 
+    @_reads
     def has_memory(self) -> bool:
         """The store holds memory events (a rank has a ``memory`` table)."""
         return any(MEMORY in self._rank(r) for r in self.ranks)
 
+    @_reads
     def device_memory(self, rank: int) -> dict[int, int]:
         """GPU index → total bytes of ``rank``'s GPUs (the traces' ``deviceProperties``; {} for
         CPU ranks and older stores)."""
@@ -597,18 +737,22 @@ class Store:
         return {int(k): int(v) for k, v in raw.items()}
 
     # -- run-wide tables ---------------------------------------------------------------------
+    @_reads
     def collectives(self) -> pd.DataFrame:
         """Matched collectives, long form: one row per (collective, rank)."""
         return read_table(self._file, COLLECTIVES, schema.COLLECTIVE_COLUMNS)
 
+    @_reads
     def steps(self) -> pd.DataFrame:
         """ProfilerStep ranges per rank (aligned ns)."""
         return read_table(self._file, STEPS, schema.STEP_COLUMNS)
 
+    @_reads
     def clock(self) -> pd.DataFrame:
         """Clock alignment per rank: offset, drift, uncertainty, method, violations."""
         return read_table(self._file, CLOCK, schema.CLOCK_COLUMNS)
 
+    @_reads
     def problems(self) -> pd.DataFrame:
         """What the merge could not ingest, and why (one row per problem)."""
         return read_table(self._file, PROBLEMS, schema.PROBLEM_COLUMNS)

@@ -23,9 +23,12 @@ source time + weight; a node without incoming edges keeps its measured time):
   barriers; a P2P pair is a collective of two, so a recv cannot end before its send started.
 * *transfer* — the last arrival to each rank's end: ``end − last arrival``, the transfer
   (:mod:`rankscope.analysis.collectives`' definition), kept as measured.
-* *early* — a rank whose op ended before the last arrival (a gloo / small NCCL send that
-  returns once its data is handed over; clock error) is not held by the barrier: its end follows
-  its own arrival by its measured duration.
+* *early* — a rank whose op ended ``lag`` before the last arrival either was not held by it (a
+  small NCCL send that returns once its data is handed over: its duration is its own) or the
+  last arrival's recorded start trails the real one (a gloo op's on a loaded CPU, clock error:
+  a gloo send waits for its recv to be posted, a recv for its send): its end follows its own
+  arrival by ``min(duration, lag)`` and the last arrival by ``−lag`` (a transfer edge, the one
+  negative kind besides late resumes), exact on the measured run either way.
 
 Step ``s`` lasts ``max over ranks of its end − min over ranks of its start`` (the step ends when
 the last rank finishes it). The first step of each run of consecutive profiled steps keeps its
@@ -352,15 +355,18 @@ def build(
         _edges(last_of[held], end_ids[held], TRANSFER, ends["rank"][held], (e_t - l_t)[held])
     )
     early = ~held
+    # early: from its arrival min(duration, lag), from the last arrival -lag (module docstring)
+    lag = l_t - e_t
     edges.append(
         _edges(
             arr_of_end[early],
             end_ids[early],
             EARLY,
             ends["rank"][early],
-            np.maximum(e_t - a_t, 0)[early],
+            np.minimum(np.maximum(e_t - a_t, 0), lag)[early],
         )
     )
+    edges.append(_edges(last_of[early], end_ids[early], TRANSFER, ends["rank"][early], -lag[early]))
     # -- own work, per rank
     end_rank = ends["rank"].to_numpy(np.int64)
     for rank, idx in own.groupby("rank", sort=True).groups.items():
@@ -418,7 +424,8 @@ def build(
         )
     edge_df = pd.concat(edges, ignore_index=True)
     not_late = (edge_df["kind"] != LATE).to_numpy()
-    edge_df.loc[not_late, "w_ns"] = edge_df.loc[not_late, "w_ns"].clip(lower=0)
+    clip = not_late & (edge_df["kind"] != TRANSFER).to_numpy()  # an early end's is negative
+    edge_df.loc[clip, "w_ns"] = edge_df.loc[clip, "w_ns"].clip(lower=0)
     edge_df["input_ns"] = edge_df["input_ns"].clip(lower=0)
     edge_df = edge_df.astype({k: v for k, v in EDGE_COLUMNS.items() if v != "str"})
     try:
@@ -616,7 +623,8 @@ def overlapped(model: Model) -> np.ndarray:
 
     kind = model.edges["kind"].to_numpy()
     w = model.edges["w_ns"].to_numpy(np.int64).copy()
-    w[(kind == TRANSFER) | (kind == EARLY)] = 0
+    comm = (kind == TRANSFER) | (kind == EARLY)
+    w[comm] = np.minimum(w[comm], 0)
     return w
 
 

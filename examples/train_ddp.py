@@ -10,7 +10,7 @@ traces show the ``enumerate(DataLoader)#…__next__`` range). Delays never use `
 
 Testing knobs: ``--fail-rank R --fail-step S`` raises on rank R at step S; ``--kill-rank R
 --kill-step S`` SIGKILLs rank R; ``--no-optimizer`` updates weights by hand and calls
-``rankscope.step()``; ``--bare-profiler`` runs plain torch.profiler with the same schedule (the
+``rankscope.step()`` (``--report-samples``: ``rankscope.step(samples=BATCH)``); ``--bare-profiler`` runs plain torch.profiler with the same schedule (the
 overhead benchmark's baseline); ``--step-times FILE`` writes per-step wall and main-thread CPU
 seconds (``{rank}`` in FILE is replaced by the rank); ``--straggler-steps N:K`` /
 ``--input-delay-steps N:K`` put the straggler's work / the slow batches only in the steps with
@@ -94,6 +94,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--kill-step", type=int, default=0)
     p.add_argument("--no-optimizer", action="store_true", help="manual SGD + rankscope.step()")
+    p.add_argument(
+        "--report-samples",
+        action="store_true",
+        help="with --no-optimizer: rankscope.step(samples=BATCH) (the throughput KPI)",
+    )
     p.add_argument("--bare-profiler", action="store_true", help="plain torch.profiler (baseline)")
     p.add_argument(
         "--bare-out", default="bare-profiler-traces", help="trace folder of --bare-profiler"
@@ -289,7 +294,7 @@ def main(argv: list[str] | None = None) -> None:
                 for p in model.parameters():
                     if p.grad is not None:
                         p.add_(p.grad, alpha=-args.lr)
-            rankscope.step()
+            rankscope.step(samples=x.shape[0] if args.report_samples else None)
         del extra  # --extra-memory-mb: held until the step's work is done
         if prof is not None:
             prof.step()

@@ -12,12 +12,19 @@ all ranks and the optimizer steps (rankscope advances its profiler there).
 ``--slow-stage R --slow-ms M``: rank R does M ms of extra work per micro-batch in its forward
 pass (``threading.Event().wait``, never ``time.sleep``, which fails under libfaketime), so every
 later stage waits for it in ``recv``. gloo on CPU, NCCL on GPU.
+
+``--slow-steps N:K``: the slow stage's extra work only in the steps with ``step % N == K`` (one
+run then holds steps with and without it: the what-if test); ``--step-times FILE`` writes each
+step's wall seconds as JSON (``{rank}`` in FILE is replaced by the rank), as in train_ddp.py.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import threading
+import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -35,7 +42,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=128, help="stage width")
     p.add_argument("--slow-stage", type=int, default=-1, help="rank doing extra forward work")
     p.add_argument("--slow-ms", type=float, default=0.0, help="extra work per micro-batch, ms")
+    p.add_argument(
+        "--slow-steps",
+        type=step_set,
+        default=(1, 0),
+        metavar="N:K",
+        help="the slow stage is slow only in steps with step %% N == K (default 1:0, every step)",
+    )
+    p.add_argument("--step-times", default=None, help="write per-step seconds as JSON ({rank} ok)")
     return p.parse_args(argv)
+
+
+def step_set(text: str) -> tuple[int, int]:
+    """``N:K`` → (N, K): the steps with ``step % N == K`` (as train_ddp.py's ``--*-steps``)."""
+    n, sep, k = text.partition(":")
+    if not sep or int(n) < 1 or not 0 <= int(k) < int(n):
+        raise ValueError(text)
+    return int(n), int(k)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -51,7 +74,14 @@ def main(argv: list[str] | None = None) -> None:
     opt = torch.optim.SGD(stage.parameters(), lr=1e-3)
     shape = (args.batch_size, args.hidden)
     pause = threading.Event()
-    for _ in range(args.steps):
+    times: list[float] = []
+    t0 = time.perf_counter()
+    for step in range(args.steps):
+        slow = (
+            rank == args.slow_stage
+            and args.slow_ms > 0
+            and step % args.slow_steps[0] == args.slow_steps[1]
+        )
         opt.zero_grad()
         saved = []
         for _mb in range(args.micro_batches):
@@ -62,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
                 dist.recv(x, src=rank - 1)
             x.requires_grad_(True)
             with record_function("stage_forward"):
-                if rank == args.slow_stage and args.slow_ms > 0:
+                if slow:
                     pause.wait(args.slow_ms / 1e3)
                 y = stage(x)
             if rank < world - 1:
@@ -82,6 +112,15 @@ def main(argv: list[str] | None = None) -> None:
             assert p.grad is not None
             dist.all_reduce(p.grad)
         opt.step()
+        if cuda:
+            torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        times.append(t1 - t0)
+        t0 = t1
+    if args.step_times:
+        path = Path(args.step_times.format(rank=rank))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"rank": rank, "step_s": times}))
     dist.destroy_process_group()
 
 

@@ -16,14 +16,25 @@ minimum RTT of ~16 µs against ~124 µs for gloo ``send``/``recv``, i.e. an 8x t
 leader cannot connect, all ranks agree (through the group) to ping-pong over gloo instead. Every
 wait has a timeout (:data:`SYNC_TIMEOUT_S`), so a missing peer never hangs the job; after a
 failure the runtime stops syncing.
+
+Who can talk to rank 0's listener (docs/security.md): it listens on an ephemeral port of every
+interface (the leaders reach it under whichever of rank 0's names routes: MASTER_ADDR, its FQDN,
+its host name), only during :func:`setup` and for at most :data:`ACCEPT_TIMEOUT_S`, and closes
+once every leader is in. Each connection must open with a per-run secret (:data:`TOKEN_BYTES`
+random bytes drawn by rank 0 for this run) that travels with the address through the job's own
+gloo group, so only the job's processes know it; a connection without it (or naming a rank that
+is not a syncing leader, or a second time) is closed unread. Data from the peers is fixed-size
+int64 stamps, never unpickled.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import enum
+import hmac
 import os
 import platform
+import secrets
 import socket
 import struct
 import time
@@ -46,6 +57,10 @@ ENV_TRANSPORT = "RANKSCOPE_CLOCK_TRANSPORT"
 CONNECT_TIMEOUT_S = 5.0
 #: Seconds rank 0 waits for all leaders to connect.
 ACCEPT_TIMEOUT_S = 15.0
+#: Seconds rank 0 waits for a new connection's hello (token and rank) before closing it.
+HELLO_TIMEOUT_S = 2.0
+#: Length of the per-run secret every connection to rank 0 must send first.
+TOKEN_BYTES = 32
 #: Wire format of one ping (t1) and one pong (t2, t3): little-endian int64 ns.
 PING = struct.Struct("<q")
 PONG = struct.Struct("<qq")
@@ -166,8 +181,10 @@ def _recv_exact(sock: socket.socket, size: int) -> bytes:
     return buf
 
 
-def _connect(addresses: list[str], port: int, rank: int, timeout_s: float) -> socket.socket | None:
-    """A leader's connection to rank 0 (None if no address answers)."""
+def _connect(
+    addresses: list[str], port: int, rank: int, timeout_s: float, token: bytes
+) -> socket.socket | None:
+    """A leader's connection to rank 0 (None if no address answers); sends token and rank."""
     for host in addresses:
         try:
             sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
@@ -175,24 +192,44 @@ def _connect(addresses: list[str], port: int, rank: int, timeout_s: float) -> so
             continue
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.settimeout(timeout_s)
-        sock.sendall(PING.pack(rank))  # hello: who I am
+        sock.sendall(token + PING.pack(rank))  # hello: the run's secret, then who I am
         return sock
     return None
 
 
 def _accept(
-    server: socket.socket, leaders: list[int], timeout_s: float
+    server: socket.socket,
+    leaders: list[int],
+    timeout_s: float,
+    token: bytes,
+    accept_timeout_s: float = ACCEPT_TIMEOUT_S,
 ) -> dict[int, socket.socket]:
-    """Rank 0 accepts one connection per syncing leader (fewer if some never come)."""
+    """Rank 0 accepts one connection per syncing leader (fewer if some never come).
+
+    A connection is kept only when its hello is the run's ``token`` followed by the rank of a
+    syncing leader not yet connected; any other is closed (module docstring).
+    """
     conns: dict[int, socket.socket] = {}
-    deadline = time.monotonic() + ACCEPT_TIMEOUT_S
+    deadline = time.monotonic() + accept_timeout_s
     while len(conns) < len(leaders) and time.monotonic() < deadline:
         server.settimeout(max(0.01, deadline - time.monotonic()))
         try:
             sock, _ = server.accept()
-            sock.settimeout(CONNECT_TIMEOUT_S)
-            (rank,) = PING.unpack(_recv_exact(sock, PING.size))
         except OSError:
+            continue
+        try:
+            sock.settimeout(min(HELLO_TIMEOUT_S, max(0.01, deadline - time.monotonic())))
+            hello = _recv_exact(sock, len(token) + PING.size)
+            (rank,) = PING.unpack(hello[len(token) :])
+        except OSError:
+            sock.close()
+            continue
+        if (
+            not hmac.compare_digest(hello[: len(token)], token)
+            or rank not in leaders
+            or rank in conns
+        ):
+            sock.close()  # not one of this job's leaders
             continue
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.settimeout(timeout_s)
@@ -208,12 +245,13 @@ def setup(timeout_s: float = SYNC_TIMEOUT_S) -> ClockSync:
     rank = dist.get_rank()
     domain = clock_domain()
     server: socket.socket | None = None
-    endpoint: tuple[list[str], int] | None = None
+    endpoint: tuple[list[str], int, bytes] | None = None
+    token = secrets.token_bytes(TOKEN_BYTES)
     want_tcp = os.environ.get(ENV_TRANSPORT, "tcp").lower() != "gloo"
     if rank == REFERENCE_RANK and want_tcp:
         try:
             server = socket.create_server(("", 0), backlog=128)
-            endpoint = (_reference_addresses(), server.getsockname()[1])
+            endpoint = (_reference_addresses(), server.getsockname()[1], token)
         except OSError:
             server = None
     gathered: list[Any] = [None] * dist.get_world_size()
@@ -226,11 +264,12 @@ def setup(timeout_s: float = SYNC_TIMEOUT_S) -> ClockSync:
             server.close()
         return sync
     if reference_endpoint is not None and rank in leaders:
-        sock = _connect(reference_endpoint[0], reference_endpoint[1], rank, timeout_s)
+        addresses, port, reference_token = reference_endpoint
+        sock = _connect(addresses, port, rank, timeout_s, reference_token)
         if sock is not None:
             sync.sockets[REFERENCE_RANK] = sock
     elif server is not None:
-        sync.sockets = _accept(server, leaders, timeout_s)
+        sync.sockets = _accept(server, leaders, timeout_s, token)
     if server is not None:
         server.close()
     # everyone must agree on the transport: TCP only if rank 0 holds every leader's connection

@@ -8,7 +8,8 @@ Users who keep their own launcher insert the same module in their line::
 
 Options (before the script): ``--run-dir DIR`` (else :data:`rundir.ENV_RUN_DIR`), ``--module``
 (the script is a module name, like ``python -m``), and the profiler schedule ``--wait``,
-``--warmup``, ``--active``, ``--repeat``, ``--skip-first`` (else :data:`rundir.ENV_PROFILER`).
+``--warmup``, ``--active``, ``--repeat``, ``--skip-first``, and ``--with-flops``,
+``--samples-per-step N`` (each over :data:`rundir.ENV_PROFILER`'s value).
 """
 
 from __future__ import annotations
@@ -19,23 +20,25 @@ import signal
 import sys
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from rankscope.launchers import rundir
-from rankscope.launchers.spec import ProfilerSettings
+from rankscope.launchers.spec import ProfilerSettings, check_samples
 
 USAGE = (
     "usage: python -m rankscope.launchers.rank [--run-dir DIR] [--module] [--wait N] [--warmup N] "
-    "[--active N] [--repeat N] [--skip-first N] SCRIPT [ARGS...]"
+    "[--active N] [--repeat N] [--skip-first N] [--with-flops] [--samples-per-step N] "
+    "SCRIPT [ARGS...]"
 )
 #: Schedule options accepted before the script (int-valued fields of ProfilerSettings).
 SCHEDULE_OPTIONS = ("wait", "warmup", "active", "repeat", "skip_first")
 
 
-def _parse(argv: list[str]) -> tuple[str | None, bool, dict[str, int], list[str]]:
+def _parse(argv: list[str]) -> tuple[str | None, bool, dict[str, Any], list[str]]:
     """Split our leading options from the script and its arguments."""
     run_dir: str | None = None
     module = False
-    schedule: dict[str, int] = {}
+    schedule: dict[str, Any] = {}
     i = 0
     while i < len(argv) and argv[i].startswith("-"):
         opt, _, inline = argv[i].partition("=")
@@ -44,13 +47,17 @@ def _parse(argv: list[str]) -> tuple[str | None, bool, dict[str, int], list[str]
             module = True
             i += 1
             continue
+        if opt == "--with-flops":
+            schedule["with_flops"] = True
+            i += 1
+            continue
         if opt in ("-h", "--help"):
             print(USAGE)
             raise SystemExit(0)
         if opt == "--":
             i += 1
             break
-        if opt != "--run-dir" and key not in SCHEDULE_OPTIONS:
+        if opt not in ("--run-dir", "--samples-per-step") and key not in SCHEDULE_OPTIONS:
             raise SystemExit(f"{USAGE}\nerror: unknown option {opt}")
         if inline:
             value = inline
@@ -62,6 +69,11 @@ def _parse(argv: list[str]) -> tuple[str | None, bool, dict[str, int], list[str]
             raise SystemExit(f"{USAGE}\nerror: {opt} needs a value")
         if opt == "--run-dir":
             run_dir = value
+        elif opt == "--samples-per-step":
+            try:
+                schedule[key] = check_samples(value, opt)
+            except ValueError as exc:
+                raise SystemExit(f"error: {exc}") from None
         else:
             try:
                 schedule[key] = int(value)

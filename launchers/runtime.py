@@ -13,17 +13,22 @@
 * writes each finished window at once as ``ranks/NNNNN/window-KKK.json.gz`` (temporary file,
   gzip, rename), runs a clock-sync exchange, and rewrites ``meta.json``;
 * on exit stops the profiler so a window in progress is flushed, and records an uncaught
-  exception (type and one-line message) in ``meta.json`` for the launcher.
+  exception (type and one-line message) in ``meta.json`` for the launcher;
+* records what the trace cannot say per recorded step in ``meta.json``: the samples given to
+  ``rankscope.step(samples=N)`` (``step_samples``) and, with ``with_flops``, the FLOPs torch
+  counted (``step_flops``, summed from the profiler's events when the window ends: the exported
+  trace does not carry them). Keys are the profiler step numbers (``ProfilerStep#N``) as text.
 
 Outside a rankscope run (no :data:`rundir.ENV_RUN_DIR`), :func:`step` is a no-op.
 
-Why one module of ~680 lines: the profiler schedule, windows, clock sync and failure capture of
-one rank share its state.
+Why one module of ~750 lines: the profiler schedule, windows, clock sync, failure capture and the
+per-step records (samples, FLOPs) of one rank share its state.
 """
 
 from __future__ import annotations
 
 import atexit
+import bisect
 import contextlib
 import functools
 import gzip
@@ -45,7 +50,7 @@ from typing import Any
 from rankscope import __version__
 from rankscope.atomic import output_error, write_cause
 from rankscope.launchers import clocksync, p2p, rundir
-from rankscope.launchers.spec import LauncherKind, ProfilerSettings
+from rankscope.launchers.spec import LauncherKind, ProfilerSettings, check_samples
 
 #: gzip level of window files: 3 is ~3x faster than 9 for ~10% larger Kineto JSON.
 GZIP_LEVEL = 3
@@ -208,6 +213,7 @@ class RankRuntime:
             "ended_ns": None,
             "steps": 0,
             "windows": [],
+            "step_samples": {},
             "clock": {
                 "domain": clocksync.clock_domain(),
                 "leader_rank": None,
@@ -260,6 +266,7 @@ class RankRuntime:
             record_shapes=s.record_shapes,
             profile_memory=s.profile_memory,
             with_stack=s.with_stack,
+            with_flops=s.with_flops,
         )
         register_optimizer_step_post_hook(self._on_optimizer_step)
         self._wrap_init_process_group()
@@ -327,6 +334,11 @@ class RankRuntime:
         if not isinstance(previous, dict):
             return
         self.meta["windows"] = list(previous.get("windows", []))
+        # step numbers restart in every attempt: the earliest attempt's value of a step is kept,
+        # as the merge keeps the earliest attempt's ProfilerStep range
+        for key in ("step_samples", "step_flops"):
+            if isinstance(previous.get(key), dict):
+                self.meta[key] = dict(previous[key])
         self.meta["clock"]["samples"] = list(previous.get("clock", {}).get("samples", []))
         self.meta["previous_errors"] = [*previous.get("previous_errors", [])]
         if previous.get("error"):
@@ -426,9 +438,16 @@ class RankRuntime:
                 leftover.unlink()
 
     # ------------------------------------------------------------------ stepping
-    def step(self) -> None:
-        """Advance the profiler by one step (explicit ``rankscope.step()``)."""
+    def step(self, samples: float | None = None) -> None:
+        """Advance the profiler by one step (explicit ``rankscope.step()``); ``samples``: what
+        the step that ends processed, recorded when that step is recorded (``step_samples``)."""
         self.manual = True
+        prof = self.prof
+        if samples is not None and prof is not None and not self.exiting:
+            recording = prof.current_action in self._recording_actions
+            with self.lock:
+                if recording:
+                    self.meta["step_samples"].setdefault(str(prof.step_num), samples)
         self._advance()
 
     def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -537,6 +556,8 @@ class RankRuntime:
             "complete": not self.exiting,
             "attempt": self.meta["attempt"],
         }
+        if self.settings.with_flops:
+            self._count_flops(prof)
         tmp = self.dir / f"{EXPORT_TMP_PREFIX}{index:03d}.json"
         # Kineto writes ``tmp`` through its own ``tmp.tmp`` and, when that write fails (a full
         # disk), only logs it: the export returns, ``tmp`` is missing, ``tmp.tmp`` stays.
@@ -557,6 +578,39 @@ class RankRuntime:
         if not self.exiting:
             self._sync(f"window-{index:03d}")
             self.write_meta()
+
+    def _count_flops(self, prof: Any) -> None:
+        """FLOPs per recorded step of the window that ended (``step_flops``): the sum of torch's
+        per-operator counts (``with_flops``) of the operators that start inside the step's
+        ``ProfilerStep#N`` range, 0 for a step without any. Never breaks the job."""
+        try:
+            events = prof.profiler.kineto_results.events()
+            steps: list[tuple[int, int, str]] = []
+            counted: list[tuple[int, int]] = []
+            for ev in events:
+                name = ev.name()
+                if name.startswith("ProfilerStep#"):
+                    number = name[len("ProfilerStep#") :]
+                    if number.isdigit():
+                        steps.append((ev.start_ns(), ev.start_ns() + ev.duration_ns(), number))
+                    continue
+                flops = ev.flops()
+                if flops:
+                    counted.append((ev.start_ns(), int(flops)))
+            steps.sort()
+            starts = [lo for lo, _, _ in steps]
+            totals = {number: 0 for _, _, number in steps}
+            for start, flops in counted:
+                i = bisect.bisect_right(starts, start) - 1
+                if i >= 0 and start < steps[i][1]:
+                    totals[steps[i][2]] += flops
+        except Exception as exc:
+            self.warn(f"FLOPs not counted: {type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS])
+            return
+        with self.lock:
+            recorded = self.meta.setdefault("step_flops", {})
+            for number, total in totals.items():
+                recorded.setdefault(number, total)
 
     def _write_window(self, tmp: Path, window: dict[str, Any]) -> None:
         """In the writer thread: gzip the exported trace, write it atomically, record it."""
@@ -682,7 +736,11 @@ def current() -> RankRuntime | None:
     return _runtime
 
 
-def step() -> None:
-    """``rankscope.step()``: advance the profiler by one step; a no-op outside a rankscope run."""
+def step(samples: float | None = None) -> None:
+    """``rankscope.step(samples=N)``: advance the profiler by one step; ``samples`` (or tokens)
+    processed in the step that ends is recorded for the throughput KPI. A no-op outside a
+    rankscope run (``samples`` is checked either way: a number > 0, or None)."""
+    if samples is not None:
+        samples = check_samples(samples)
     if _runtime is not None:
-        _runtime.step()
+        _runtime.step(samples)

@@ -56,6 +56,13 @@ class ProfilerSettings:
     """Record tensor allocations and frees (larger traces, more overhead)."""
     with_stack: bool = False
     """Record Python/C++ call stacks of operators (much larger traces, more overhead)."""
+    with_flops: bool = False
+    """Count FLOPs of the operators torch has formulas for (matmuls, convolutions, elementwise
+    add/mul; implies input shapes). The runtime sums them per recorded step into meta.json's
+    ``step_flops`` (the exported trace does not carry them)."""
+    samples_per_step: float | None = None
+    """Samples (or tokens) one rank processes per step, when constant (``--samples-per-step``);
+    ``rankscope.step(samples=N)`` records a per-step value instead. Used for the throughput KPI."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.active, int) or self.active < 1:
@@ -65,6 +72,8 @@ class ProfilerSettings:
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 flag = "--" + name.replace("_", "-")
                 raise ValueError(f"{flag} must be an integer >= 0, got {value!r}")
+        if self.samples_per_step is not None:
+            check_samples(self.samples_per_step, "--samples-per-step")
 
     @property
     def cycle(self) -> int:
@@ -98,6 +107,19 @@ class ProfilerSettings:
         if not isinstance(data, dict):
             raise ValueError(f"profiler settings must be a JSON object, got {text!r}")
         return cls.from_dict(data)
+
+
+def check_samples(value: object, label: str = "samples") -> float:
+    """``value`` as a finite float > 0 (samples or tokens per step), else ``ValueError``."""
+    if isinstance(value, bool):
+        raise ValueError(f"{label} must be a number > 0, got {value!r}")
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(f"{label} must be a number > 0, got {value!r}") from None
+    if not (number > 0 and number != float("inf")):
+        raise ValueError(f"{label} must be a number > 0, got {value!r}")
+    return number
 
 
 def check_run_name(name: str) -> str:

@@ -32,6 +32,7 @@ Why one module of ~740 lines: the decoder and its reduction to columns are one s
 
 from __future__ import annotations
 
+import os
 import re
 import zlib
 from collections.abc import Iterator
@@ -57,12 +58,21 @@ if TYPE_CHECKING:
 
 #: |ts| (µs) above which a fractional float timestamp may be off by 1 ns (see module docstring).
 EXACT_FLOAT_LIMIT_US = float(2**43)
+#: Events whose |ts| or dur (µs) reach this are dropped and counted (their ns would overflow
+#: int64; ~146 years), and a ``baseTimeNanoseconds`` of |base| ≥ 2**62 makes the file a problem.
+TS_LIMIT_US = 2**62 // 1000
+BASE_LIMIT_NS = 2**62
 #: A bare ``NaN`` value (Python's json writes it for float('nan'); JSON has none).
 NAN_VALUE = re.compile(rb"(?<=[:\[,])\s*-?NaN\b")
 #: The first two bytes of a gzip stream.
 GZIP_MAGIC = b"\x1f\x8b"
 #: ``wbits`` for zlib to read a gzip header and trailer.
 GZIP_WBITS = 16 + zlib.MAX_WBITS
+#: A gzip trace may expand to at most this many times its size (Kineto's JSON: ~10x) ...
+GZIP_MAX_RATIO = 100
+#: ... or to this many bytes, whichever is more; beyond, it is refused as a gzip bomb
+#: (TraceReadError; docs/reliability.md) before more than that is ever decompressed.
+GZIP_FREE_BYTES = 64 << 20
 #: One rank's (or one file's) string table: string -> code, in first-seen order.
 StringTable = dict[str, int]
 #: What a decoder returns.
@@ -91,6 +101,9 @@ class KArgs(msgspec.Struct, gc=False):
     nbytes: Any = msgspec.field(default=None, name="Bytes")
     total_allocated: Any = msgspec.field(default=None, name="Total Allocated")
     total_reserved: Any = msgspec.field(default=None, name="Total Reserved")
+    # record_shapes=True: an op's input shapes and dtypes (kept as text, see _shape_codes)
+    input_dims: Any = msgspec.field(default=None, name="Input Dims")
+    input_type: Any = msgspec.field(default=None, name="Input type")
 
 
 class KEvent(msgspec.Struct, gc=False):
@@ -155,7 +168,8 @@ class FileTrace:
     nbytes: int
     """size of the JSON text in bytes (after gunzip)"""
     columns: dict[str, np.ndarray]
-    """ts (ns, raw clock), dur (ns), name/cat (int32 codes into ``strings``), kind, lane, corr"""
+    """ts (ns, raw clock), dur (ns), name/cat (int32 codes into ``strings``), kind, lane, corr;
+    shapes/dtypes (codes of ``Input Dims`` / ``Input type`` as text, -1 without record_shapes)"""
     strings: list[str]
     """the string table the name/cat codes index (the rank's so far when it was shared)"""
     lanes: pd.DataFrame
@@ -191,6 +205,8 @@ def text_pieces(path: Path) -> Iterator[bytes]:
                 first = fh.read(READ_BYTES)
             return
         dec = zlib.decompressobj(wbits=GZIP_WBITS)
+        limit = max(GZIP_FREE_BYTES, GZIP_MAX_RATIO * os.fstat(fh.fileno()).st_size)
+        produced = 0
         piece = first
         while piece:
             try:
@@ -203,6 +219,12 @@ def text_pieces(path: Path) -> Iterator[bytes]:
                         data = dec.unused_data
                         dec = zlib.decompressobj(wbits=GZIP_WBITS)
                     if out:
+                        produced += len(out)
+                        if produced > limit:
+                            raise TraceReadError(
+                                f"refused: the gzip expands to over {limit} bytes, more than "
+                                f"{GZIP_MAX_RATIO}x its size (a gzip bomb?)"
+                            )
                         yield out
             except zlib.error as exc:
                 raise TraceReadError(f"truncated or corrupt gzip ({exc})") from None
@@ -229,6 +251,8 @@ def _decode_json(decoder: msgspec.json.Decoder[Decoded], data: Any) -> Decoded:
     """
     try:
         return decoder.decode(data)
+    except RecursionError:  # deeply nested JSON (found by tests/test_fuzz.py)
+        raise msgspec.DecodeError("JSON nested too deeply") from None
     except msgspec.ValidationError:
         raise
     except msgspec.DecodeError as exc:
@@ -236,7 +260,7 @@ def _decode_json(decoder: msgspec.json.Decoder[Decoded], data: Any) -> Decoded:
             raise
         try:
             return decoder.decode(NAN_VALUE.sub(b"null", data))
-        except msgspec.MsgspecError:
+        except (msgspec.MsgspecError, RecursionError):
             raise exc from None
 
 
@@ -454,6 +478,7 @@ class _Accumulator:
         self.comm_rows: list[tuple[int, str, str, int, int]] = []
         self.count = 0
         self.dropped = 0
+        self.out_of_range = 0
         self.memory: list[KEvent] = []  # this block's, until _flush_memory
         self.memory_parts: dict[str, list[np.ndarray]] = {}
         self.memory_threads: list[tuple[str, str]] = []
@@ -486,6 +511,15 @@ class _Accumulator:
         self._flush_memory()
         xs = [ev for ev in events if ev.ph == "X"]
         durs = [ev.dur for ev in xs]
+        lim = TS_LIMIT_US
+        far = [
+            not (-lim < ev.ts < lim and (d is None or not d >= lim))
+            for ev, d in zip(xs, durs, strict=True)
+        ]
+        if any(far):  # stamps whose ns overflow int64 (found by tests/test_fuzz.py)
+            self.out_of_range += sum(far)
+            xs = [ev for ev, f in zip(xs, far, strict=True) if not f]
+            durs = [d for d, f in zip(durs, far, strict=True) if not f]
         bad = [d is None or d != d or d < 0 for d in durs]
         if any(bad):
             self.dropped += sum(bad)
@@ -536,7 +570,9 @@ class _Accumulator:
         corr = np.fromiter(
             (
                 ev.args.correlation
-                if ev.args is not None and isinstance(ev.args.correlation, int)
+                if ev.args is not None
+                and type(ev.args.correlation) is int
+                and _INT64_LO <= ev.args.correlation <= _INT64_HI
                 else -1
                 for ev in xs
             ),
@@ -555,10 +591,26 @@ class _Accumulator:
                 seq = int(a.seq)
             size = message_bytes(a.in_nelems, a.dtype) if a is not None else -1
             self.comm_rows.append((self.count + i, op, group, seq, size))
+        shapes, dtypes = self._shape_codes(xs)
         for key, arr in (("ts", ts), ("dur", dur), ("name", name), ("cat", cat), ("kind", kind),
-                         ("lane", lane), ("corr", corr)):  # fmt: skip
+                         ("lane", lane), ("corr", corr), ("shapes", shapes),
+                         ("dtypes", dtypes)):  # fmt: skip
             self.parts.setdefault(key, []).append(arr)
         self.count += n
+
+    def _shape_codes(self, xs: list[KEvent]) -> tuple[np.ndarray, np.ndarray]:
+        """Codes of each event's ``Input Dims`` and ``Input type`` as text (``str`` of the lists,
+        the form of torch's ``str(evt.input_shapes)``), -1 where absent (no ``record_shapes``)."""
+        n = len(xs)
+        shapes = np.full(n, -1, np.int32)
+        dtypes = np.full(n, -1, np.int32)
+        args = [(i, ev.args) for i, ev in enumerate(xs) if ev.args is not None]
+        have = [(i, a) for i, a in args if a.input_dims is not None]
+        if have:
+            idx = np.asarray([i for i, _ in have], dtype=np.int64)
+            shapes[idx] = self._intern([str(a.input_dims) for _, a in have])
+            dtypes[idx] = self._intern([str(a.input_type or []) for _, a in have])
+        return shapes, dtypes
 
     def _memory_event(self, ev: KEvent) -> None:
         """Keep one ``[memory]`` event (its values checked now; the rest waits for finish).
@@ -572,6 +624,7 @@ class _Accumulator:
         if (
             a is not None
             and (type(t) is int or (type(t) is float and t - t == 0))
+            and -TS_LIMIT_US < t < TS_LIMIT_US
             and type(a.device_type) is int
             and type(a.device_id) is int
             and type(a.addr) is int
@@ -594,6 +647,8 @@ class _Accumulator:
             values = [a.device_type, a.device_id, a.addr, a.nbytes, a.total_allocated]
             values.append(a.total_reserved)
         bad = bad_memory_field(t, values)
+        if not bad and not -TS_LIMIT_US < t < TS_LIMIT_US:
+            bad = "ts"
         if bad:
             reason = skip_reason(bad)
             self.memory_skipped[reason] = self.memory_skipped.get(reason, 0) + 1
@@ -678,9 +733,13 @@ class _Accumulator:
                     ("kind", np.int8),
                     ("lane", np.int32),
                     ("corr", np.int64),
+                    ("shapes", np.int32),
+                    ("dtypes", np.int32),
                 )
             }
         base = top.baseTimeNanoseconds or 0
+        if not -BASE_LIMIT_NS < base < BASE_LIMIT_NS:
+            raise TraceReadError(f"baseTimeNanoseconds out of range ({base})")
         cols["ts"] = cols["ts"] + np.int64(base)
         memory = self._memory_columns(cols, base) if self.memory_threads else None
         inverse = None
@@ -715,12 +774,14 @@ class _Accumulator:
         dropped = {}
         if self.dropped:
             dropped["events with negative, NaN or missing durations"] = self.dropped
+        if self.out_of_range:
+            dropped["events with timestamps out of range"] = self.out_of_range
         from rankscope.analysis.memory import device_total_memory
 
         return FileTrace(
             path=path,
-            rank=int(rank) if isinstance(rank, int) else None,
-            world_size=int(world) if isinstance(world, int) else None,
+            rank=rank if type(rank) is int and 0 <= rank <= _INT64_HI else None,
+            world_size=world if type(world) is int and 0 < world <= _INT64_HI else None,
             backend=str(info["backend"]) if "backend" in info else None,
             trace_id=top.trace_id,
             host=top.host_name,

@@ -77,6 +77,9 @@ if TYPE_CHECKING:
 
 #: A rank whose trace starts this far (ns) from the others' median start is from another job.
 FOREIGN_TIME_NS = 24 * 3600 * 10**9
+#: Ranks 0..MAX_RANKS-1 are merged; a trace claiming another rank, or a world size beyond it, is
+#: a problem (a hostile 2**70 would list that many missing ranks: docs/reliability.md).
+MAX_RANKS = 1 << 20
 #: Bytes of Kineto JSON per event, to size a merge before parsing it (:func:`estimate_events`).
 #: Measured on tests/data: 367-409 bytes per event (mean 380) over 21 plain traces.
 JSON_BYTES_PER_EVENT = 380
@@ -236,8 +239,8 @@ def _merge_locked(
                 raise InputFileError(
                     f"{inputs[0]}: no rank could be merged ({len(problems)} problem(s), see above)"
                 )
-            world = int(
-                run.get("world_size") or _common(r.world_size for r in parked.values()) or 0
+            world = _world_claim(
+                run.get("world_size") or _common(r.world_size for r in parked.values())
             )
             world = max(world, max(parked) + 1)
             missing = [r for r in range(world) if r not in parked]
@@ -386,6 +389,11 @@ def _accept(
 ) -> None:
     """Park one parsed rank (duplicates: the first file in name order wins, deterministically)."""
     rank = int(result.rank)  # type: ignore[arg-type]
+    if not 0 <= rank < MAX_RANKS:  # found by tests/test_fuzz.py: 2**70 ranks were "missing"
+        p = Problem(result.source.label, -1, f"rank {rank} out of range (0..{MAX_RANKS - 1})")
+        problems.append(p)
+        _say(p, quiet, progress)
+        return
     if rank in parked:
         old = parked[rank]
         keep_old = old.source.label <= result.source.label
@@ -404,6 +412,11 @@ def _accept(
         spill.put(rank, result.memory, part="memory")
         result.memory = None
     parked[rank] = result
+
+
+def _world_claim(value: Any) -> int:
+    """A claimed world size if it is a plausible one (1..MAX_RANKS), else 0 (unknown)."""
+    return value if type(value) is int and 0 < value <= MAX_RANKS else 0
 
 
 def _reject_foreign(
@@ -440,9 +453,15 @@ def _reject_foreign(
 
 def _write_rank(writer: Any, rank: int, result: RankResult, events: dict[str, np.ndarray]) -> None:
     """Write one kept rank: ``events`` aligned, with ``coll``; name/cat become the store's codes."""
+    import numpy as np
+
     codes = writer.intern(result.strings)
     events["name"] = codes[events["name"]] if len(codes) else events["name"]
     events["cat"] = codes[events["cat"]] if len(codes) else events["cat"]
+    for col in ("shapes", "dtypes"):  # optional (record_shapes): -1 stays -1
+        if col in events and len(codes):
+            v = events[col]
+            events[col] = np.where(v >= 0, codes[np.maximum(v, 0)], -1).astype(np.int32)
     meta = dict(result.source.meta)
     meta.pop("clock", None)
     attrs = {

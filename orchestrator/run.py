@@ -120,6 +120,19 @@ def add_profiler_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--record-shapes", action="store_true", help="record operator input shapes")
     g.add_argument("--profile-memory", action="store_true", help="record allocations")
     g.add_argument("--with-stack", action="store_true", help="record call stacks")
+    g.add_argument(
+        "--with-flops",
+        action="store_true",
+        help="count operator FLOPs per step (FLOP/s and MFU KPIs; implies input shapes)",
+    )
+    g.add_argument(
+        "--samples-per-step",
+        type=float,
+        default=None,
+        metavar="N",
+        help="samples (or tokens) one rank processes per step (throughput KPI); "
+        "rankscope.step(samples=N) records it per step instead",
+    )
 
 
 def add_output_arguments(parser: argparse.ArgumentParser) -> None:
@@ -282,6 +295,8 @@ def build_spec(
             record_shapes=args.record_shapes,
             profile_memory=args.profile_memory,
             with_stack=args.with_stack,
+            with_flops=args.with_flops,
+            samples_per_step=args.samples_per_step,
         )
         if args.name is not None:
             check_run_name(args.name)  # before torch loads: cheap mistakes fail fast

@@ -49,6 +49,30 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def is_loopback(address: str) -> bool:
+    """True when ``address`` is reachable from this machine only (127.0.0.0/8, ::1, localhost)."""
+    import ipaddress
+
+    if address.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name or "": it may resolve to (or mean) any interface
+
+
+def exposure_warning(address: str, port: int) -> str | None:
+    """The warning printed when the app listens beyond loopback (docs/security.md), else None."""
+    if is_loopback(address):
+        return None
+    where = address or "every interface"
+    return (
+        f"rankscope view: warning: listening on {where} port {port}: anyone who can reach it can "
+        "read this run's trace (the app has no login); the default 127.0.0.1 with an SSH tunnel "
+        "keeps it private"
+    )
+
+
 def free_port(address: str) -> int:
     """A port that is free on ``address`` right now."""
     import socket
@@ -83,9 +107,12 @@ def main(args: argparse.Namespace) -> int:
         from rankscope.analysis.app import APP_TITLE, build_app
 
         port = args.port or free_port(args.address)
+        warning = exposure_warning(args.address, port)
+        if warning:
+            print(warning, file=sys.stderr, flush=True)
         host = "localhost" if args.address in ("127.0.0.1", "localhost") else args.address
         origins = [f"{host}:{port}", f"127.0.0.1:{port}", f"localhost:{port}"]
-        if args.address == "0.0.0.0":
+        if args.address in ("0.0.0.0", "::", ""):
             origins = ["*"]
         try:
             server = pn.serve(

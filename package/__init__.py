@@ -23,8 +23,12 @@ def open(path: str | Any) -> Store:
     return open_store(path)
 
 
-def step() -> None:
-    """Advance the per-rank profiler by one step (for loops without an optimizer)."""
+def step(samples: float | None = None) -> None:
+    """Advance the per-rank profiler by one step (for loops without an optimizer).
+
+    ``samples``: how many samples (or tokens) this rank processed in the step that ends; recorded
+    per profiled step for the throughput KPI (docs/runtime.md). A no-op outside a rankscope run.
+    """
     from rankscope.launchers.runtime import step as _step
 
-    _step()
+    _step(samples)

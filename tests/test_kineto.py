@@ -89,9 +89,12 @@ def test_large_fractional_stamps_take_the_exact_path(tmp_path: Path) -> None:
 
 def _decoded(ft: kineto.FileTrace) -> dict[str, list]:
     strings = np.array(ft.strings, dtype=object)
-    out = {k: v.tolist() for k, v in ft.columns.items() if k not in ("name", "cat")}
+    coded = ("name", "cat", "shapes", "dtypes")  # codes into the strings, in interning order
+    out = {k: v.tolist() for k, v in ft.columns.items() if k not in coded}
     out["name"] = strings[ft.columns["name"]].tolist()
     out["cat"] = strings[ft.columns["cat"]].tolist()
+    for k in ("shapes", "dtypes"):  # -1: not recorded
+        out[k] = [strings[c] if c >= 0 else None for c in ft.columns[k].tolist()]
     out["lanes"] = ft.lanes.drop(columns="lane").values.tolist()
     out["comm"] = ft.comm.values.tolist()
     return out

@@ -1,0 +1,100 @@
+"""Concurrency: two merges of one folder, readers during a re-merge, windows written during a merge.
+
+docs/reliability.md ("Concurrency") lists what the user sees in each case.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+from rankscope.analysis.store import open_store
+from rankscope.atomic import atomic_output
+from rankscope.orchestrator.merge import merge_run_dir
+
+DATA = Path(__file__).parent / "data"
+RUN = DATA / "cpu_gloo_4rank_pipeline"
+STRAGGLER = DATA / "cpu_gloo_4rank_straggler"
+
+
+def _leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.endswith((".lock", ".tmp")))
+
+
+def test_two_merges_of_one_folder_at_once(tmp_path: Path) -> None:
+    """Both start together: each one either merges or says another merge holds the lock."""
+    for r in range(4):
+        shutil.copy2(STRAGGLER / f"rank{r}.step5.pt.trace.json", tmp_path)
+    cmd = [sys.executable, "-m", "rankscope", "merge", str(tmp_path)]
+    procs = [
+        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    results = [(p.wait(timeout=300), p.stderr.read() if p.stderr else "") for p in procs]
+    assert any(rc == 0 for rc, _ in results), results
+    for rc, err in results:
+        if rc != 0:
+            assert rc == 1, err
+            lines = [line for line in err.splitlines() if line.strip()]
+            assert len(lines) == 1 and "another merge is writing this store" in lines[0], err
+    assert _leftovers(tmp_path) == []
+    with open_store(tmp_path / "trace.h5") as store:
+        assert store.ranks == [0, 1, 2, 3]
+
+
+def test_a_reader_keeps_its_store_while_a_merge_rewrites_it(tmp_path: Path) -> None:
+    """`analyze`/`view` hold the store open; a re-merge renames a new file over the name:
+    the open reader keeps reading the old file whole, a new reader sees the new one."""
+    for r in range(2):
+        shutil.copy2(STRAGGLER / f"rank{r}.step5.pt.trace.json", tmp_path)
+    out = merge_run_dir(tmp_path, quiet=True, scheduler="synchronous")
+    with open_store(out) as old:
+        before = old.events(0)
+        shutil.copy2(STRAGGLER / "rank2.step5.pt.trace.json", tmp_path)
+        merge_run_dir(tmp_path, quiet=True, scheduler="synchronous")
+        assert old.ranks == [0, 1]
+        again = old.events(0)
+        assert np.array_equal(again["ts"].to_numpy(), before["ts"].to_numpy())
+        old.collectives()
+    with open_store(out) as new:
+        assert new.ranks == [0, 1, 2]
+
+
+def test_a_window_being_written_during_the_merge_is_not_read(tmp_path: Path) -> None:
+    """The runtime writes each window to a temporary name renamed when complete: a merge that
+    runs meanwhile merges the complete windows only, and reports nothing about the other."""
+    run = tmp_path / "run"
+    shutil.copytree(RUN, run)
+    rank0 = run / "ranks" / "00000"
+    window = rank0 / "window-001.json.gz"
+    data = (rank0 / "window-000.json.gz").read_bytes()
+    with atomic_output(window) as fh:
+        fh.write(data[: len(data) // 2])  # half written, not renamed yet
+        fh.flush()
+        assert [p.name for p in rank0.iterdir() if p.name.endswith(".tmp")]
+        out = merge_run_dir(run, quiet=True, scheduler="synchronous")
+        with open_store(out) as store:
+            assert store.ranks == [0, 1, 2, 3]
+            assert store.problems().empty, store.problems()
+            first = len(store.events(0))
+        fh.write(data[len(data) // 2 :])
+    assert window.is_file()
+    merge_run_dir(run, quiet=True, scheduler="synchronous")
+    with open_store(out) as store:
+        assert len(store.events(0)) == 2 * first  # the same window twice, now complete
+
+
+def test_a_partial_kineto_export_is_not_read(tmp_path: Path) -> None:
+    """Kineto's own export temporary (``.export-KKK.json.tmp``) beside the windows is ignored."""
+    run = tmp_path / "run"
+    shutil.copytree(RUN, run)
+    (run / "ranks" / "00001" / ".export-001.json.tmp").write_bytes(b'{"traceEvents": [{"ph"')
+    out = merge_run_dir(run, quiet=True, scheduler="synchronous")
+    with open_store(out) as store:
+        assert store.ranks == [0, 1, 2, 3]
+        assert store.problems().empty
+    assert os.path.exists(run / "ranks" / "00001" / ".export-001.json.tmp")

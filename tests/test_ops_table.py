@@ -1,0 +1,174 @@
+"""The op table (``analysis.ops.op_table``): self / total CPU time, device time through
+correlation ids, input shapes, and equality with torch's own ``key_averages()``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from analysis_frames import events, lanes
+from rankscope.analysis.ops import format_op_table, op_table, op_table_across_ranks, op_tree
+from rankscope.analysis.schema import EventKind as K
+from rankscope.analysis.schema import LaneKind
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# lane 0: the main thread; lane 1: a GPU stream
+LANES = lanes([(LaneKind.THREAD, "main"), (LaneKind.GPU_STREAM, "stream 7")])
+
+
+def _rows() -> pd.DataFrame:
+    """aten::linear [0, 100) > aten::addmm [10, 60) > cudaLaunchKernel [20, 25) (corr 1);
+    aten::relu [70, 90) > cudaLaunchKernel [75, 78) (corr 2); kernels on the stream: gemm 30 ns
+    (corr 1), relu 5 ns (corr 2), a kernel without launch (corr 9)."""
+    return events(
+        [
+            (0, 100, "aten::linear", K.CPU_OP, 0),
+            (10, 50, "aten::addmm", K.CPU_OP, 0),
+            (20, 5, "cudaLaunchKernel", K.RUNTIME, 0, -1, 1),
+            (70, 20, "aten::relu", K.CPU_OP, 0),
+            (75, 3, "cudaLaunchKernel", K.RUNTIME, 0, -1, 2),
+            (30, 30, "gemm", K.KERNEL_COMPUTE, 1, -1, 1),
+            (80, 5, "relu_kernel", K.KERNEL_COMPUTE, 1, -1, 2),
+            (90, 7, "orphan", K.KERNEL_COMPUTE, 1, -1, 9),
+            (200, 10, "aten::linear", K.CPU_OP, 0),
+        ]
+    )
+
+
+def _by_name(table: pd.DataFrame) -> pd.DataFrame:
+    return table.set_index("name")
+
+
+def test_self_and_total_cpu_time() -> None:
+    t = _by_name(op_table(_rows(), 0, lanes=LANES))
+    assert t.loc["aten::linear", "count"] == 2
+    assert t.loc["aten::linear", "cpu_total_ns"] == 110
+    assert t.loc["aten::linear", "self_cpu_ns"] == 100 - 50 - 20 + 10
+    assert t.loc["aten::addmm", "self_cpu_ns"] == 45  # minus its launch
+    assert t.loc["cudaLaunchKernel", "count"] == 2
+    assert t.loc["cudaLaunchKernel", "self_cpu_ns"] == 8
+
+
+def test_device_time_through_correlation() -> None:
+    t = _by_name(op_table(_rows(), 0, lanes=LANES))
+    # the innermost op around the launch owns the kernel; enclosing ops count it in their total
+    assert t.loc["aten::addmm", "self_device_ns"] == 30
+    assert t.loc["aten::addmm", "device_total_ns"] == 30
+    assert t.loc["aten::relu", "self_device_ns"] == 5
+    assert t.loc["aten::linear", "self_device_ns"] == 0
+    assert t.loc["aten::linear", "device_total_ns"] == 35
+    assert t.loc["cudaLaunchKernel", "device_total_ns"] == 0  # as in torch: not the runtime call
+    assert t.loc["gemm", "self_device_ns"] == 30 and t.loc["gemm", "cpu_total_ns"] == 0
+    assert t.loc["orphan", "device_total_ns"] == 7  # its own row, no op owns it
+
+
+def test_partial_overlap_nests_nowhere_and_lanes_separate() -> None:
+    ev = events(
+        [
+            (0, 10, "a", K.CPU_OP, 0),
+            (5, 10, "b", K.CPU_OP, 0),  # starts inside a, ends after: not a child (torch's rule)
+            (2, 3, "c", K.CPU_OP, 2),  # another thread: never a child of a
+        ]
+    )
+    t = _by_name(op_table(ev, 0))
+    assert t["self_cpu_ns"].to_dict() == {"a": 10, "b": 10, "c": 3}
+
+
+def test_redispatch_counts_once_like_torch() -> None:
+    """aten::div(Tensor, Scalar) calling aten::div(Tensor, Tensor): torch's _remove_dup_nodes."""
+    ev = events(
+        [
+            (0, 100, "aten::div", K.CPU_OP, 0),
+            (5, 90, "aten::div", K.CPU_OP, 0),
+            (10, 20, "aten::to", K.CPU_OP, 0),
+        ]
+    )
+    t = _by_name(op_table(ev, 0))
+    assert t.loc["aten::div", "count"] == 1
+    assert t.loc["aten::div", "self_cpu_ns"] == 80
+    assert t.loc["aten::div", "cpu_total_ns"] == 100
+    raw = op_tree(ev, merge_redispatch=False)
+    assert len(raw) == 3
+
+
+def test_group_by_shape_and_sorting() -> None:
+    ev = events(
+        [
+            (0, 10, "aten::mm", K.CPU_OP, 0),
+            (20, 30, "aten::mm", K.CPU_OP, 0),
+            (60, 40, "aten::mm", K.CPU_OP, 0),
+        ]
+    )
+    ev["shapes"] = pd.Categorical(["[[2, 3], [3, 4]]", "[[8, 8], [8, 8]]", "[[8, 8], [8, 8]]"])
+    t = op_table(ev, 0, group_by_shape=True, sort_by="self_cpu_time_total")
+    assert t["shapes"].tolist() == ["[[8, 8], [8, 8]]", "[[2, 3], [3, 4]]"]
+    assert t["count"].tolist() == [2, 1]
+    assert op_table(ev, 0)["count"].tolist() == [3]
+    text = format_op_table(t, "self_cpu_time_total")
+    assert "Input Shapes" in text and "[[8, 8], [8, 8]]" in text
+    with pytest.raises(ValueError, match="unknown sort key"):
+        op_table(ev, 0, sort_by="nope")
+
+
+def test_across_ranks_spread_and_slowest() -> None:
+    a = op_table(_rows(), 0, lanes=LANES)
+    slow = _rows()
+    slow.loc[slow["name"] == "gemm", "dur"] = 90
+    b = op_table(slow, 1, lanes=LANES)
+    across = op_table_across_ranks(pd.concat([a, b]), sort_by="self_cuda_time_total", top=None)
+    row = across.set_index("name").loc["gemm"]
+    assert row["ranks"] == 2 and row["slowest_rank"] == 1 and row["fastest_rank"] == 0
+    assert row["self_device_mean_ns"] == 60
+    assert row["spread"] == pytest.approx(1.0)
+    # the kernel and the op that launched it have the same self device time, ahead of the rest
+    assert set(across["name"].iloc[:2]) == {"gemm", "aten::addmm"}
+
+
+def _torch_key(shapes: str) -> str:
+    """Our shape key as torch writes it: ``[]`` for ops without recorded shapes (user ranges),
+    and ``[]`` for a tensor-list input (torch's ``shapes()`` records none; the trace does)."""
+    if not shapes:
+        return "[]"
+    dims = json.loads(shapes)
+    return str([[] if d and isinstance(d[0], list) else d for d in dims])
+
+
+@pytest.mark.slow
+def test_equals_key_averages_on_a_real_run(tmp_path: Path) -> None:
+    """One real CPU run (examples/attention.py, one process): its Chrome trace merged and
+    tabled equals ``prof.key_averages()`` of the same run: count, self and total CPU time for
+    every op, per op and per (op, input shapes), within 1 ns per call (µs rounding)."""
+    import rankscope
+    from rankscope.orchestrator.merge import merge_run_dir
+
+    trace, ka = tmp_path / "trace.json", tmp_path / "key_averages.json"
+    subprocess.run(
+        [sys.executable, str(ROOT / "examples/attention.py"), "--steps", "2", "--seq", "32",
+         "--profile", str(trace), "--key-averages", str(ka)],
+        check=True, cwd=tmp_path, capture_output=True,
+    )  # fmt: skip
+    store = merge_run_dir(trace, output=tmp_path / "trace.h5", quiet=True)
+    with rankscope.open(store) as st:
+        ev = st.events(0, columns=["ts", "dur", "name", "cat", "kind", "lane", "corr", "shapes"])
+        lanes_ = st.lanes(0)
+    torch_tables = json.loads(ka.read_text())
+    for by_shape, key in ((False, "ops"), (True, "ops_by_shape")):
+        ours = op_table(ev, 0, lanes=lanes_, group_by_shape=by_shape)
+        if by_shape:
+            ours["shapes"] = ours["shapes"].map(_torch_key)
+            ours = ours.groupby(["name", "shapes"], as_index=False).sum(numeric_only=True)
+        ours = ours.set_index(["name", "shapes"])
+        theirs = pd.DataFrame(torch_tables[key]).set_index(["name", "shapes"])
+        assert sorted(ours.index) == sorted(theirs.index), key
+        j = theirs.merge(ours, left_index=True, right_index=True, suffixes=("", "_ours"))
+        assert (j["count"] == j["count_ours"]).all(), key
+        tol = j["count"] * 1e-3 + 1e-6  # µs: 1 ns per call
+        assert ((j["self_cpu_ns"] / 1e3 - j["self_cpu_us"]).abs() <= tol).all(), key
+        assert ((j["cpu_total_ns"] / 1e3 - j["cpu_total_us"]).abs() <= tol).all(), key
+        # CPU run: no device time on either side
+        assert (j["device_total_ns"] == 0).all() and (j["device_total_us"] == 0).all()
