@@ -510,30 +510,36 @@ class _Accumulator:
                 self._memory_event(ev)
         self._flush_memory()
         xs = [ev for ev in events if ev.ph == "X"]
-        durs = [ev.dur for ev in xs]
-        lim = TS_LIMIT_US
-        far = [
-            not (-lim < ev.ts < lim and (d is None or not d >= lim))
-            for ev, d in zip(xs, durs, strict=True)
-        ]
-        if any(far):  # stamps whose ns overflow int64 (found by tests/test_fuzz.py)
-            self.out_of_range += sum(far)
-            xs = [ev for ev, f in zip(xs, far, strict=True) if not f]
-            durs = [d for d, f in zip(durs, far, strict=True) if not f]
-        bad = [d is None or d != d or d < 0 for d in durs]
-        if any(bad):
-            self.dropped += sum(bad)
-            xs = [ev for ev, b in zip(xs, bad, strict=True) if not b]
-            durs = [d for d, b in zip(durs, bad, strict=True) if not b]
         n = len(xs)
         if not n:
             return
-        if isinstance(xs[0].ts, Decimal):
+        durs = [ev.dur for ev in xs]
+        exact = isinstance(xs[0].ts, Decimal)
+        # One float pass per column, checked with numpy: a stamp whose ns would overflow int64
+        # (found by tests/test_fuzz.py) is out of range; a duration missing, NaN or negative is
+        # dropped (``None`` becomes NaN here). Exact (Decimal) stamps convert the same way.
+        ts_f = np.fromiter((float(ev.ts) for ev in xs), np.float64, n)
+        dur_f = np.fromiter((np.nan if d is None else float(d) for d in durs), np.float64, n)
+        lim = TS_LIMIT_US
+        with np.errstate(invalid="ignore"):
+            far = ~(np.abs(ts_f) < lim) | (dur_f >= lim)
+            bad = ~far & ~(dur_f >= 0)
+        if far.any() or bad.any():
+            self.out_of_range += int(far.sum())
+            self.dropped += int(bad.sum())
+            keep = ~(far | bad)
+            xs = [ev for ev, k in zip(xs, keep.tolist(), strict=True) if k]
+            durs = [d for d, k in zip(durs, keep.tolist(), strict=True) if k]
+            ts_f, dur_f = ts_f[keep], dur_f[keep]
+        n = len(xs)
+        if not n:
+            return
+        if exact:
             ts = _decimal_to_ns([ev.ts for ev in xs])
             dur = _decimal_to_ns(durs)
         else:
-            ts = us_to_ns(np.fromiter((ev.ts for ev in xs), np.float64, n))
-            dur = us_to_ns(np.fromiter(durs, np.float64, n))
+            ts = us_to_ns(ts_f)
+            dur = us_to_ns(dur_f)
         name = self._intern([ev.name for ev in xs])
         cat = self._intern([ev.cat for ev in xs])
         pid_codes, pid_uniq = pd.factorize(pd.Series([ev.pid for ev in xs], dtype=object))
