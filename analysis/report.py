@@ -925,6 +925,70 @@ def _with_their_what_if(found: list[Finding], kinds: set[FindingKind]) -> list[F
     return out
 
 
+def _attention_html(doc: dict[str, Any], found: list[Finding]) -> str:
+    """SDPA time per rank and backend and the math-fallback findings; nothing without SDPA."""
+    rows = doc.get("attention") or []
+    if not rows:
+        return ""
+    table = _table(
+        ["rank", "backend", "pass", "calls", "total ms", "ms per call", "share"],
+        [
+            [
+                r["rank"],
+                r["backend"],
+                "backward" if r["backward"] else "forward",
+                r["calls"],
+                f"{r['total_s'] * 1e3:.3f}",
+                f"{r['mean_s'] * 1e3:.3f}",
+                f"{r['share']:.0%}",
+            ]
+            for r in rows
+        ],
+        {1, 2},
+    )
+    notes = "".join(_finding_html(f) for f in found if f.kind == FindingKind.SDPA_MATH_FALLBACK)
+    return (
+        "<section><h2>Attention (scaled_dot_product_attention)</h2>"
+        f"{table}{notes}<p class='note'>Which implementation ran each call, from its op and "
+        "kernel names (docs/analysis.md section 8); the math fallback runs unfused.</p></section>"
+    )
+
+
+def _op_table_html(doc: dict[str, Any]) -> str:
+    """The key_averages()-grade op table across ranks (summary.json ``op_table``)."""
+    rows = doc.get("op_table") or []
+    if not rows:
+        return ""
+    names = short_names([str(r["name"]) for r in rows])
+    table = _table(
+        ["op", "input shapes", "calls", "self CPU ms", "CPU total ms", "self device ms",
+         "device total ms", "spread", "slowest"],
+        [
+            [
+                name,
+                r["shapes"] or "",
+                f"{r['calls_mean']:.1f}",
+                f"{r['self_cpu_s'] * 1e3:.3f}",
+                f"{r['cpu_total_s'] * 1e3:.3f}",
+                f"{r['self_device_s'] * 1e3:.3f}",
+                f"{r['device_total_s'] * 1e3:.3f}",
+                "" if r["spread"] is None else f"{r['spread']:.0%}",
+                r["slowest_rank"],
+            ]
+            for name, r in zip(names, rows, strict=True)
+        ],
+        {0, 1},
+        {1},
+    )  # fmt: skip
+    return (
+        "<section><h2>Op table (like key_averages(), mean per rank)</h2>"
+        f"{table}<p class='note'>Self time: the op minus its direct children on its thread; "
+        "total: with them; device time: the kernels and copies it launched (correlation ids). "
+        "Sorted by self device time on GPU runs, else self CPU time; the spread is of that time "
+        "across ranks.</p></section>"
+    )
+
+
 def _what_if_html(found: list[Finding]) -> str:
     """The what-if section: one row per scenario (the rank fixes first), its step time before →
     after and a bar of the saving (share of the step); nothing without what-if findings."""
@@ -1115,6 +1179,8 @@ def render_html(a: Analysis) -> str:
 <section><h2>Stragglers</h2>{strag_html}{pipe_html}</section>
 {_what_if_html(found)}
 {memory_html(a.memory, found, _finding_html)}
+{_attention_html(doc, found)}
+{_op_table_html(doc)}
 <section><h2>Steps</h2>{_steps_html(a)}</section>
 <section><h2>Arrival lateness per collective</h2>{_lateness_svg(a)}
 <p class='note'>Each dot is a rank arriving at a collective, in ms after the first rank; the last rank of each collective is drawn solid.</p>

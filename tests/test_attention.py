@@ -164,7 +164,7 @@ def test_analyze_and_compare_say_the_math_fallback_against_the_flash_run(tmp_pat
         runs[backend] = trace.parent
     res = subprocess.run(
         [sys.executable, "-m", "rankscope", "analyze", str(runs["math"]), "--json",
-         str(tmp_path / "math.json")],
+         str(tmp_path / "math.json"), "--html", str(tmp_path / "math.html")],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
@@ -174,6 +174,9 @@ def test_analyze_and_compare_say_the_math_fallback_against_the_flash_run(tmp_pat
     kinds = [f["kind"] for f in doc["findings"]]
     assert "sdpa_math_fallback" in kinds
     assert "ran the CPU math fallback" in " ".join(res.stdout.split())
+    html = (tmp_path / "math.html").read_text()
+    assert "Attention (scaled_dot_product_attention)" in html and "cpu_math" in html
+    assert "ran the CPU math fallback" in html and "Op table (like key_averages()" in html
     cmp = subprocess.run(
         [sys.executable, "-m", "rankscope", "compare", str(runs["flash"]), str(runs["math"])],
         capture_output=True, text=True, timeout=300,
