@@ -591,6 +591,7 @@ _SUMMED_COLUMNS = (
     "total_s",
     "compute_s",
     "comm_exposed_s",
+    "comm_overlapped_s",
     "comm_wait_s",
     "comm_transfer_s",
     "memory_s",
@@ -721,12 +722,17 @@ def _e(x: Any) -> str:
     return html.escape(str(x))
 
 
-def _bars_svg(a: Analysis) -> str:
-    """Horizontal stacked bar per rank: share of its profiled time per category."""
+def _bars_svg(a: Analysis, *, by_host: bool = False) -> str:
+    """Horizontal stacked bar per rank: share of its profiled time per category.
+
+    ``by_host``: one bar per host instead, each category added up over the host's ranks (many
+    ranks: every rank's time is in a bar, none is dropped)."""
     w = a.whole()
     if len(w) == 0:
         return "<p class='muted'>No profiled time.</p>"
-    width, label_w, row_h = 900, 70, 26
+    if by_host:
+        w = _host_rows(a, w)
+    width, label_w, row_h = 900, 150 if by_host else 70, 26
     bar_w = width - label_w - 90
     height = row_h * len(w) + 24
     parts = [
@@ -743,8 +749,9 @@ def _bars_svg(a: Analysis) -> str:
             "other_ns": r.other_ns,
             "idle_ns_part": r.idle_ns,
         }
+        who = str(r.label) if by_host else f"rank {int(r.rank)}"
         parts.append(
-            f"<text x='{label_w - 8}' y='{y + 15}' text-anchor='end' font-size='12'>rank {int(r.rank)}</text>"
+            f"<text x='{label_w - 8}' y='{y + 15}' text-anchor='end' font-size='12'>{_e(who)}</text>"
         )
         x = float(label_w)
         for key, label, colour in BAR_PARTS:
@@ -754,7 +761,7 @@ def _bars_svg(a: Analysis) -> str:
             wd = frac * bar_w
             parts.append(
                 f"<rect x='{x:.2f}' y='{y}' width='{wd:.2f}' height='{row_h - 8}' fill='{colour}'>"
-                f"<title>rank {int(r.rank)} {label}: {float(values[key]) / 1e6:.3f} ms ({frac:.1%})</title></rect>"
+                f"<title>{_e(who)} {label}: {float(values[key]) / 1e6:.3f} ms ({frac:.1%})</title></rect>"
             )
             x += wd
         parts.append(
@@ -765,6 +772,29 @@ def _bars_svg(a: Analysis) -> str:
         f"<span><i style='background:{c}'></i>{_e(lbl)}</span>" for _, lbl, c in BAR_PARTS
     )
     return f"<div class='legend'>{legend}</div>" + "".join(parts)
+
+
+def _host_rows(a: Analysis, whole: pd.DataFrame) -> pd.DataFrame:
+    """The whole-run breakdown rows added up per host (``label``: host and its rank count)."""
+    w = whole.copy()
+    w["host"] = [a.hosts.get(int(r), "?") for r in w["rank"]]
+    numeric = [c for c in w.columns if c.endswith("_ns")]
+    g = w.groupby("host", sort=True)
+    out = g[numeric].sum()
+    out["device"] = g["device"].first()
+    out["rank"] = g["rank"].min()
+    out["label"] = [f"{h} ({n})" for h, n in g.size().items()]
+    return out.reset_index()
+
+
+def shown_ranks(a: Analysis, doc: dict[str, Any]) -> set[int]:
+    """The ranks a summarised report lists by name: flagged ranks and the worst by total time
+    and by wait (the rows of :func:`many_rank_rows` that are ranks)."""
+    return {
+        int(r["rank"])
+        for label, r in many_rank_rows(doc["ranks"], a.flagged_ranks())
+        if int(r["rank"]) >= 0
+    }
 
 
 def _lateness_svg(a: Analysis) -> str:
@@ -828,17 +858,32 @@ def _lateness_svg(a: Analysis) -> str:
     return f"<div class='legend'>{legend}</div>" + "".join(out)
 
 
-def _steps_html(a: Analysis, max_steps: int = 40) -> str:
-    """Step time per rank and step (ms), each cell shaded by its exposed-communication share."""
+def _steps_html(a: Analysis, max_steps: int = 40, ranks: set[int] | None = None) -> str:
+    """Step time per rank and step (ms), each cell shaded by its exposed-communication share.
+
+    ``ranks``: list only these ranks, after two rows that aggregate every rank per step (the
+    median and the max step time) — many ranks are summarised, not dropped."""
     st = a.breakdown[a.breakdown["step"] >= 0]
     if len(st) == 0:
         return "<p class='muted'>No ProfilerStep recorded.</p>"
     steps = sorted(st["step"].unique())[:max_steps]
-    ranks = sorted(st["rank"].unique())
+    agg_rows = ""
+    if ranks is not None:
+        per_step = st.groupby("step")["total_ns"]
+        med, mx = per_step.median(), per_step.max()
+        agg_rows = "".join(
+            f"<tr><th class='l'>{label} of {st['rank'].nunique()} ranks</th>"
+            + "".join(f"<td>{float(series.get(s, float('nan'))) / 1e6:.1f}</td>" for s in steps)
+            + "</tr>"
+            for label, series in (("median", med), ("max", mx))
+        )
+    ranks_listed = sorted(st["rank"].unique())
+    if ranks is not None:
+        ranks_listed = [r for r in ranks_listed if int(r) in ranks]
     cell = {(int(r.rank), int(r.step)): r for r in st.itertuples(index=False)}
     head = "".join(f"<th>{int(s)}</th>" for s in steps)
-    rows = []
-    for rank in ranks:
+    rows = [agg_rows] if agg_rows else []
+    for rank in ranks_listed:
         tds = []
         for step in steps:
             r = cell.get((int(rank), int(step)))
@@ -1020,8 +1065,13 @@ def _what_if_html(found: list[Finding]) -> str:
     )
 
 
-def render_html(a: Analysis) -> str:
-    """The self-contained HTML report (inline CSS and SVG; opens offline)."""
+def render_html(a: Analysis, *, all_ranks: bool = False) -> str:
+    """The self-contained HTML report (inline CSS and SVG; opens offline).
+
+    With more than :data:`MANY_RANKS` ranks (and not ``all_ranks``) the per-rank parts are
+    summarised as in the terminal: the distribution over all ranks, the flagged ranks and the
+    worst ones, hosts as aggregated bars (:func:`shown_ranks`); summary.json keeps every rank.
+    """
     from rankscope.analysis.report_memory import memory_html
 
     found = findings(a)
@@ -1045,11 +1095,18 @@ def render_html(a: Analysis) -> str:
         f"<div class='card {cls}'><div class='k'>{_e(k)}</div><div class='v'>{_e(v)}</div></div>"
         for k, v, cls in cards
     )
+    many = len(doc["ranks"]) > MANY_RANKS and not all_ranks
+    labelled = (
+        many_rank_rows(doc["ranks"], a.flagged_ranks())
+        if many
+        else [(str(r["rank"]), r) for r in doc["ranks"]]
+    )
+    shown = shown_ranks(a, doc) if many else None
     rank_rows = [
         [
-            r["rank"],
+            label,
             r["host"],
-            r["device"],
+            r.get("device", ""),
             f"{r['total_s']:.4f}",
             f"{r['compute_s']:.4f}",
             f"{r['comm_exposed_s']:.4f}",
@@ -1061,7 +1118,7 @@ def render_html(a: Analysis) -> str:
             f"{r['idle_s']:.4f}",
             r["verdict"],
         ]
-        for r in doc["ranks"]
+        for label, r in labelled
     ]
     ranks_table = _table(
         [
@@ -1085,7 +1142,16 @@ def render_html(a: Analysis) -> str:
     reasons = "".join(
         f"<li><b>rank {r['rank']}</b>: <span class='verdict'>{_e(r['verdict'])}</span> — {_e(r['verdict_reason'])}</li>"
         for r in doc["ranks"]
+        if shown is None or int(r["rank"]) in shown
     )
+    if many:
+        reasons += (
+            f"<li class='muted'>{len(doc['ranks'])} ranks: the table gives the median, p90 and max "
+            "of every column over all ranks (each column on its own), then the flagged ranks and "
+            "the worst by time and by wait; the bars show each host's ranks added up. "
+            "<code>rankscope analyze RUN --html FILE --all-ranks</code> lists every rank; "
+            "summary.json holds them all.</li>"
+        )
     # the figures of each straggler in a table, then every straggler finding (or "no
     # straggler") as the terminal prints it
     strag_html = "".join(
@@ -1114,7 +1180,7 @@ def render_html(a: Analysis) -> str:
     input_html = "".join(
         _finding_html(f, "note") for f in found if f.kind == FindingKind.INPUT_PROBLEMS
     )
-    all_ranks = [
+    strag_rows = [
         [
             int(s.rank),
             f"{int(s.times_last)} / {int(s.collectives)}",
@@ -1125,6 +1191,7 @@ def render_html(a: Analysis) -> str:
             s.cause,
         ]
         for s in a.stragglers.itertuples(index=False)
+        if shown is None or int(s.rank) in shown
     ]
     clock_rows = [
         [
@@ -1134,8 +1201,17 @@ def render_html(a: Analysis) -> str:
             f"{c['uncertainty_ns'] / 1e3:.1f}",
             c["method"],
         ]
-        for c in doc["clock"]
+        for c in (
+            sorted(doc["clock"], key=lambda c: -c["uncertainty_ns"])[:MANY_RANKS]
+            if many
+            else doc["clock"]
+        )
     ]
+    clock_note = (
+        f"<p class='note'>{_e(clock_digest(doc['clock']))} The table lists the {MANY_RANKS} least certain.</p>"
+        if many and doc["clock"]
+        else ""
+    )
     op_rows = _across_rows(a.ops, with_kind=True)
     ann_rows = _across_rows(a.annotations, with_kind=False)
     hta_html = ""
@@ -1174,21 +1250,21 @@ def render_html(a: Analysis) -> str:
 <header><h1>rankscope report</h1><div class='sub'>{_e(a.path)} · run {_e(doc["run_id"] or "-")} · world size {a.world_size}</div></header>
 <main>
 <div class='cards'>{card_html}</div>{input_html}
-<section><h2>Where the time went, per rank</h2>{_bars_svg(a)}{ranks_table}<ul>{reasons}</ul>
+<section><h2>Where the time went, per rank</h2>{_bars_svg(a, by_host=many)}{ranks_table}<ul>{reasons}</ul>
 <p class='note'>Every figure is a part of the rank's profiled time (total s). Wait and transfer: time with a collective in flight, waiting until the last rank arrives (aligned clock) / moving data; each instant counts once, however many collectives are in flight. Comm exposed: communication with nothing hiding it. How to read this report: {READING_DOC}.</p></section>
 <section><h2>Stragglers</h2>{strag_html}{pipe_html}</section>
 {_what_if_html(found)}
 {memory_html(a.memory, found, _finding_html)}
 {_attention_html(doc, found)}
 {_op_table_html(doc)}
-<section><h2>Steps</h2>{_steps_html(a)}</section>
+<section><h2>Steps</h2>{_steps_html(a, ranks=shown)}</section>
 <section><h2>Arrival lateness per collective</h2>{_lateness_svg(a)}
 <p class='note'>Each dot is a rank arriving at a collective, in ms after the first rank; the last rank of each collective is drawn solid.</p>
-{_table(["rank", "last", "expected by chance", "p-value", "wait caused s", "share", "cause"], all_ranks, {6})}</section>
+{_table(["rank", "last", "expected by chance", "p-value", "wait caused s", "share", "cause"], strag_rows, {6})}</section>
 <section><h2>Collectives</h2>{_table(["op", "count", "bytes", "rank-time s", "wait s", "transfer s"], coll_rows, {0})}
 <p class='note'>{colls["clock_disagreements"]} (collective, rank) pair(s) where the aligned-clock wait and the clock-free check (duration minus the shortest duration) disagree beyond the clock uncertainty{_e(_disagree_hint(doc))}.</p></section>
 {hta_html}
-<section><h2>Clock alignment</h2>{_table(["rank", "host", "offset ms", "± µs", "method"], clock_rows, {1, 4})}</section>
+<section><h2>Clock alignment</h2>{clock_note}{_table(["rank", "host", "offset ms", "± µs", "method"], clock_rows, {1, 4})}</section>
 <section><h2>Top ops across ranks (ms per rank while the op ran: its calls' union, children included)</h2>{_table(["name", "kind", "ranks", "calls/rank", "mean ms", "min ms", "max ms", "spread", "fastest", "slowest"], op_rows, {0, 1})}</section>
 <section><h2>record_function ranges across ranks</h2>{_table(["name", "ranks", "calls/rank", "mean ms", "min ms", "max ms", "spread", "fastest", "slowest"], ann_rows, {0})}</section>
 </main>"""

@@ -209,7 +209,9 @@ def run_analysis(store: Path, spec: Any, *, show_progress: bool = True) -> Any:
     return analysis
 
 
-def write_reports(analysis: Any, json_path: Path | None, html_path: Path | None) -> list[Path]:
+def write_reports(
+    analysis: Any, json_path: Path | None, html_path: Path | None, *, all_ranks: bool = False
+) -> list[Path]:
     """Write summary.json and/or the HTML report atomically; returns what was written.
 
     A report that cannot be written (full disk, quota, read-only folder) raises
@@ -223,7 +225,7 @@ def write_reports(analysis: Any, json_path: Path | None, html_path: Path | None)
         rundir.write_bytes_atomic(json_path, render_json(analysis).encode())
         written.append(json_path)
     if html_path is not None:
-        rundir.write_bytes_atomic(html_path, render_html(analysis).encode())
+        rundir.write_bytes_atomic(html_path, render_html(analysis, all_ranks=all_ranks).encode())
         written.append(html_path)
     return written
 
@@ -255,7 +257,9 @@ def main(args: argparse.Namespace) -> int:
     print_summary(
         analysis, console, top_ops=args.top_ops, all_ranks=getattr(args, "all_ranks", False)
     )
-    for p in write_reports(analysis, json_path, html_path):
+    for p in write_reports(
+        analysis, json_path, html_path, all_ranks=getattr(args, "all_ranks", False)
+    ):
         console.print(f"wrote {p}")
     return 0
 

@@ -83,3 +83,23 @@ def test_all_ranks_flag_reaches_the_command(tmp_path: Path) -> None:
 
     args = build_parser().parse_args(["analyze", str(tmp_path), "--all-ranks"])
     assert args.all_ranks is True
+
+
+def test_html_report_summarises_many_ranks_and_aggregates_hosts(analysis: Any) -> None:
+    """The HTML report lists the distribution and the flagged ranks, draws one bar per host
+    (each host's ranks added up: no rank dropped), and --all-ranks restores every rank."""
+    import re
+
+    from rankscope.analysis.report import render_html
+
+    html = render_html(analysis)
+    assert f"median of {RANKS} ranks" in html  # the steps table aggregates every rank
+    for rank in STRAGGLERS:
+        assert f"{rank} flagged" in html
+    hosts = re.findall(r">(node\d+) \((\d+)\)<", html)
+    assert len(hosts) == 5 and sum(int(n) for _, n in hosts) == RANKS
+    assert "--all-ranks" in html
+    full = render_html(analysis, all_ranks=True)
+    assert all(f"<th class='l'>rank {r}</th>" in full for r in range(RANKS))
+    assert "flagged" not in full
+    assert len(html) < len(full)
