@@ -329,6 +329,16 @@ def _device_label(row: Mapping[str, Any]) -> str:
     return device_name(int(row["device_type"]), int(row["device_id"]))
 
 
+def _holder_clause(holders: Any, row: Any, figures: dict[str, float]) -> str:
+    """ "; at rank N's peak, X% … was allocated by OP" for a memory finding's evidence (and its
+    share in ``figures``), or "" when nothing is known to hold the memory at the peak."""
+    top = _top_holder(holders, row)
+    if top is None:
+        return ""
+    figures["top_holder_share"] = round(top[2], 4)
+    return f"; {holder_phrase(int(row['rank']), *top)}"
+
+
 def _top_holder(holders: Any, row: Mapping[str, Any]) -> tuple[str, str, float] | None:
     """(op, scope, share) of the largest seen holder at the peak of ``row``'s device."""
     if holders is None or not len(holders):
@@ -374,11 +384,7 @@ def memory_findings(
             "steps": int(row["steps"]),
             "peak_allocated_bytes": int(row["peak_allocated"]),
         }
-        top = _top_holder(holders, row)
-        evidence = leak_evidence(figures)
-        if top is not None:
-            evidence += f"; {holder_phrase(rank, *top)}"
-            figures["top_holder_share"] = round(top[2], 4)
+        evidence = leak_evidence(figures) + _holder_clause(holders, row, figures)
         out.append(
             Finding(
                 kind=FindingKind.MEMORY_LEAK,
@@ -410,11 +416,7 @@ def memory_findings(
             "excess_bytes": round(float(row["excess_bytes"]), 1),
             "excess_share": round(float(row["excess_share"]), 4),
         }
-        top = _top_holder(holders, row)
-        evidence = memory_imbalance_evidence(figures)
-        if top is not None:
-            evidence += f"; {holder_phrase(rank, *top)}"
-            figures["top_holder_share"] = round(top[2], 4)
+        evidence = memory_imbalance_evidence(figures) + _holder_clause(holders, row, figures)
         out.append(
             Finding(
                 kind=FindingKind.MEMORY_IMBALANCE,

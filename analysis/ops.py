@@ -394,12 +394,19 @@ def launches(
 ) -> np.ndarray:
     """Row of the runtime call (same correlation id) that launched each device event ``idx``;
     -1 where it has no correlation id or its launch is not in ``events``. ``runtime``: the rows
-    to look in (default: every RUNTIME event with a correlation id). The analysis' copy of the
-    merge's rule (``orchestrator/rank_columns.py:_launches``)."""
+    to look in (default: every RUNTIME event with a correlation id)."""
     import numpy as np
 
-    corr = events["corr"].to_numpy(np.int64)
-    kind = events["kind"].to_numpy()
+    return launch_rows(events["corr"].to_numpy(np.int64), events["kind"].to_numpy(), idx, runtime)
+
+
+def launch_rows(
+    corr: np.ndarray, kind: np.ndarray, idx: np.ndarray, runtime: np.ndarray | None = None
+) -> np.ndarray:
+    """:func:`launches` on bare columns (``corr``, ``kind``): the one launch-matching rule, also
+    the merge's (``orchestrator/rank_columns.py``, on a rank's columns before any DataFrame)."""
+    import numpy as np
+
     out = np.full(len(idx), -1, dtype=np.int64)
     if runtime is None:
         runtime = np.flatnonzero(kind == int(EventKind.RUNTIME))

@@ -50,6 +50,25 @@ STYLE = {
 MARK = {"regression": "🔴", "improvement": "🟢", "no change": "⚪", "untested": "➖"}
 
 
+#: Columns of the op-change table, in every rendering (the Markdown one leaves out "rank").
+OP_HEADERS = ("op", "kind", "BASE", "NEW", "Δ/step", "of step", "rank", "change")
+
+
+def op_cells(r: Any) -> list[str]:
+    """One op change (``compare.OP_CHANGE_COLUMNS`` row) as the texts of :data:`OP_HEADERS`:
+    the figures are worded once for the terminal, the Markdown and the HTML page."""
+    return [
+        str(r.name),
+        str(r.kind),
+        fmt_value(r.base_s, "s"),
+        fmt_value(r.new_s, "s"),
+        f"{1e3 * r.delta_s:+.3f} ms",
+        fmt_pct(r.step_share),
+        str(r.top_rank),
+        str(r.change),
+    ]
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``rankscope compare`` (import-light)."""
     parser.add_argument("base", type=Path, help="BASE: a run directory or trace.h5")
@@ -298,19 +317,11 @@ def print_comparison(c: Comparison, console: Any, failures: list[CompareFinding]
             header_style="bold",
             title_justify="left",
         )
-        for col in ("op", "kind", "BASE", "NEW", "Δ/step", "of step", "rank", "change"):
+        for col in OP_HEADERS:
             o.add_column(col, justify="left" if col in ("op", "kind", "change") else "right")
         for r in [*slower.itertuples(), *faster.itertuples()]:
-            o.add_row(
-                r.name[:60],
-                r.kind,
-                fmt_value(r.base_s, "s"),
-                fmt_value(r.new_s, "s"),
-                f"{1e3 * r.delta_s:+.3f} ms",
-                fmt_pct(r.step_share),
-                str(r.top_rank),
-                Text(r.change, style=STYLE.get(r.change, "")),
-            )
+            name, *figures, change = op_cells(r)
+            o.add_row(name[:60], *figures, Text(change, style=STYLE.get(change, "")))
         console.print(o)
     coll = c.collectives
     if len(coll):
@@ -458,10 +469,9 @@ def render_markdown(c: Comparison, failures: list[CompareFinding] | None) -> str
             "|---|---|---:|---:|---:|---:|---|",
         ]
         for r in [*slower.itertuples(), *faster.itertuples()]:
+            name, kind, base, new, delta, share, _top, change = op_cells(r)
             lines.append(
-                f"| `{_md(r.name[:80])}` | {r.kind} | {fmt_value(r.base_s, 's')} | "
-                f"{fmt_value(r.new_s, 's')} | {1e3 * r.delta_s:+.3f} ms | "
-                f"{fmt_pct(r.step_share)} | {r.change} |"
+                f"| `{_md(name[:80])}` | {kind} | {base} | {new} | {delta} | {share} | {change} |"
             )
         lines += ["", "</details>"]
     if failures:
@@ -570,23 +580,8 @@ def render_html(c: Comparison, failures: list[CompareFinding] | None) -> str:
         parts.append("<h2>Ops (time per step, mean over ranks)</h2>")
         parts.append(
             _table(
-                ["op", "kind", "BASE", "NEW", "Δ/step", "of step", "rank", "change"],
-                [
-                    (
-                        [
-                            r.name,
-                            r.kind,
-                            fmt_value(r.base_s, "s"),
-                            fmt_value(r.new_s, "s"),
-                            f"{1e3 * r.delta_s:+.3f} ms",
-                            fmt_pct(r.step_share),
-                            str(r.top_rank),
-                            r.change,
-                        ],
-                        r.change,
-                    )
-                    for r in [*slower.itertuples(), *faster.itertuples()]
-                ],
+                list(OP_HEADERS),
+                [(op_cells(r), r.change) for r in [*slower.itertuples(), *faster.itertuples()]],
                 {2, 3, 4, 5, 6},
             )
         )

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from rankscope.analysis.ops import launch_rows
 from rankscope.analysis.schema import EventKind
 from rankscope.orchestrator.discovery import Problem, RankSource
 from rankscope.orchestrator.vocabulary import GPU_KINDS
@@ -202,30 +203,9 @@ def _step_column(columns: dict[str, np.ndarray], steps: pd.DataFrame) -> np.ndar
     out[inside] = nums[pos[inside]]
     # GPU activity runs after its launch: take the step of the CPU runtime call with its corr.
     gidx = np.flatnonzero(np.isin(columns["kind"], GPU_KINDS))
-    launch = _launches(columns, gidx)
+    launch = launch_rows(columns["corr"], columns["kind"], gidx)
     found = launch >= 0
     out[gidx[found]] = out[launch[found]]
-    return out
-
-
-def _launches(columns: dict[str, np.ndarray], idx: np.ndarray) -> np.ndarray:
-    """Row of the CPU runtime call (same correlation id) that launched each GPU event ``idx``.
-
-    -1 where the event has no correlation id or its launch is not in the trace.
-    """
-    import numpy as np
-
-    corr = columns["corr"]
-    out = np.full(len(idx), -1, dtype=np.int64)
-    runtime = np.flatnonzero((columns["kind"] == EventKind.RUNTIME) & (corr >= 0))
-    if not len(runtime) or not len(idx):
-        return out
-    order = np.argsort(corr[runtime], kind="stable")
-    rc, rows = corr[runtime][order], runtime[order]
-    want = corr[idx]
-    p = np.clip(np.searchsorted(rc, want), 0, len(rc) - 1)
-    found = (want >= 0) & (rc[p] == want)
-    out[found] = rows[p[found]]
     return out
 
 
@@ -292,7 +272,7 @@ def _p2p_peers(
     host = columns["ts"][ev].copy()
     gpu = columns["kind"][ev] == EventKind.KERNEL_COMM
     if gpu.any():
-        launch = _launches(columns, ev[gpu])
+        launch = launch_rows(columns["corr"], columns["kind"], ev[gpu])
         # a kernel without its launch in the trace has no host time (-1)
         host[gpu] = np.where(launch >= 0, columns["ts"][np.maximum(launch, 0)], -1)
     ops = ops.copy()
