@@ -1,8 +1,11 @@
-"""The Panel app served by ``rankscope view``: the cross-rank timeline with its controls and findings.
+"""The Panel app served by ``rankscope view``: overview first, then the lanes of chosen ranks.
 
-Left: rank selector, step selector (zooms to that ProfilerStep on every rank), event-kind filter.
-Middle: the timeline (:func:`rankscope.analysis.timeline.timeline`), re-read from the store on
-every zoom. Right: the per-rank summary (verdict and where the time went, % of profiled time)
+Left: the overview's rank order, "open the flagged ranks", rank selector, step selector (zooms to
+that ProfilerStep on every rank), event-kind filter. Middle, on top: the rank × time overview
+(:mod:`rankscope.analysis.overview_plot`: every rank, every pixel an aggregate); box-select ranks
+and a time span on it to open their per-lane timeline below, click a pixel for its shares. Below:
+the timeline (:func:`rankscope.analysis.timeline.timeline`) of the chosen ranks, re-read from the
+store on every zoom. Right: the per-rank summary (verdict and where the time went, % of profiled time)
 and the findings (stragglers with their evidence and what fixing them would save, the pipeline
 finding, the what-if scenarios), from
 :func:`rankscope.analysis.findings.findings` — the same sentences as the terminal and the report.
@@ -19,6 +22,7 @@ from rankscope.analysis.schema import EventKind
 
 if TYPE_CHECKING:
     from rankscope.analysis.findings import Finding
+    from rankscope.analysis.overview import Overview
     from rankscope.analysis.pipeline import Analysis
     from rankscope.analysis.store import Store
 
@@ -26,12 +30,21 @@ if TYPE_CHECKING:
 APP_TITLE = "rankscope timeline"
 #: Width of the timeline plot inside the app, px.
 PLOT_WIDTH = 690
+#: Width of the overview's image (its frame: the y labels come on top), px.
+OVERVIEW_WIDTH = PLOT_WIDTH - 70
 #: Width of the controls column, px.
 SIDEBAR_WIDTH = 210
 #: Width of the findings column, px.
 FINDINGS_WIDTH = 380
 #: With more ranks than this, only the first ones (and the stragglers) are selected at start.
 DEFAULT_MAX_RANKS = 16
+#: A selection on the overview opens the lanes of at most this many ranks (the first ones).
+MAX_OPEN_RANKS = 16
+#: What the overview says before anything is selected.
+OVERVIEW_HINT = (
+    "Box-select ranks and a time span on the overview to open their lanes below; "
+    "click a pixel for its shares."
+)
 #: Label of the step selector's "no zoom" choice.
 WHOLE_RUN = "whole run"
 #: Non-breaking hyphen: "communication-bound" wraps at its space, never at the hyphen.
@@ -50,8 +63,11 @@ def _pct(x: Any) -> str:
     return f"{100 * float(x):.0f}%"
 
 
-def summary_html(analysis: Analysis) -> str:
-    """Per-rank table: verdict, compute / comm wait / transfer / input / idle %."""
+def summary_html(analysis: Analysis, only: list[int] | None = None) -> str:
+    """Per-rank table: verdict, compute / comm wait / transfer / input / idle %.
+
+    ``only``: these ranks, preceded by the median over every rank (many ranks: the table would
+    be as long as the job is wide; the overview shows every rank)."""
     from html import escape
 
     v = analysis.verdicts
@@ -68,6 +84,20 @@ def summary_html(analysis: Analysis) -> str:
             f"<td>{_pct(r.compute_share)}</td>"
             f"<td>{_pct(r.comm_wait_share)}</td><td>{_pct(r.comm_transfer_share)}</td>"
             f"<td>{_pct(r.input_share)}</td><td>{_pct(r.idle_share)}</td></tr>"
+        )
+    if only is not None:
+        keep = {int(r) for r in only}
+        body = [
+            row
+            for row, r in zip(body, v.sort_values("rank")["rank"], strict=True)
+            if int(r) in keep
+        ]
+        med = v.median(numeric_only=True)
+        body.insert(
+            0,
+            f"<tr><td>median</td><td>of {len(v)} ranks</td><td>{_pct(med.compute_share)}</td>"
+            f"<td>{_pct(med.comm_wait_share)}</td><td>{_pct(med.comm_transfer_share)}</td>"
+            f"<td>{_pct(med.input_share)}</td><td>{_pct(med.idle_share)}</td></tr>",
         )
     return f'<table class="rs-summary">{head}{"".join(body)}</table>'
 
@@ -118,28 +148,50 @@ def _default_ranks(store: Store, analysis: Analysis | None) -> list[int]:
     return sorted(set(ranks[:DEFAULT_MAX_RANKS]) | set(strag))
 
 
-def _present_kinds(store: Store) -> list[EventKind]:
+def _present_kinds(store: Store, ranks: list[int]) -> list[EventKind]:
+    """Kinds of the events of ``ranks`` (the ones shown first; reading every rank's kinds would
+    cost a pass over the whole store at hundreds of ranks)."""
     present: set[int] = set()
-    for rank in store.ranks:
+    for rank in ranks:
         present.update(int(k) for k in set(store.events(rank, columns=["kind"])["kind"]))
     return [k for k in EventKind if int(k) in present]
 
 
-def build_app(store: Store, analysis: Analysis | None = None) -> Any:
-    """The app for one browser session (a Panel layout); ``analysis`` adds waits and findings."""
+def selection_text(ranks: list[int], window: tuple[int, int] | None, origin_ns: int) -> str:
+    """The line under the overview saying which lanes are open below."""
+    shown = ranks[:MAX_OPEN_RANKS]
+    text = "Lanes below: rank" + ("s " if len(shown) > 1 else " ") + ", ".join(map(str, shown))
+    if len(ranks) > len(shown):
+        text += f" (the first {len(shown)} of the {len(ranks)} selected)"
+    if window is not None:
+        lo, hi = ((w - origin_ns) / 1e6 for w in window)
+        text += f" · {lo:,.3f}–{hi:,.3f} ms"
+    return text
+
+
+def build_app(
+    store: Store, analysis: Analysis | None = None, overview: Overview | None = None
+) -> Any:
+    """The app for one browser session (a Panel layout); ``analysis`` adds waits, findings and
+    its overview; ``overview`` (``overview.overview_of``) is the overview without an analysis."""
     import holoviews as hv
     import panel as pn
+    from rankscope.analysis.overview import RankOrder
+    from rankscope.analysis.overview_plot import overview_plot, pixel_text
     from rankscope.analysis.timeline import timeline
 
     hv.extension("bokeh", logo=False)
     pn.extension()
     run_id = store.meta.get("run_id") or store.path.parent.name
     steps = sorted({int(s) for s in store.steps()["step"]})
-    kinds = _present_kinds(store)
+    start_ranks = _default_ranks(store, analysis)
+    kinds = _present_kinds(store, start_ranks)
+    ov = analysis.overview if analysis is not None else overview
+    origin = ov.grid.origin_ns if ov is not None else None
     rank_w = pn.widgets.MultiChoice(
         label="Ranks",
         options=list(store.ranks),
-        value=_default_ranks(store, analysis),
+        value=start_ranks,
         width=SIDEBAR_WIDTH - 20,
     )
     step_w = pn.widgets.Select(
@@ -152,8 +204,11 @@ def build_app(store: Store, analysis: Analysis | None = None) -> Any:
     kind_w = pn.widgets.CheckBoxGroup(
         label="Event kinds", options=list(kind_names), value=list(kind_names), inline=False
     )
+    #: the time span chosen on the overview (aligned ns), None: the step selector decides
+    window_w = pn.widgets.LiteralInput(value=None, type=(tuple, type(None)), visible=False)
+    step_w.param.watch(lambda _e: setattr(window_w, "value", None), "value")
 
-    def plot(ranks: list[int], step: str, chosen: list[str]) -> Any:
+    def plot(ranks: list[int], step: str, chosen: list[str], window: Any) -> Any:
         if not ranks:
             return pn.pane.Markdown("Select at least one rank.")
         if not chosen:
@@ -163,9 +218,11 @@ def build_app(store: Store, analysis: Analysis | None = None) -> Any:
             store,
             ranks=sorted(ranks),
             kinds=[kind_names[c] for c in chosen],
+            window=tuple(window) if window is not None and n is None else None,
             steps=(n, n) if n is not None else None,
             analysis=analysis,
             width=PLOT_WIDTH,
+            origin_ns=origin,
         )
 
     hint = pn.pane.Markdown(
@@ -173,12 +230,82 @@ def build_app(store: Store, analysis: Analysis | None = None) -> Any:
         "Red = waiting for the last rank, cyan = transfer; ▼ = last rank to arrive.",
         styles={"font-size": "11px", "color": "#555"},
     )
+    sidebar: list[Any] = []
+    middle: list[Any] = []
+    if ov is not None and origin is not None:
+        orders = [o.value for o in RankOrder]
+        order_w = pn.widgets.Select(
+            label="Overview: order ranks by",
+            options=orders
+            if analysis is not None
+            else [RankOrder.HOST.value, RankOrder.RANK.value],
+            value=RankOrder.STRAGGLER.value if analysis is not None else RankOrder.HOST.value,
+            width=SIDEBAR_WIDTH - 20,
+        )
+        flagged = analysis.flagged_ranks() if analysis is not None else []
+        open_w = pn.widgets.Button(
+            label=f"Open the {len(flagged)} flagged rank(s)" if flagged else "No rank flagged",
+            disabled=not flagged,
+            width=SIDEBAR_WIDTH - 20,
+        )
+        status = pn.pane.Markdown(OVERVIEW_HINT, styles={"font-size": "12px"}, margin=(0, 10))
+        detail = pn.pane.Markdown("", styles={"font-size": "12px"}, margin=(0, 10))
+        current: dict[str, Any] = {}
+
+        def choose(ranks: list[int], window: tuple[int, int] | None) -> None:
+            """Open ``ranks`` (at most MAX_OPEN_RANKS) over ``window``: one timeline render."""
+            import param
+
+            if not ranks:
+                return
+            if window is not None and step_w.value != WHOLE_RUN:
+                step_w.value = WHOLE_RUN  # (renders once more: a step was shown)
+            opened = ranks[:MAX_OPEN_RANKS]
+            status.object = selection_text(ranks, window, origin)
+            if sorted(opened) != sorted(rank_w.value):
+                with param.parameterized.discard_events(window_w):
+                    window_w.value = window  # read by the render the rank change triggers
+                rank_w.value = opened
+            else:
+                window_w.value = window
+
+        def on_bounds(bounds: Any = None, **_: Any) -> None:
+            p = current.get("plot")
+            if bounds is None or p is None:
+                return
+            x0, y0, x1, y1 = bounds
+            choose(p.ranks_between(y0, y1), p.window_between(x0, x1))
+
+        def on_tap(x: Any = None, y: Any = None, **_: Any) -> None:
+            p = current.get("plot")
+            if x is None or y is None or p is None:
+                return
+            detail.object = pixel_text(p, float(x), float(y))
+
+        def overview_pane(order: str) -> Any:
+            p = overview_plot(
+                ov, analysis=analysis, order=order, width=OVERVIEW_WIDTH, origin_ns=origin
+            )
+            current["plot"] = p
+            p.bounds.add_subscriber(lambda **kw: on_bounds(**kw))
+            p.tap.add_subscriber(lambda **kw: on_tap(**kw))
+            return p.dmap
+
+        open_w.on_click(lambda _e: choose(flagged, None))
+        sidebar = [order_w, open_w]
+        middle = [
+            pn.panel(pn.bind(overview_pane, order_w), linked_axes=False),
+            status,
+            detail,
+        ]
     controls = pn.Column(
+        *sidebar,
         rank_w,
         step_w,
         pn.pane.Markdown("**Event kinds**", margin=(10, 10, 0, 10)),
         kind_w,
         hint,
+        window_w,
         width=SIDEBAR_WIDTH,
     )
     column: list[Any] = []
@@ -188,9 +315,18 @@ def build_app(store: Store, analysis: Analysis | None = None) -> Any:
 
         found = findings(analysis)
         job = job_what_if(found)
+        table = (
+            pn.pane.HTML(summary_html(analysis), width=FINDINGS_WIDTH, stylesheets=[TABLE_CSS])
+            if len(store.ranks) <= DEFAULT_MAX_RANKS
+            else pn.pane.HTML(
+                summary_html(analysis, only=analysis.flagged_ranks()),
+                width=FINDINGS_WIDTH,
+                stylesheets=[TABLE_CSS],
+            )
+        )
         column = [
             pn.pane.Markdown("### Per rank (% of profiled time)", margin=(0, 10)),
-            pn.pane.HTML(summary_html(analysis), width=FINDINGS_WIDTH, stylesheets=[TABLE_CSS]),
+            table,
             pn.pane.Markdown("### Stragglers", margin=(10, 10, 0, 10)),
             pn.pane.Markdown(
                 findings_markdown([f for f in found if f not in job]), width=FINDINGS_WIDTH
@@ -211,7 +347,10 @@ def build_app(store: Store, analysis: Analysis | None = None) -> Any:
         header,
         pn.Row(
             controls,
-            pn.panel(pn.bind(plot, rank_w, step_w, kind_w), linked_axes=False),
+            pn.Column(
+                *middle,
+                pn.panel(pn.bind(plot, rank_w, step_w, kind_w, window_w), linked_axes=False),
+            ),
             pn.Column(*column, width=FINDINGS_WIDTH),
         ),
     )

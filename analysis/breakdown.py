@@ -385,21 +385,39 @@ def _cpu_categories(c: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     }
 
 
+def rank_sets(
+    events: pd.DataFrame, lanes: pd.DataFrame
+) -> tuple[Device, dict[str, tuple[np.ndarray, np.ndarray]]]:
+    """The device of a rank and the interval sets its categories are painted from.
+
+    GPU: ``K`` compute kernels, ``N`` communication kernels, ``M`` memcpy/memset, ``X`` other GPU
+    events, ``D`` DataLoader ranges on the main thread. CPU: ``O`` operators, ``A``
+    ``record_function`` ranges, ``C`` collectives in flight, ``D`` DataLoader ranges (all on the
+    main thread but ``C``). The overview (``overview.py``) paints its own partition from them.
+    """
+    if is_gpu_rank(events, lanes):
+        return Device.GPU, _gpu_sets(events, lanes)
+    return Device.CPU, _cpu_sets(events, lanes)
+
+
 def painter(events: pd.DataFrame, lanes: pd.DataFrame) -> tuple[Device, Any]:
     """The device of a rank and a function ``(win_start, win_end) -> {category: ns array}``.
 
     The interval sets are built once; the function measures any number of windows (steps,
     the whole run, the time before each collective) against them.
     """
-    if is_gpu_rank(events, lanes):
-        device, sets, cats = Device.GPU, _gpu_sets(events, lanes), _gpu_categories
-    else:
-        device, sets, cats = Device.CPU, _cpu_sets(events, lanes), _cpu_categories
+    device, sets = rank_sets(events, lanes)
+    return device, measurer(device, sets)
+
+
+def measurer(device: Device, sets: dict[str, tuple[np.ndarray, np.ndarray]]) -> Any:
+    """The measuring function of :func:`painter` for sets already built (:func:`rank_sets`)."""
+    cats = _gpu_categories if device is Device.GPU else _cpu_categories
 
     def measure(win_start: np.ndarray, win_end: np.ndarray) -> dict[str, np.ndarray]:
         return paint(sets, cats, win_start, win_end)
 
-    return device, measure
+    return measure
 
 
 def step_windows(events: pd.DataFrame, lanes: pd.DataFrame, device: Device) -> pd.DataFrame:

@@ -34,6 +34,7 @@ from rankscope.analysis.scheduler import run_each
 if TYPE_CHECKING:
     import pandas as pd
     from rankscope.analysis.memory import MemoryAnalysis
+    from rankscope.analysis.overview import Overview
 
 
 @dataclasses.dataclass
@@ -92,6 +93,9 @@ class Analysis:
     """Every scaled-dot-product-attention call and its backend: attention.ATTENTION_CALL_COLUMNS."""
     attention: pd.DataFrame = dataclasses.field(default_factory=lambda: _empty_frame())
     """SDPA time per rank and backend: attention.ATTENTION_BACKEND_COLUMNS."""
+    overview: Overview | None = None
+    """Every rank's time per category in bins of one grid, for the rank × time overview
+    (overview.Overview); None without profiled steps."""
 
     def whole(self) -> pd.DataFrame:
         """The whole-run breakdown row of each rank."""
@@ -167,17 +171,20 @@ def rank_task(
     grid_phase_ns: int,
     drop_last_step: bool | None,
     whatif_times: Any = None,
+    grid: Any = None,
 ) -> dict[str, Any]:
     """Everything computed from ONE rank's events; opens the store itself (runs on a worker).
 
     ``whatif_times``: the rank's own points (whatif.own_points), measured for the what-if
-    replay with the painter built here (whatif.rank_clock); None: not measured."""
+    replay with the painter built here (whatif.rank_clock); None: not measured. ``grid``: the
+    overview's bins (overview.Grid); None: no overview."""
     import numpy as np
     from rankscope.analysis import breakdown as bd
     from rankscope.analysis import whatif
     from rankscope.analysis.attention import attention_calls
     from rankscope.analysis.memory import rank_memory
     from rankscope.analysis.ops import annotation_stats, op_stats, op_table
+    from rankscope.analysis.overview import rank_cells
     from rankscope.analysis.schema import EVENT_COLUMNS, EventKind
     from rankscope.analysis.store import open_store
     from rankscope.analysis.stragglers import arrival_points
@@ -190,7 +197,8 @@ def rank_task(
         lanes = store.lanes(rank)
         host = str(store.rank_meta(rank).get("host", ""))
         memory = rank_memory(store, rank)
-    device, measure = bd.painter(events, lanes)
+    device, sets = bd.rank_sets(events, lanes)
+    measure = bd.measurer(device, sets)
     steps = bd.step_windows(events, lanes, device)
     profiled = steps[steps["step"] >= 0] if (steps["step"] >= 0).any() else steps
     out: dict[str, Any] = {
@@ -205,7 +213,10 @@ def rank_task(
         "whatif_clock": None,
         "op_table": op_table(events, rank, lanes=lanes, group_by_shape=shapes),
         "attention": attention_calls(events, rank, lanes),
+        "overview": None,
     }
+    if grid is not None:
+        out["overview"] = rank_cells(events, lanes, coll_rows, grid, rank, (device, sets))
     if whatif_times is not None and len(whatif_times):
         out["whatif_clock"] = whatif.rank_clock(events, lanes, whatif_times, (device, measure))
     if device is bd.Device.GPU:
@@ -237,6 +248,7 @@ def analyze(
     from rankscope.analysis.bottleneck import pipeline_stages
     from rankscope.analysis.collectives import collective_waits, wait_totals
     from rankscope.analysis.ops import across_ranks
+    from rankscope.analysis.overview import assemble, grid_for
     from rankscope.analysis.store import open_store
     from rankscope.analysis.stragglers import arrival_windows, find_stragglers
     from rankscope.analysis.verdict import verdicts
@@ -260,6 +272,7 @@ def analyze(
     drop_last: bool | None = bool(steps["step"].nunique() >= 2) if len(steps) else None
     offsets = dict(zip(clock["rank"].astype(int), clock["offset_ns"].astype("int64"), strict=False))
     stepped = steps[steps["step"] >= 0] if len(steps) else steps
+    grid = grid_for(stepped, len(ranks))
     points = own_points(stepped, colls) if stepped["rank"].nunique() >= 2 and len(colls) else None
     point_times = (
         {int(r): g["time_ns"].to_numpy() for r, g in points.groupby("rank", sort=False)}
@@ -276,6 +289,7 @@ def analyze(
             int(offsets.get(rank, 0)) % bd.HTA_GRID_NS,
             drop_last,
             point_times.get(int(rank)),
+            grid,
         )
         for rank in ranks
     ]
@@ -335,6 +349,8 @@ def analyze(
     out.attention_calls = cat("attention")
     out.attention = attention_by_backend(out.attention_calls)
     clocks = {int(r["rank"]): r["whatif_clock"] for r in results if r["whatif_clock"] is not None}
+    if grid is not None:
+        out.overview = assemble([r["overview"] for r in results], grid, out.hosts)
     out.whatif = _whatif(steps, colls, clocks, out.straggler_ranks(), out.bottleneck_ranks())
     return out
 

@@ -92,6 +92,10 @@ FRAME_COLUMNS = (
 )
 NS_PER_MS = 1_000_000
 NS_PER_US = 1_000
+#: X label of the default axis (origin: the first event of the ranks shown).
+XLABEL_FIRST_EVENT = "time since the first event (ms, aligned clock)"
+#: X label when the origin is the run's first profiled step (the app, next to the overview).
+XLABEL_FIRST_STEP = "time since the first profiled step (ms, aligned clock)"
 #: ``Row.lane`` of a rank's memory lane (not a lane of ``Store.lanes``).
 MEMORY_LANE = -1
 #: Colours of the memory curves.
@@ -409,6 +413,7 @@ def timeline_overlay(
     width: int = DEFAULT_WIDTH,
     max_events: int = DEFAULT_MAX_EVENTS,
     with_collectives: bool = True,
+    xlabel: str = XLABEL_FIRST_EVENT,
 ) -> hv.Overlay:
     """The timeline of ``window`` (ns) as a static HoloViews Overlay.
 
@@ -480,7 +485,7 @@ def timeline_overlay(
             )
     coll = collective_frame(waits, store, rows, window, origin_ns)
     if not with_collectives:
-        return _finish(layers, rows, stragglers, frame, hidden, width, (x_lo, x_hi))
+        return _finish(layers, rows, stragglers, frame, hidden, width, (x_lo, x_hi), xlabel)
     cvd = ["name", "rank", "coll", "part", "start_us", "dur_us", "wait_us", "transfer_us"]
     cvd.append("last_rank")
     for part, color, label in (
@@ -502,7 +507,7 @@ def timeline_overlay(
             label="last to arrive",
         ).opts(color=LAST_COLOR, marker="inverted_triangle", size=9, tools=[])
     )
-    return _finish(layers, rows, stragglers, frame, hidden, width, (x_lo, x_hi))
+    return _finish(layers, rows, stragglers, frame, hidden, width, (x_lo, x_hi), xlabel)
 
 
 def _finish(
@@ -513,6 +518,7 @@ def _finish(
     hidden: int,
     width: int,
     xlim: tuple[float, float],
+    xlabel: str = XLABEL_FIRST_EVENT,
 ) -> hv.Overlay:
     """The overlay of ``layers`` with the axes, labels and legend of the timeline."""
     import holoviews as hv
@@ -530,7 +536,7 @@ def _finish(
         **dict(
             width=width,
             height=max(160, ROW_PX * len(rows) + 110),
-            xlabel="time since the first event (ms, aligned clock)",
+            xlabel=xlabel,
             ylabel="",
             yticks=ticks,
             ylim=(0, len(rows)),
@@ -600,6 +606,7 @@ def timeline(
     analysis: Analysis | None = None,
     width: int = DEFAULT_WIDTH,
     max_events: int = DEFAULT_MAX_EVENTS,
+    origin_ns: int | None = None,
 ) -> hv.DynamicMap:
     """The cross-rank timeline of ``store`` (a Store, a ``trace.h5`` or a run directory).
 
@@ -608,7 +615,8 @@ def timeline(
     view (default: the whole run); ``ranks``/``kinds`` filter; ``analysis`` (from
     :func:`rankscope.analysis.analyze`) supplies the collective waits and marks its stragglers
     (without it the waits are computed from the store and no rank is marked as straggler).
-    Renders inline in Jupyter (loads HoloViews' Bokeh extension when none is loaded).
+    ``origin_ns``: the aligned ns of x = 0 (default: the first event of ``ranks``; the app passes
+    the run's first profiled step, the overview's origin). Renders inline in Jupyter (loads HoloViews' Bokeh extension when none is loaded).
     """
     import holoviews as hv
 
@@ -632,7 +640,8 @@ def timeline(
 
         waits = collective_waits(store.collectives(), store.clock())
         strag = []
-    origin = extent.start_ns
+    origin = extent.start_ns if origin_ns is None else origin_ns
+    xlabel = XLABEL_FIRST_EVENT if origin_ns is None else XLABEL_FIRST_STEP
     the_store = store
     if kinds is None:  # the kinds present: a fixed set of layers for every zoom
         present: set[int] = set()
@@ -660,6 +669,7 @@ def timeline(
             width=width,
             max_events=max_events,
             with_collectives=with_colls,
+            xlabel=xlabel,
         )
 
     return hv.DynamicMap(render, streams=[hv.streams.RangeX()])

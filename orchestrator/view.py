@@ -90,6 +90,14 @@ def _analysis(store_path: Path) -> Any:
     return run_analysis(store_path, spec, show_progress=sys.stderr.isatty())
 
 
+def _overview(store_path: Path) -> Any:
+    """The rank × time overview alone (``--no-analysis``): one pass over the ranks."""
+    from rankscope.analysis.overview import overview_of
+    from rankscope.analysis.pipeline import ClusterSpec
+
+    return overview_of(store_path, ClusterSpec(main_is_guarded=True))
+
+
 def main(args: argparse.Namespace) -> int:
     """Entry point of ``rankscope view``: serve until interrupted (Ctrl-C or SIGTERM)."""
     import signal
@@ -103,6 +111,7 @@ def main(args: argparse.Namespace) -> int:
     store = open_store(store_path)
     try:
         analysis = None if args.no_analysis else _analysis(store_path)
+        overview = _overview(store_path) if args.no_analysis else None
         import panel as pn
         from rankscope.analysis.app import APP_TITLE, build_app
 
@@ -116,7 +125,7 @@ def main(args: argparse.Namespace) -> int:
             origins = ["*"]
         try:
             server = pn.serve(
-                {APP_PATH: lambda: build_app(store, analysis)},
+                {APP_PATH: lambda: build_app(store, analysis, overview)},
                 port=port,
                 address=args.address,
                 websocket_origin=origins,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from typing import Any
 
 #: The browser, or None (the browser tests skip without it).
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -25,3 +26,193 @@ def unresolvable_hosts(*, except_localhost: bool = False) -> str:
     """Flag making every host name unresolvable: a page that needs the network comes out broken."""
     rule = "MAP * ~NOTFOUND, EXCLUDE localhost" if except_localhost else "MAP * ~NOTFOUND"
     return f"--host-resolver-rules={rule}"
+
+
+# -- driving a page through the DevTools protocol ----------------------------------------------
+# Bokeh/Panel apps arrive over a websocket into shadow DOM after the page loads, so neither
+# ``--dump-dom`` nor ``--virtual-time-budget`` sees them; the tests drive Chromium instead.
+
+#: Collects the text and canvases of the page, shadow roots included.
+PROBE_JS = """
+(() => {
+  const roots = [document];
+  const walk = (node) => {
+    if (node.shadowRoot) { roots.push(node.shadowRoot); node.shadowRoot.querySelectorAll('*').forEach(walk); }
+  };
+  document.querySelectorAll('*').forEach(walk);
+  let canvases = 0, text = '';
+  for (const r of roots) {
+    canvases += r.querySelectorAll('canvas').length;
+    text += ' ' + (r.textContent || '');
+  }
+  return JSON.stringify({canvases, text, title: document.title,
+                         roots: document.querySelectorAll('[data-root-id]').length});
+})()
+"""
+
+
+def start_chromium(profile: Any, width: int = 1400, height: int = 900) -> tuple[Any, str]:
+    """Headless Chromium with DevTools on a free port; returns (process, its page's ws URL)."""
+    import json
+    import subprocess
+    import time
+    import urllib.request
+
+    assert CHROMIUM is not None
+    proc = subprocess.Popen(
+        [
+            CHROMIUM,
+            *HEADLESS_FLAGS,
+            unresolvable_hosts(except_localhost=True),
+            f"--window-size={width},{height}",
+            "--remote-debugging-port=0",
+            f"--user-data-dir={profile}",
+            "about:blank",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    port_file = profile / "DevToolsActivePort"
+    deadline = time.monotonic() + 60
+    while not port_file.exists() or not port_file.read_text().strip():
+        assert time.monotonic() < deadline and proc.poll() is None, "Chromium did not start"
+        time.sleep(0.2)
+    port = int(port_file.read_text().split()[0])
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=5) as r:
+                pages = [p for p in json.load(r) if p.get("type") == "page"]
+            if pages:
+                return proc, pages[0]["webSocketDebuggerUrl"]
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, "no DevTools page"
+        time.sleep(0.2)
+
+
+class DevToolsPage:
+    """One page driven through the DevTools protocol (tornado's websocket client)."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self._next = 0
+
+    @classmethod
+    async def connect(cls, ws_url: str, width: int = 1400, height: int = 900) -> DevToolsPage:
+        from tornado.websocket import websocket_connect
+
+        page = cls(await websocket_connect(ws_url, max_message_size=64 << 20))
+        await page.call("Page.enable")
+        await page.call(
+            "Emulation.setDeviceMetricsOverride",
+            width=width,
+            height=height,
+            deviceScaleFactor=1,
+            mobile=False,
+        )
+        return page
+
+    async def call(self, method: str, **params: Any) -> Any:
+        import json
+
+        self._next += 1
+        msg_id = self._next
+        await self.conn.write_message(
+            json.dumps({"id": msg_id, "method": method, "params": params})
+        )
+        while True:
+            raw = await self.conn.read_message()
+            assert raw is not None, "DevTools connection closed"
+            reply = json.loads(raw)
+            if reply.get("id") == msg_id:
+                assert "error" not in reply, reply
+                return reply["result"]
+
+    async def evaluate(self, expression: str) -> Any:
+        """The JSON value of a JS expression that returns ``JSON.stringify(...)``."""
+        import json
+
+        res = await self.call("Runtime.evaluate", expression=expression, returnByValue=True)
+        return json.loads(res["result"].get("value") or "null")
+
+    async def wait_for(self, expression: str, ok: Any, timeout_s: float) -> Any:
+        """Poll ``expression`` until ``ok(value)``; returns the last value (checked by the test)."""
+        import asyncio
+        import time
+
+        deadline = time.monotonic() + timeout_s
+        value = None
+        while time.monotonic() < deadline:
+            value = await self.evaluate(expression)
+            if value is not None and ok(value):
+                break
+            await asyncio.sleep(1.0)
+        return value
+
+    async def drag(self, x0: float, y0: float, x1: float, y1: float, steps: int = 8) -> None:
+        """A real mouse drag (press, moves, release) in page coordinates."""
+        await self.call("Input.dispatchMouseEvent", type="mouseMoved", x=x0, y=y0)
+        await self.call(
+            "Input.dispatchMouseEvent", type="mousePressed", x=x0, y=y0, button="left", clickCount=1
+        )
+        for i in range(1, steps + 1):
+            x, y = x0 + (x1 - x0) * i / steps, y0 + (y1 - y0) * i / steps
+            await self.call(
+                "Input.dispatchMouseEvent", type="mouseMoved", x=x, y=y, button="left", buttons=1
+            )
+        await self.call(
+            "Input.dispatchMouseEvent",
+            type="mouseReleased",
+            x=x1,
+            y=y1,
+            button="left",
+            clickCount=1,
+        )
+
+    async def click(self, x: float, y: float) -> None:
+        """A real left click in page coordinates."""
+        await self.call("Input.dispatchMouseEvent", type="mouseMoved", x=x, y=y)
+        for kind in ("mousePressed", "mouseReleased"):
+            await self.call(
+                "Input.dispatchMouseEvent", type=kind, x=x, y=y, button="left", clickCount=1
+            )
+
+    async def screenshot(self, png: Any) -> None:
+        import base64
+
+        shot = await self.call("Page.captureScreenshot", format="png")
+        png.write_bytes(base64.b64decode(shot["data"]))
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+#: Every Bokeh plot on the page: its title, its frame (the data area) in page coordinates, its
+#: ranges and the labels of its left axis (row labels).
+PLOTS_JS = """
+(() => {
+  const out = [];
+  const seen = new Set();
+  const walk = (v) => {
+    if (!v || seen.has(v)) return; seen.add(v);
+    if (v.frame && v.canvas_view && v.model.title) {
+      const r = v.canvas_view.el.getBoundingClientRect();
+      const f = v.frame.bbox;
+      const ax = (v.model.left || [])[0];
+      let labels = [];
+      if (ax && ax.major_label_overrides) {
+        const o = ax.major_label_overrides;
+        labels = (o instanceof Map ? [...o.values()] : Object.values(o)).map(String);
+      }
+      out.push({title: v.model.title.text || '', left: r.left + f.left, top: r.top + f.top,
+                width: f.width, height: f.height, labels,
+                y_start: v.frame.y_range.start, y_end: v.frame.y_range.end,
+                x_start: v.frame.x_range.start, x_end: v.frame.x_range.end});
+    }
+    try { for (const c of v.children()) walk(c); } catch (e) {}
+  };
+  for (const r of (window.Bokeh ? Bokeh.index : [])) walk(r);
+  return JSON.stringify(out);
+})()
+"""

@@ -200,15 +200,17 @@ def test_app_controls_drive_the_timeline(cpu: Store, cpu_analysis: Analysis) -> 
     from rankscope.analysis.app import build_app
 
     app = build_app(cpu, cpu_analysis)
-    controls, plot, findings = app[1]
-    ranks_w, step_w, kinds_w = controls[0], controls[1], controls[3]
+    controls, middle, findings = app[1]
+    by_label = {getattr(w, "label", None): w for w in controls}
+    ranks_w, step_w, kinds_w = by_label["Ranks"], by_label["Zoom to step"], by_label["Event kinds"]
+    plot = middle[-1]  # under the overview, its selection line and its read-out
     assert ranks_w.value == cpu.ranks
     shown = plot._pane.object[()]
     assert _events(shown) > 0
     step_w.value = "step 3"
     zoomed = plot._pane.object[()]
     lo, hi = step_window(cpu, 3, 3)
-    origin = store_extent(cpu).start_ns
+    origin = cpu_analysis.overview.grid.origin_ns  # the app's axis is the overview's
     assert zoomed.opts.get().kwargs["xlim"] == pytest.approx(
         ((lo - origin) / NS_PER_MS, (hi - origin) / NS_PER_MS)
     )
@@ -231,7 +233,8 @@ def test_app_without_analysis(cpu: Store) -> None:
     from rankscope.analysis.app import build_app
 
     app = build_app(cpu)
-    _, plot, findings = app[1]
+    _, middle, findings = app[1]
+    plot = middle[-1]
     assert len(findings) == 0
     ov = plot._pane.object[()]
     assert len(_layer(ov, "collective: wait")) == len(cpu.collectives())
