@@ -36,8 +36,11 @@ OVERVIEW_WIDTH = PLOT_WIDTH - 70
 SIDEBAR_WIDTH = 210
 #: Width of the findings column, px.
 FINDINGS_WIDTH = 380
-#: With more ranks than this, only the first ones (and the stragglers) are selected at start.
+#: With more ranks than this, the per-rank table and the lanes open at start are summarised
+#: (the overview shows every rank).
 DEFAULT_MAX_RANKS = 16
+#: Lanes open at start with many ranks and nobody flagged.
+START_RANKS = 4
 #: A selection on the overview opens the lanes of at most this many ranks (the first ones).
 MAX_OPEN_RANKS = 16
 #: What the overview says before anything is selected.
@@ -141,11 +144,16 @@ def pipeline_markdown(analysis: Analysis) -> str:
 
 
 def _default_ranks(store: Store, analysis: Analysis | None) -> list[int]:
-    ranks = store.ranks
+    """The ranks whose lanes are open at start: all of a small job; with many ranks (the
+    overview shows them all) the flagged ranks and the first rank as a reference, or the first
+    ``START_RANKS`` when nobody is flagged."""
+    ranks = list(store.ranks)
     if len(ranks) <= DEFAULT_MAX_RANKS:
-        return list(ranks)
-    strag = analysis.flagged_ranks() if analysis is not None else []
-    return sorted(set(ranks[:DEFAULT_MAX_RANKS]) | set(strag))
+        return ranks
+    strag = analysis.flagged_ranks()[:MAX_OPEN_RANKS] if analysis is not None else []
+    if strag:
+        return sorted({*strag, next(r for r in ranks if r not in strag)})
+    return ranks[:START_RANKS]
 
 
 def _present_kinds(store: Store, ranks: list[int]) -> list[EventKind]:

@@ -24,6 +24,10 @@ task (``pipeline.rank_task``) and joined here (:func:`assemble`). The views
 
 Units: ns (int64 on the aligned clock for times; float32 ns per cell, exact below 2**24 ns =
 16.7 ms per bin and within 6e-8 relative above).
+
+Why one module of ~510 lines: the partition, the grid it is binned on and the aggregation into
+pixels are one contract (every pixel sums whole cells) and change together; the drawing is in
+``overview_plot.py``.
 """
 
 from __future__ import annotations
@@ -344,23 +348,106 @@ def rank_order(ov: Overview, analysis: Analysis | None, order: RankOrder) -> np.
 # -- aggregation into pixels --------------------------------------------------------------------
 
 
+#: A flagged rank's row is at least this many pixels tall (magnified when ranks are many), px.
+FLAGGED_PX = 12
+#: At most this many flagged rows are magnified.
+MAX_MAGNIFIED = 16
+
+
+@dataclasses.dataclass
+class RowLayout:
+    """Which display rows (indices into the order) each image row shows: ``lo[k]:hi[k]``.
+
+    Groups are consecutive and cover every display row once; a magnified row (a flagged rank
+    among many) is repeated over several image rows so that it stays readable at a glance, and
+    the rows around it share the remaining image rows (summed, never dropped). The image's y
+    axis is in image rows.
+    """
+
+    lo: np.ndarray
+    hi: np.ndarray
+
+    @property
+    def n_rows(self) -> int:
+        """Image rows."""
+        return len(self.lo)
+
+    @property
+    def ranks_per_row(self) -> int:
+        """Most display rows (ranks) summed into one image row."""
+        return int((self.hi - self.lo).max()) if len(self.lo) else 0
+
+    def rows_between(self, y0: float, y1: float) -> tuple[int, int]:
+        """Display rows ``[a, b)`` that image rows ``y0..y1`` (image-row units) show."""
+        import math
+
+        lo, hi = sorted((y0, y1))
+        a = min(max(0, math.floor(lo)), self.n_rows - 1)
+        b = min(self.n_rows, max(math.ceil(hi), a + 1))
+        return int(self.lo[a:b].min()), int(self.hi[a:b].max())
+
+    def centre_of(self, row: int) -> float:
+        """Y of the middle of display row ``row``'s image rows."""
+        import numpy as np
+
+        k = np.flatnonzero((self.lo <= row) & (self.hi > row))
+        return float(k.min() + k.max() + 1) / 2 if len(k) else 0.0
+
+    def first_image_row(self, row: int) -> int:
+        """The first image row showing display row ``row``."""
+        import numpy as np
+
+        return int(np.searchsorted(self.hi, row, side="right"))
+
+
+def row_layout(n: int, height: int, magnify: list[int] | None = None) -> RowLayout:
+    """Image rows for ``n`` display rows in ``height`` px; display rows in ``magnify`` (flagged
+    ranks) get at least ``FLAGGED_PX`` px each when rows are many (at most ``MAX_MAGNIFIED``)."""
+    import numpy as np
+
+    mag = sorted({int(i) for i in magnify or [] if 0 <= int(i) < n})[:MAX_MAGNIFIED]
+    per_row = height / max(n, 1)
+    if not mag or per_row >= FLAGGED_PX or len(mag) * FLAGGED_PX >= height // 2:
+        edges = _groups(n, height)
+        return RowLayout(edges[:-1], edges[1:])
+    times = FLAGGED_PX if n > height else int(np.ceil(FLAGGED_PX / per_row))
+    # image rows left for the others, shared by each run between magnified rows by its length
+    rest = (height if n > height else n) - len(mag) * (times if n > height else 1)
+    normal = n - len(mag)
+    lo: list[int] = []
+    hi: list[int] = []
+    start = 0
+    for stop in [*mag, n]:
+        m = stop - start
+        if m > 0:
+            k = max(1, round(m * rest / max(normal, 1)))
+            g = start + _groups(m, k)
+            lo += g[:-1].tolist()
+            hi += g[1:].tolist()
+        if stop < n:
+            lo += [stop] * times
+            hi += [stop + 1] * times
+        start = stop + 1
+    return RowLayout(np.array(lo, np.int64), np.array(hi, np.int64))
+
+
 @dataclasses.dataclass
 class Raster:
     """An overview aggregated to pixels: ``shares[row, column, Category]`` sums to 1 per pixel."""
 
     shares: np.ndarray
-    """float32 ``[pixel row, pixel column, Category]``: share of the pixel's time per category."""
+    """float32 ``[image row, pixel column, Category]``: share of the pixel's time per category."""
     x_edges_ns: np.ndarray
     """int64, columns + 1: each column covers ``[x_edges_ns[j], x_edges_ns[j+1])`` (whole bins)."""
-    row_starts: np.ndarray
-    """int64, rows + 1: pixel row ``i`` holds display rows ``row_starts[i]:row_starts[i+1]``."""
+    rows: RowLayout
+    """Which display rows each image row sums."""
     bins_per_column: float
     """Bins summed into one column on average (below 1: a bin is wider than a pixel)."""
 
     @property
     def ranks_per_row(self) -> int:
-        """Most display rows (ranks) summed into one pixel row."""
-        return int((self.row_starts[1:] - self.row_starts[:-1]).max()) if len(self.shares) else 0
+        """Most display rows (ranks) summed into one image row."""
+        return self.rows.ranks_per_row
 
 
 def _groups(n: int, parts: int) -> np.ndarray:
@@ -378,15 +465,18 @@ def raster(
     window: tuple[int, int] | None = None,
     width: int = 1000,
     height: int = 500,
+    rows: RowLayout | None = None,
 ) -> Raster:
-    """Aggregate ``ov`` to at most ``width`` × ``height`` pixels (pure, no drawing).
+    """Aggregate ``ov`` to at most ``width`` columns and the image rows of ``rows`` (default:
+    :func:`row_layout` of ``height`` px, nothing magnified) — pure, no drawing.
 
     ``window`` (aligned ns) is widened to whole bins; a column sums whole bins (when fewer bins
-    than pixels, one bin per column) and a pixel row sums consecutive rows of ``order``. Shares
+    than pixels, one bin per column) and an image row sums its display rows of ``order``. Shares
     are the summed ns over the summed time, so each pixel's shares sum to 1.
     """
     import numpy as np
 
+    layout = rows if rows is not None else row_layout(len(order), height)
     lo, hi = (ov.start_ns, ov.end_ns) if window is None else window
     b = ov.grid.bin_ns
     i0 = max(0, (int(lo) - ov.start_ns) // b)
@@ -394,15 +484,16 @@ def raster(
     i1 = max(i1, min(i0 + 1, ov.n_bins))
     i0 = min(i0, max(i1 - 1, 0))
     cols = _groups(i1 - i0, width)
-    rows = _groups(len(order), height)
     block = ov.cells[:, i0:i1]  # a view: the columns are summed before the rows are reordered
     summed = np.add.reduceat(block, cols[:-1], axis=1) if block.shape[1] else block
     summed = summed[order]
-    summed = np.add.reduceat(summed, rows[:-1], axis=0) if len(order) else summed
+    if len(order):
+        starts = np.unique(layout.lo)  # the groups partition the display rows
+        summed = np.add.reduceat(summed, starts, axis=0)[np.searchsorted(starts, layout.lo)]
     total = summed.sum(axis=2, keepdims=True)
     shares = np.divide(summed, total, out=np.zeros_like(summed), where=total > 0)
     edges = ov.start_ns + (i0 + cols) * b
-    return Raster(shares.astype(np.float32), edges, rows, (i1 - i0) / max(len(cols) - 1, 1))
+    return Raster(shares.astype(np.float32), edges, layout, (i1 - i0) / max(len(cols) - 1, 1))
 
 
 def colors_rgb() -> np.ndarray:

@@ -27,8 +27,10 @@ from rankscope.analysis.overview import (
     Overview,
     RankOrder,
     Raster,
+    RowLayout,
     rank_order,
     raster,
+    row_layout,
     to_rgb,
 )
 
@@ -60,30 +62,41 @@ def image_px(n_ranks: int) -> int:
     return max(MIN_IMAGE_PX, min(MAX_IMAGE_PX, RANK_PX * n_ranks))
 
 
-def _yticks(ov: Overview, order: np.ndarray, flagged: list[int], height: int) -> list[Any]:
-    """Y ticks: every rank when few; else flagged ranks, and host boundaries (a tick each,
-    labelled at most every ``HOST_LABEL_PX`` px) when the order keeps hosts together."""
+def layout_for(ov: Overview, order: np.ndarray, flagged: list[int]) -> RowLayout:
+    """The image rows of ``order``: flagged ranks magnified when ranks are many."""
+    import numpy as np
+
+    flagged_set = {int(r) for r in flagged}
+    magnify = [int(i) for i in np.flatnonzero([int(r) in flagged_set for r in ov.ranks[order]])]
+    return row_layout(len(order), image_px(len(order)), magnify)
+
+
+def _yticks(ov: Overview, order: np.ndarray, flagged: list[int], layout: RowLayout) -> list[Any]:
+    """Y ticks (image-row units): every rank when few; else flagged ranks, and host boundaries
+    (a tick each, labelled at most every ``HOST_LABEL_PX`` px) when the order keeps hosts
+    together."""
     ranks = ov.ranks[order]
     n = len(order)
     if n <= LABEL_ALL_RANKS:
         return [
-            (i + 0.5, (FLAG if int(r) in flagged else "") + f"r{int(r)}")
+            (layout.centre_of(i), (FLAG if int(r) in flagged else "") + f"r{int(r)}")
             for i, r in enumerate(ranks)
         ]
     ticks: dict[float, str] = {}
     hosts = [ov.hosts[i] for i in order]
     starts = [i for i in range(n) if i == 0 or hosts[i] != hosts[i - 1]]
     if len(starts) < n / 2:  # hosts are bands in this order
-        px_per_row = height / n
+        px_per_row = image_px(n) / max(layout.n_rows, 1)
         last_label = -float(HOST_LABEL_PX)
         for i in starts:
+            y = float(layout.first_image_row(i))
             label = ""
-            if i * px_per_row - last_label >= HOST_LABEL_PX:
-                label, last_label = hosts[i], i * px_per_row
-            ticks[float(i)] = label
+            if y * px_per_row - last_label >= HOST_LABEL_PX:
+                label, last_label = hosts[i], y * px_per_row
+            ticks[y] = label
     for i, r in enumerate(ranks):
         if int(r) in flagged:
-            ticks[i + 0.5] = f"{FLAG}r{int(r)}"
+            ticks[layout.centre_of(i)] = f"{FLAG}r{int(r)}"
     return sorted(ticks.items())
 
 
@@ -119,8 +132,8 @@ def _title(ov: Overview, r: Raster, n: int) -> str:
         if r.bins_per_column >= 1
         else (f"1 bin = {ov.grid.bin_ns / 1e3:,.1f} µs (finest)")
     )
-    rows = f", {r.ranks_per_row} ranks per pixel row (summed)" if r.ranks_per_row > 1 else ""
-    return f"{n:,} ranks · each pixel: share of its time per category · {res}{rows}"
+    rows = f" × ≤ {r.ranks_per_row} ranks" if r.ranks_per_row > 1 else ""
+    return f"{n:,} ranks · each pixel: share of its time · {res}{rows}"
 
 
 def overview_image(
@@ -135,19 +148,25 @@ def overview_image(
     """One static view: the aggregated image of ``window`` (aligned ns; None: all) with its
     legend, y labels and title."""
     import holoviews as hv
-    from rankscope.analysis.timeline import XLABEL_FIRST_STEP, use_bokeh
+    from rankscope.analysis.timeline import XLABEL_FIRST_STEP, use_bokeh, x_only_tools
 
     use_bokeh()
     quiet_fixed_sizing()
     origin = ov.grid.origin_ns if origin_ns is None else origin_ns
     n = len(order)
     height = image_px(n)
-    r = raster(ov, order, window=window, width=width, height=height)
+    layout = layout_for(ov, order, flagged or [])
+    r = raster(ov, order, window=window, width=width, rows=layout)
     x0 = (int(r.x_edges_ns[0]) - origin) / NS_PER_MS
     x1 = (int(r.x_edges_ns[-1]) - origin) / NS_PER_MS
+    rows = layout.n_rows
     # HoloViews puts array row 0 at the top of the bounds; the y axis is inverted (row 0 on top)
-    img = hv.RGB(to_rgb(r)[::-1], bounds=(x0, 0, x1, n), kdims=["time", "row"])
-    img = img.opts(backend="bokeh", tools=["box_select", "tap"], active_tools=["box_select"])
+    img = hv.RGB(to_rgb(r)[::-1], bounds=(x0, 0, x1, rows), kdims=["time", "row"])
+    img = img.opts(
+        backend="bokeh",
+        tools=["box_select", "tap"],
+        active_tools=["box_select", "wheel_zoom", "tap"],
+    )
     return hv.Overlay([img, *_legend()]).opts(
         backend="bokeh",
         **dict(
@@ -155,10 +174,11 @@ def overview_image(
             frame_height=height,
             xlabel=XLABEL_FIRST_STEP,
             ylabel="",
-            yticks=_yticks(ov, order, flagged or [], height),
-            ylim=(0, n),
+            yticks=_yticks(ov, order, flagged or [], layout),
+            ylim=(0, rows),
             xlim=(x0, x1),
             invert_yaxis=True,
+            hooks=[x_only_tools],  # wheel, pan and box zoom act on time: every rank stays shown
             title=_title(ov, r, n),
             legend_position="bottom",
             legend_cols=4,
@@ -182,19 +202,17 @@ class OverviewPlot:
     dmap: hv.DynamicMap
     """The plot: re-aggregated on every zoom (a ``RangeXY`` stream)."""
     bounds: Any
-    """``hv.streams.BoundsXY`` of the box selection (x in ms, y in rows)."""
+    """``hv.streams.BoundsXY`` of the box selection (x in ms, y in image rows)."""
     tap: Any
-    """``hv.streams.Tap`` of a click (x in ms, y in rows)."""
+    """``hv.streams.Tap`` of a click (x in ms, y in image rows)."""
+    layout: RowLayout
+    """The image rows (flagged ranks magnified when ranks are many)."""
     view: dict[str, Any] = dataclasses.field(default_factory=dict)
     """The window (aligned ns, or None: all) and width of the last render."""
 
     def ranks_between(self, y0: float, y1: float) -> list[int]:
-        """Ranks of the rows a selection from ``y0`` to ``y1`` (row units) touches, top first."""
-        import math
-
-        lo, hi = sorted((y0, y1))
-        a = max(0, math.floor(lo))
-        b = min(len(self.order), max(math.ceil(hi), a + 1))
+        """Ranks of the rows a selection from ``y0`` to ``y1`` (image rows) touches, top first."""
+        a, b = self.layout.rows_between(y0, y1)
         return [int(self.overview.ranks[i]) for i in self.order[a:b]]
 
     def window_between(self, x0: float, x1: float) -> tuple[int, int]:
@@ -249,7 +267,8 @@ def overview_plot(
     dmap = hv.DynamicMap(render, streams=[hv.streams.RangeXY()])
     bounds = hv.streams.BoundsXY(source=dmap)
     tap = hv.streams.Tap(source=dmap)
-    return OverviewPlot(ov, the_order, origin, dmap, bounds, tap, view)
+    layout = layout_for(ov, the_order, flagged)
+    return OverviewPlot(ov, the_order, origin, dmap, bounds, tap, layout, view)
 
 
 def pixel_text(plot: OverviewPlot, x_ms: float, y: float) -> str:
@@ -259,28 +278,27 @@ def pixel_text(plot: OverviewPlot, x_ms: float, y: float) -> str:
 
     import numpy as np
 
-    ov, order = plot.overview, plot.order
-    n = len(order)
-    row = min(max(math.floor(y), 0), n - 1)
+    ov, order, layout = plot.overview, plot.order, plot.layout
+    k = min(max(math.floor(y), 0), layout.n_rows - 1)
     r = raster(
         ov,
         order,
         window=plot.view.get("window"),
         width=plot.view.get("width", DEFAULT_WIDTH),
-        height=image_px(n),
+        rows=layout,
     )
     t = plot.origin_ns + int(x_ms * NS_PER_MS)
     col = int(np.clip(np.searchsorted(r.x_edges_ns, t, side="right") - 1, 0, len(r.x_edges_ns) - 2))
-    grp = int(np.searchsorted(r.row_starts, row, side="right") - 1)
-    ranks = [int(ov.ranks[i]) for i in order[r.row_starts[grp] : r.row_starts[grp + 1]]]
+    a, b = int(layout.lo[k]), int(layout.hi[k])
+    ranks = [int(ov.ranks[i]) for i in order[a:b]]
     lo = (int(r.x_edges_ns[col]) - plot.origin_ns) / NS_PER_MS
     hi = (int(r.x_edges_ns[col + 1]) - plot.origin_ns) / NS_PER_MS
     who = (
-        f"rank {ranks[0]} ({ov.hosts[order[row]]})"
+        f"rank {ranks[0]} ({ov.hosts[order[a]]})"
         if len(ranks) == 1
         else ("ranks " + ", ".join(map(str, ranks)) + " (summed)")
     )
-    shares = r.shares[grp, col]
+    shares = r.shares[k, col]
     parts = [
         f"{CATEGORY_LABELS[c]} {100 * float(shares[int(c)]):.0f} %"
         for c in Category

@@ -714,6 +714,8 @@ td.l,th.l{text-align:left}td.wrap{white-space:normal;min-width:280px}td.name{max
 .legend i{display:inline-block;width:11px;height:11px;border-radius:2px;margin-right:5px;vertical-align:-1px}
 .verdict{font-weight:600}.muted{color:#778}
 .note{color:#556;font-size:12px;margin-top:8px}
+img.overview{display:block;max-width:100%;image-rendering:pixelated;border:1px solid #ccc}
+.legend{font-size:12px;margin-top:6px}.legend .sw{display:inline-block;width:10px;height:10px;border:1px solid #999;margin:0 4px 0 10px;vertical-align:middle}
 .finding.sev-problem b{color:#c0392b}.finding.sev-ok b{color:#1e8449}.finding.sev-note b{color:#9a7d0a}
 """
 
@@ -1073,6 +1075,7 @@ def render_html(a: Analysis, *, all_ranks: bool = False) -> str:
     worst ones, hosts as aggregated bars (:func:`shown_ranks`); summary.json keeps every rank.
     """
     from rankscope.analysis.report_memory import memory_html
+    from rankscope.analysis.report_overview import overview_html
 
     found = findings(a)
     doc = summary(a, found)
@@ -1252,6 +1255,7 @@ def render_html(a: Analysis, *, all_ranks: bool = False) -> str:
 <div class='cards'>{card_html}</div>{input_html}
 <section><h2>Where the time went, per rank</h2>{_bars_svg(a, by_host=many)}{ranks_table}<ul>{reasons}</ul>
 <p class='note'>Every figure is a part of the rank's profiled time (total s). Wait and transfer: time with a collective in flight, waiting until the last rank arrives (aligned clock) / moving data; each instant counts once, however many collectives are in flight. Comm exposed: communication with nothing hiding it. How to read this report: {READING_DOC}.</p></section>
+{overview_html(a)}
 <section><h2>Stragglers</h2>{strag_html}{pipe_html}</section>
 {_what_if_html(found)}
 {memory_html(a.memory, found, _finding_html)}

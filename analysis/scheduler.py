@@ -5,21 +5,30 @@ Both commands fan one task out per rank: the merge parses a rank's traces
 (``rankscope.analysis.pipeline.rank_task``). They share the scheduler vocabulary
 (:class:`ClusterSpec`, ``"auto"`` / ``"local"`` / ``"synchronous"`` / ``"threads"`` / an address),
 the choice of where ``"auto"`` runs (:func:`choose`: in-process until worker processes pay for
-their start-up) and the runner (:func:`run_each`), so one word means the same for both and the
-user reads the same one-line reason from both.
+their start-up), the runner (:func:`run_each`) and the command-line flags
+(:func:`add_cluster_flags`, :func:`cluster_spec_from_args`), so one word means the same for both,
+is spelled once for both, and the user reads the same one-line reason from both.
+
+Slurm workers (``--slurm-workers N``, a dask-jobqueue SLURMCluster) are started, watched and
+cleaned up by :mod:`rankscope.analysis.slurm_workers`; whatever fails there, or kills the workers
+of a local pool, ends the run with ONE :class:`WorkersError` line, never a hang or a traceback.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import itertools
 import logging
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from rankscope.errors import UsageError
+from rankscope.errors import RankscopeError, UsageError
+
+if TYPE_CHECKING:
+    from rankscope.analysis.slurm_workers import SlurmWorkers
 
 #: What a task returns.
 Result = TypeVar("Result")
@@ -37,8 +46,6 @@ THREADS = "threads"
 IN_PROCESS_EVENTS_PER_S = 800_000
 #: Seconds a LocalCluster costs before its first task (start-up, imports in every worker).
 CLUSTER_START_S = 2.5
-#: How long to wait for SLURMCluster workers to come up, in seconds.
-SLURM_WORKER_TIMEOUT_S = 300
 
 
 @dataclasses.dataclass
@@ -57,7 +64,20 @@ class ClusterSpec:
     slurm_memory: str = "4GB"
     """Memory per SLURMCluster worker (a Slurm ``--mem`` value)."""
     slurm_log_dir: Path | None = None
-    """Folder for the SLURMCluster job logs (the current folder when None)."""
+    """Folder for the SLURMCluster job logs, kept (``slurm_work_dir``, else the current folder,
+    when None)."""
+    slurm_work_dir: Path | None = None
+    """Folder the workers may write into, created for the run and removed once their jobs are
+    gone: the job logs (unless ``slurm_log_dir``) and Dask's scratch space (unless dask's
+    ``jobqueue.slurm.local-directory`` names one). Give one on a filesystem every node sees and
+    the caller can clean (the merge puts it beside its output); None keeps dask-jobqueue's
+    defaults (logs in the current folder, scratch in the node's temporary folder)."""
+    slurm_job_name: str | None = None
+    """Slurm job name of the workers (what ``squeue`` and ``sacct`` show); dask-jobqueue's
+    ``dask-worker`` when None."""
+    slurm_start_timeout_s: float | None = None
+    """Seconds to wait for every worker to connect (``$RANKSCOPE_SLURM_WORKER_TIMEOUT``, else
+    ``slurm_workers.SLURM_WORKER_TIMEOUT_S``, when None)."""
     workers: int | None = None
     """LocalCluster workers (default: CPU cores, at most one per rank)."""
     main_is_guarded: bool = False
@@ -123,7 +143,8 @@ def choose(spec: ClusterSpec, n_ranks: int, n_events: int) -> Choice:
     bootstrapping error in every worker helps nobody. Any other explicit scheduler is honoured.
     """
     if spec.slurm_workers is not None:
-        return Choice(LOCAL, f"{spec.slurm_workers} Slurm worker(s)")
+        where = f" in partition {spec.slurm_partition}" if spec.slurm_partition else ""
+        return Choice(LOCAL, f"{spec.slurm_workers} Slurm worker job(s){where}")
     safe = processes_are_safe(spec.main_is_guarded)
     unsafe_note = (
         "threads: worker processes would re-run this script's top level (call analyze() under "
@@ -169,7 +190,7 @@ def run_each(
     calls: Sequence[tuple[Any, ...]],
     spec: ClusterSpec,
     n_ranks: int,
-) -> Iterator[Result]:
+) -> Generator[Result, None, None]:
     """Yield ``func(*args)`` for every ``args`` in ``calls``, as each finishes, where ``spec`` says.
 
     Results come in the order they finish (callers that need an order sort them); at most
@@ -177,7 +198,8 @@ def run_each(
     and forgotten before the next call is submitted, so the caller can stream them (the merge
     parks each parsed rank on disk at once). ``spec.scheduler`` is a concrete choice
     (:func:`choose` resolves ``"auto"``): in-process, Dask's thread pool, a LocalCluster, a
-    SLURMCluster (``spec.slurm_workers``) or a running scheduler's address.
+    SLURMCluster (``spec.slurm_workers``) or a running scheduler's address. A caller that may stop
+    early closes the generator (``contextlib.closing``): that stops the workers at once.
     """
     if spec.slurm_workers is None and spec.scheduler == SYNCHRONOUS:
         for args in calls:
@@ -214,55 +236,160 @@ def _run_distributed(
     func: Callable[..., Result], calls: Sequence[tuple[Any, ...]], spec: ClusterSpec, n_ranks: int
 ) -> Iterator[Result]:
     """dask.distributed: a LocalCluster, a SLURMCluster, or a running scheduler's address."""
-    from distributed import Client, as_completed
+    from distributed import Client
 
     cluster: Any = None
-    if spec.slurm_workers is not None:
-        from dask_jobqueue import SLURMCluster
-
-        kwargs: dict[str, Any] = {"cores": 1, "processes": 1, "memory": spec.slurm_memory}
-        if spec.slurm_partition:
-            kwargs["queue"] = spec.slurm_partition
-        if spec.slurm_log_dir is not None:
-            kwargs["log_directory"] = str(spec.slurm_log_dir)
-        cluster = SLURMCluster(**kwargs)
-        cluster.scale(jobs=spec.slurm_workers)
-        address: Any = cluster
-    elif spec.scheduler == LOCAL:
-        from distributed import LocalCluster
-
-        cluster = LocalCluster(
-            n_workers=_local_workers(spec, n_ranks),
-            threads_per_worker=1,
-            processes=True,
-            dashboard_address=None,
-            silence_logs=logging.ERROR,
-        )
-        address = cluster
-    else:
-        address = spec.scheduler
+    slurm: SlurmWorkers | None = None
     try:
+        if spec.slurm_workers is not None:
+            from rankscope.analysis import slurm_workers
+
+            slurm = slurm_workers.SlurmWorkers(spec)
+            address: Any = slurm.start()
+        elif spec.scheduler == LOCAL:
+            from distributed import LocalCluster
+
+            cluster = LocalCluster(
+                n_workers=_local_workers(spec, n_ranks),
+                threads_per_worker=1,
+                processes=True,
+                dashboard_address=None,
+                silence_logs=logging.ERROR,
+            )
+            address = cluster
+        else:
+            address = spec.scheduler
         try:
             client = Client(address, timeout=f"{CONNECT_TIMEOUT_S}s", set_as_default=False)
         except OSError as exc:
             raise UsageError(f"--scheduler {spec.scheduler}: cannot connect ({exc})") from None
         with client:
-            if spec.slurm_workers is not None:
-                client.wait_for_workers(spec.slurm_workers, timeout=SLURM_WORKER_TIMEOUT_S)
-            workers = max(1, len(client.scheduler_info().get("workers", {})))
-            pending = iter(calls)
-            first = [
-                client.submit(func, *a, pure=False)
-                for a in itertools.islice(pending, IN_FLIGHT_PER_WORKER * workers)
-            ]
-            queue = as_completed(first, loop=client.loop)
-            for fut in queue:
-                result = fut.result()
-                fut.release()
-                nxt = next(pending, None)
-                if nxt is not None:
-                    queue.add(client.submit(func, *nxt, pure=False))
-                yield result
+            if slurm is not None:
+                slurm.wait_for_workers(client)
+            yield from _stream(func, calls, client, slurm)
     finally:
         if cluster is not None:
             cluster.close()
+        if slurm is not None:
+            slurm.finish()
+
+
+def _stream(
+    func: Callable[..., Result],
+    calls: Sequence[tuple[Any, ...]],
+    client: Any,
+    slurm: SlurmWorkers | None,
+) -> Iterator[Result]:
+    """Submit ``calls`` to ``client`` and yield results as they finish (:func:`run_each`).
+
+    With Slurm workers the wait is cut every few seconds to look at the jobs: Dask
+    reruns the tasks of a lost worker on the others, but once every worker is gone it would wait
+    for new ones forever (nobody submits them), so that is an error (:meth:`SlurmWorkers.check`).
+    """
+    from distributed import KilledWorker, wait
+
+    workers = max(1, len(client.nthreads()))
+    pending = iter(calls)
+    running = {
+        client.submit(func, *a, pure=False)
+        for a in itertools.islice(pending, IN_FLIGHT_PER_WORKER * workers)
+    }
+    poll = slurm.poll_s if slurm is not None else None
+    while running:
+        try:
+            with client.as_current():  # wait() asks for "the" client; ours is not the default
+                done, running = wait(running, timeout=poll, return_when="FIRST_COMPLETED")
+        except TimeoutError:
+            assert slurm is not None  # no timeout without Slurm workers
+            slurm.check(client)
+            continue
+        for fut in done:
+            try:
+                result = fut.result()
+            except KilledWorker as exc:
+                where = slurm.describe() if slurm is not None else ""
+                raise WorkersError(
+                    f"every worker that ran task {exc.task} died ({_attempts(exc)}){where}"
+                ) from None
+            fut.release()
+            nxt = next(pending, None)
+            if nxt is not None:
+                running.add(client.submit(func, *nxt, pure=False))
+            yield result
+
+
+def _attempts(exc: Any) -> str:
+    """How often Dask tried a KilledWorker's task ("3 attempts": ``allowed_failures + 1``)."""
+    allowed = getattr(exc, "allowed_failures", None)
+    return f"{allowed + 1} attempts" if isinstance(allowed, int) else "several attempts"
+
+
+class WorkersError(RankscopeError):
+    """The workers could not be started, or were lost before the tasks finished.
+
+    One line saying what Slurm said (sbatch's refusal, the jobs' queue state and reason, the last
+    line of a job's log); the CLI prints it without a traceback.
+    """
+
+    exit_code = 1
+
+
+def _positive_int(text: str) -> int:
+    """argparse type: a whole number >= 1 (one-line error otherwise)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, not {text!r}")
+    return value
+
+
+def add_cluster_flags(parser: argparse.ArgumentParser) -> None:
+    """``--scheduler WHERE`` | ``--slurm-workers N`` [``--slurm-partition NAME``]: where the
+    per-rank tasks run, spelled once for every command that fans out per rank (``merge``,
+    ``analyze``); :func:`cluster_spec_from_args` reads them back. Import-light."""
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
+        "--scheduler",
+        default=None,
+        metavar="WHERE",
+        help="where the per-rank tasks run: 'auto' (default: in this process unless worker "
+        "processes pay for their start-up), 'local' (a LocalCluster sized to this machine), "
+        "'threads', 'synchronous' (in this process), or a Dask scheduler address "
+        "(tcp://host:8786)",
+    )
+    where.add_argument(
+        "--slurm-workers",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="run the per-rank tasks on N one-core Slurm jobs (a dask-jobqueue SLURMCluster); "
+        "the traces and the output must be on a filesystem the nodes share",
+    )
+    parser.add_argument(
+        "--slurm-partition",
+        default=None,
+        metavar="NAME",
+        help="partition of the --slurm-workers jobs (default: the cluster's)",
+    )
+
+
+def cluster_spec_from_args(
+    args: argparse.Namespace, *, main_is_guarded: bool = True
+) -> ClusterSpec:
+    """The :class:`ClusterSpec` of :func:`add_cluster_flags`' flags (one-line UsageError when they
+    do not fit together). ``main_is_guarded``: rankscope's own CLI is safe to re-import."""
+    workers = getattr(args, "slurm_workers", None)
+    partition = getattr(args, "slurm_partition", None)
+    if partition is not None and workers is None:
+        raise UsageError("--slurm-partition needs --slurm-workers N")
+    try:
+        return ClusterSpec(
+            scheduler=getattr(args, "scheduler", None) or AUTO,
+            slurm_workers=workers,
+            slurm_partition=partition,
+            main_is_guarded=main_is_guarded,
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None

@@ -8,17 +8,23 @@ without ``trace.h5`` is merged first. ``rankscope run`` calls :func:`print_run_s
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rankscope.errors import InputFileError, RankscopeError, UsageError
+from rankscope.errors import InputFileError, RankscopeError
 from rankscope.launchers import rundir
+
+if TYPE_CHECKING:
+    from rankscope.analysis.scheduler import ClusterSpec
 
 #: Width of the summary when stdout is not a terminal (rich would use 80 columns).
 PIPE_WIDTH = 110
 #: File names taken as a store by ``analyze`` (an HDF5 signature makes any name one).
 STORE_SUFFIXES = (".h5", ".hdf5")
+#: Slurm job name of the analysis' ``--slurm-workers`` (a merge first names its own).
+ANALYZE_JOB_NAME = "rankscope-analyze"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -30,21 +36,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", type=Path, metavar="FILE", help="write summary.json here")
     parser.add_argument("--html", type=Path, metavar="FILE", help="write the HTML report here")
-    where = parser.add_mutually_exclusive_group()
-    where.add_argument(
-        "--scheduler",
-        metavar="ADDRESS",
-        help="Dask scheduler address (tcp://host:8786), 'synchronous' (in-process), 'threads', or "
-        "'local' (a LocalCluster sized to this machine); default 'auto': in-process unless "
-        "worker processes pay for their start-up",
-    )
-    where.add_argument(
-        "--slurm-workers",
-        type=int,
-        metavar="N",
-        help="run the per-rank tasks on N Slurm workers (dask-jobqueue)",
-    )
-    parser.add_argument("--slurm-partition", metavar="NAME", help="partition for --slurm-workers")
+    from rankscope.analysis.scheduler import add_cluster_flags
+
+    add_cluster_flags(parser)  # the merge's flags too: a merge analyze runs first uses them
     parser.add_argument(
         "--top-ops", type=int, default=8, metavar="N", help="ops shown in the terminal (default 8)"
     )
@@ -59,22 +53,34 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def resolve_store(
-    path: Path, *, merge: bool = True, scheduler: str | None = None, rank_from: str | None = None
+    path: Path,
+    *,
+    merge: bool = True,
+    scheduler: str | None = None,
+    rank_from: str | None = None,
+    cluster: ClusterSpec | None = None,
 ) -> Path:
     """The store to analyse for ``path``, checked readable (so a bad one fails in one line).
 
     ``path`` is a store file, a run directory or folder of traces, or one Kineto trace file. A
-    folder or trace without an up-to-date store is merged (``scheduler`` as ``rankscope merge``)
-    into the store ``rankscope merge PATH`` writes: ``trace.h5`` in the folder, or beside the
-    trace. An existing store is used as it is when no input is newer; ``merge=False`` never
-    merges (``rankscope run`` merged already). ``rank_from``: ``--rank-from`` of the merge.
+    folder or trace without an up-to-date store is merged (``scheduler``, or the whole
+    ``cluster`` spec — Slurm workers — as ``rankscope merge``) into the store ``rankscope merge
+    PATH`` writes: ``trace.h5`` in the folder, or beside the trace. An existing store is used as
+    it is when no input is newer; ``merge=False`` never merges (``rankscope run`` merged
+    already). ``rank_from``: ``--rank-from`` of the merge.
     """
+    if cluster is None:
+        from rankscope.analysis.scheduler import AUTO, ClusterSpec
+
+        cluster = ClusterSpec(scheduler=scheduler or AUTO, main_is_guarded=True)
+    elif scheduler is not None:
+        raise ValueError("give resolve_store scheduler= or cluster=, not both")
     if not path.exists():
         raise InputFileError(f"{path}: no such file or directory")
     if path.is_file():
         if _is_store_file(path):
             return _checked(path)
-        return _store_for_trace(path, merge=merge, scheduler=scheduler, rank_from=rank_from)
+        return _store_for_trace(path, merge=merge, cluster=cluster, rank_from=rank_from)
     store = path / rundir.STORE_NAME
     if store.exists():
         newer = _newer_input(store, [path]) if merge else None
@@ -83,7 +89,7 @@ def resolve_store(
         print(f"{newer} is newer than {store}: merging again", file=sys.stderr)
     elif not merge:
         raise InputFileError(f"{path}: no {rundir.STORE_NAME} (run `rankscope merge {path}` first)")
-    return _checked(_merge(path, scheduler, rank_from))
+    return _checked(_merge(path, cluster, rank_from))
 
 
 def _is_store_file(path: Path) -> bool:
@@ -94,7 +100,7 @@ def _is_store_file(path: Path) -> bool:
 
 
 def _store_for_trace(
-    trace: Path, *, merge: bool, scheduler: str | None, rank_from: str | None = None
+    trace: Path, *, merge: bool, cluster: ClusterSpec, rank_from: str | None = None
 ) -> Path:
     """The store of one trace file: ``trace.h5`` beside it, merged from it when out of date.
 
@@ -130,14 +136,14 @@ def _store_for_trace(
             return _checked(store)
     elif not merge:
         raise InputFileError(f"{trace}: no {rundir.STORE_NAME} beside it (run `rankscope merge`)")
-    return _checked(_merge(trace, scheduler, rank_from))
+    return _checked(_merge(trace, cluster, rank_from))
 
 
-def _merge(path: Path, scheduler: str | None, rank_from: str | None = None) -> Path:
+def _merge(path: Path, cluster: ClusterSpec, rank_from: str | None = None) -> Path:
     """Merge ``path`` into its default store (prints the clock line and where it went)."""
     from rankscope.orchestrator.merge import merge_run_dir
 
-    return Path(merge_run_dir(path, scheduler=scheduler, main_is_guarded=True, rank_from=rank_from))
+    return Path(merge_run_dir(path, cluster=cluster, main_is_guarded=True, rank_from=rank_from))
 
 
 def _newer_input(store: Path, inputs: list[Path]) -> Path | None:
@@ -162,20 +168,6 @@ def _checked(store: Path) -> Path:
 
     with open_store(store):
         return store
-
-
-def _spec(args: argparse.Namespace) -> Any:
-    from rankscope.analysis.scheduler import AUTO, ClusterSpec
-
-    try:
-        return ClusterSpec(
-            scheduler=args.scheduler or AUTO,
-            main_is_guarded=True,
-            slurm_workers=args.slurm_workers,
-            slurm_partition=args.slurm_partition,
-        )
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
 
 
 def run_analysis(store: Path, spec: Any, *, show_progress: bool = True) -> Any:
@@ -239,15 +231,15 @@ def _console() -> Any:
 def main(args: argparse.Namespace) -> int:
     """Entry point of ``rankscope analyze``."""
     from rankscope.analysis.report import print_summary
+    from rankscope.analysis.scheduler import cluster_spec_from_args
 
     path: Path = args.path
-    if args.slurm_workers is not None and args.slurm_workers < 1:
-        raise UsageError(f"--slurm-workers must be >= 1, got {args.slurm_workers}")
+    # One spec for both: a merge that must run first uses the same workers (its own "auto"
+    # choice, for its own size, when none were asked for).
+    cluster = cluster_spec_from_args(args, main_is_guarded=True)
     _refuse_unprofiled_run(path)
-    store = resolve_store(
-        path, scheduler=_merge_scheduler(args), rank_from=getattr(args, "rank_from", None)
-    )
-    analysis = run_analysis(store, _spec(args))
+    store = resolve_store(path, cluster=cluster, rank_from=getattr(args, "rank_from", None))
+    analysis = run_analysis(store, dataclasses.replace(cluster, slurm_job_name=ANALYZE_JOB_NAME))
     json_path, html_path = args.json, args.html
     if path.is_dir():
         report = path / rundir.REPORT_DIR
@@ -278,12 +270,6 @@ def _refuse_unprofiled_run(path: Path) -> None:
         return  # an unreadable run.json / meta.json: the merge reports it with its file
     if why:
         raise InputFileError(f"{path}: {why}")
-
-
-def _merge_scheduler(args: argparse.Namespace) -> str | None:
-    """The scheduler for a merge ``analyze`` runs first: the one given (merge and analysis share
-    the words, ``analysis.scheduler``), else None (``"auto"``, chosen for the merge's own size)."""
-    return args.scheduler or None
 
 
 def print_run_summary(run_dir: Path) -> None:

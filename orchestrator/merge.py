@@ -65,6 +65,7 @@ from rankscope.orchestrator.discovery import Problem, RankSource, discover, noth
 from rankscope.orchestrator.staging import (
     SPILL_FORMAT,
     TMP_FORMAT,
+    WORKERS_FORMAT,
     Spill,
     output_lock,
     remove_stale,
@@ -73,6 +74,7 @@ from rankscope.orchestrator.staging import (
 if TYPE_CHECKING:
     import numpy as np
     import pandas as pd
+    from rankscope.analysis.scheduler import ClusterSpec
     from rankscope.orchestrator.rank_columns import RankResult
 
 #: A rank whose trace starts this far (ns) from the others' median start is from another job.
@@ -85,6 +87,8 @@ MAX_RANKS = 1 << 20
 JSON_BYTES_PER_EVENT = 380
 #: The same for gzip-compressed traces: 24-30 bytes per event (mean 25) over 16 ``.json.gz``.
 GZIP_BYTES_PER_EVENT = 25
+#: Slurm job name of the merge's ``--slurm-workers`` (what squeue and sacct show).
+MERGE_JOB_NAME = "rankscope-merge"
 
 
 def estimate_events(sources: list[RankSource]) -> int:
@@ -111,6 +115,7 @@ def merge_run_dir(
     *,
     output: Path | None = None,
     scheduler: str | None = None,
+    cluster: ClusterSpec | None = None,
     quiet: bool = False,
     strict: bool = False,
     extra_inputs: list[Path] | None = None,
@@ -124,13 +129,19 @@ def merge_run_dir(
     parses in-process unless worker processes pay for their start-up, ``"local"`` starts a
     LocalCluster (one single-threaded worker process per core, at most one per rank),
     ``"threads"`` and ``"synchronous"`` stay in this process, anything else is the address of a
-    running Dask scheduler. ``main_is_guarded``: the caller's ``__main__`` is safe to re-import
+    running Dask scheduler. ``cluster``: the whole :class:`ClusterSpec` instead (Slurm workers:
+    ``slurm_workers``, ``slurm_partition`` …; ``rankscope merge --slurm-workers N``), not with
+    ``scheduler``; its Slurm jobs are named :data:`MERGE_JOB_NAME` and write beside the output
+    (:data:`~rankscope.orchestrator.staging.WORKERS_FORMAT`) unless it says otherwise.
+    ``main_is_guarded``: the caller's ``__main__`` is safe to re-import
     in worker processes (rankscope's CLI; see ``scheduler.processes_are_safe``). Raises
     :class:`InputFileError` when no rank could be merged (or, with ``strict``, when any problem
     was found — the store is still written). ``rank_from``: a regular expression whose first
     group (or whole match) in a file's name is its rank, for traces without ``distributedInfo``
     (:func:`rank_rankless`).
     """
+    if cluster is not None and scheduler is not None:
+        raise ValueError("give merge_run_dir scheduler= or cluster=, not both")
     inputs = [Path(run_dir), *(extra_inputs or [])]
     rank_rx = rank_pattern(rank_from)
     base = inputs[0] if inputs[0].is_dir() else inputs[0].parent
@@ -144,6 +155,7 @@ def merge_run_dir(
             inputs,
             out,
             scheduler=scheduler,
+            cluster=cluster,
             quiet=quiet,
             main_is_guarded=main_is_guarded,
             rank_from=rank_rx,
@@ -161,6 +173,7 @@ def _merge_locked(
     quiet: bool,
     main_is_guarded: bool,
     rank_from: re.Pattern[str] | None = None,
+    cluster: ClusterSpec | None = None,
 ) -> list[Problem]:
     """The merge proper, under the output lock; returns the problems found."""
     import numpy as np
@@ -185,11 +198,23 @@ def _merge_locked(
     for p in problems:
         _say(p, quiet)
     try:
-        spec = ClusterSpec(scheduler=scheduler or AUTO, main_is_guarded=main_is_guarded)
+        spec = (
+            cluster
+            if cluster is not None
+            else ClusterSpec(scheduler=scheduler or AUTO, main_is_guarded=main_is_guarded)
+        )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     choice = choose(spec, len(sources), estimate_events(sources))
-    spec = dataclasses.replace(spec, scheduler=choice.scheduler)
+    workers_dir = out.parent / WORKERS_FORMAT.format(name=out.name, pid=os.getpid())
+    spec = dataclasses.replace(
+        spec,
+        scheduler=choice.scheduler,
+        main_is_guarded=spec.main_is_guarded or main_is_guarded,
+        slurm_job_name=spec.slurm_job_name or MERGE_JOB_NAME,
+        # What Slurm workers write goes beside the output (shared, removed with the spill).
+        slurm_work_dir=spec.slurm_work_dir or workers_dir,
+    )
     if not quiet:
         print(f"merge: {choice.reason}", file=sys.stderr)  # the line analyze prints, for the merge
     remove_stale(out)
@@ -210,8 +235,16 @@ def _merge_locked(
                 "run": run or None,
             },
         )
-        with writer, _Progress(quiet, len(sources), total_bytes) as progress:
-            for result in run_each(parse_source, [(s,) for s in sources], spec, len(sources)):
+        # closing(): a failure in the loop's body (a full disk in the spill) stops the workers
+        # now, before the folders beside the output are removed, not when the runner is collected.
+        with (
+            writer,
+            _Progress(quiet, len(sources), total_bytes) as progress,
+            contextlib.closing(
+                run_each(parse_source, [(s,) for s in sources], spec, len(sources))
+            ) as results,
+        ):
+            for result in results:
                 for p in result.problems:
                     problems.append(p)
                     _say(p, quiet, progress)
@@ -309,6 +342,7 @@ def _merge_locked(
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
         shutil.rmtree(spill_dir, ignore_errors=True)
+        shutil.rmtree(workers_dir, ignore_errors=True)  # the runner removed it; in case
     if not quiet:
         n_coll = int(colls_aligned["coll"].nunique()) if not colls_aligned.empty else 0
         print(clk.summary_line(clock_table))
@@ -623,6 +657,8 @@ class _Progress:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``rankscope merge`` (import-light)."""
+    from rankscope.analysis.scheduler import add_cluster_flags
+
     parser.add_argument(
         "inputs",
         nargs="+",
@@ -637,14 +673,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="store to write (default: trace.h5 in the run directory / folder, or beside the "
         "first trace file)",
     )
-    parser.add_argument(
-        "--scheduler",
-        default=None,
-        metavar="WHERE",
-        help="where to parse, in analyze's words: 'auto' (default: in this process unless "
-        "worker processes pay for their start-up), 'local' (a LocalCluster sized to this "
-        "machine), 'threads', 'synchronous', or a Dask scheduler address (tcp://host:8786)",
-    )
+    add_cluster_flags(parser)  # --scheduler | --slurm-workers N [--slurm-partition], as analyze
     parser.add_argument(
         "--strict", action="store_true", help="exit non-zero when any input problem was found"
     )
@@ -704,11 +733,14 @@ def main(args: argparse.Namespace) -> int:
     missing = [p for p in paths if not p.exists()]
     if missing:
         raise UsageError(f"{missing[0]}: no such file or directory")
+    from rankscope.analysis.scheduler import cluster_spec_from_args
+
+    cluster = cluster_spec_from_args(args, main_is_guarded=True)
     with interrupt_wins():
         merge_run_dir(
             paths[0],
             output=args.output,
-            scheduler=args.scheduler,
+            cluster=cluster,
             quiet=args.quiet,
             strict=args.strict,
             extra_inputs=paths[1:],

@@ -6,6 +6,13 @@ folder until it knows which ranks to keep and how to align them (:class:`Spill`,
 ``merge``'s docstring). Every temporary ends in ``.tmp``, so the next merge of the same output
 removes what a killed one left (:func:`remove_stale`).
 
+All of them live beside the output, never in a node-local temporary folder: with
+``--slurm-workers`` the worker jobs write their logs and Dask's scratch space into
+:data:`WORKERS_FORMAT` there too. The output's folder is one every node sees (the run directory
+is on a shared filesystem for the ranks already), the merging process can remove it when the
+merge ends however it ends, and the next merge removes what a killed one left. The spill itself
+is written by the merging process only (the workers return each rank's columns to it).
+
 A write that fails here (the lock file, the spill: a full disk, a quota, a read-only folder)
 raises :class:`~rankscope.errors.OutputError` naming the OUTPUT the user asked for, with the
 cause; the caller removes the spill folder and the temporary store (docs/reliability.md).
@@ -34,7 +41,11 @@ TMP_FORMAT = ".{name}.{pid}.tmp"
 SPILL_FORMAT = ".{name}.{pid}.ranks.tmp"
 #: One parked column of one rank inside the spill folder (``part``: "events", "memory").
 SPILL_COLUMN_FORMAT = "{rank:05d}.{part}.{column}.npy"
-#: What a killed merge may have left beside the output (temporary store, spill folder).
+#: Folder beside the output for what Slurm workers write (job logs, Dask's scratch space),
+#: removed once their jobs are gone (``ClusterSpec.slurm_work_dir``).
+WORKERS_FORMAT = ".{name}.{pid}.workers.tmp"
+#: What a killed merge may have left beside the output (temporary store, spill and workers'
+#: folders).
 STALE_GLOB = ".{name}.*.tmp"
 
 

@@ -216,3 +216,67 @@ PLOTS_JS = """
   return JSON.stringify(out);
 })()
 """
+
+
+def click_button_js(text: str) -> str:
+    """JS clicking the first button (shadow roots included) whose text contains ``text``;
+    returns '1' when one was clicked."""
+    import json
+
+    return (
+        "(() => { const roots = [document]; const walk = (n) => { if (n.shadowRoot) {"
+        " roots.push(n.shadowRoot); n.shadowRoot.querySelectorAll('*').forEach(walk); } };"
+        " document.querySelectorAll('*').forEach(walk);"
+        " for (const r of roots) for (const b of r.querySelectorAll('button'))"
+        f"   if (b.textContent.includes({json.dumps(text)})) {{ b.click(); return '1'; }}"
+        " return '0'; })()"
+    )
+
+
+def serve_view(store: Any, log: Any, wait_s: float, *extra: str) -> tuple[Any, str]:
+    """``rankscope view STORE --port 0`` in a subprocess (output to ``log``); returns it and
+    the URL it printed (fails after ``wait_s`` seconds without one)."""
+    import re
+    import subprocess
+    import sys
+    import time
+
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "rankscope.orchestrator",
+                "view",
+                str(store),
+                "--port",
+                "0",
+                *extra,
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        m = re.search(r"serving (http://\S+)", log.read_text())
+        if m:
+            return proc, m.group(1)
+        time.sleep(0.3)
+    stop(proc)
+    raise AssertionError(f"rankscope view printed no URL: {log.read_text()}")
+
+
+def stop(proc: Any) -> None:
+    """Stop a process we started, by its PID (SIGTERM, then SIGKILL)."""
+    import os
+    import signal
+    import subprocess
+
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=20)

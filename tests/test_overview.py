@@ -163,7 +163,7 @@ def test_raster_keeps_every_nanosecond(
     # weight each pixel's shares by its time (columns × rows it sums): the category totals of the
     # covered bins come back, so nothing was dropped or double counted
     col_ns = np.diff(r.x_edges_ns).astype(np.float64)
-    row_n = np.diff(r.row_starts).astype(np.float64)
+    row_n = (r.rows.hi - r.rows.lo).astype(np.float64)
     back = (r.shares * col_ns[None, :, None] * row_n[:, None, None]).sum(axis=(0, 1))
     i0, i1 = (int(r.x_edges_ns[0]) // bin_ns, int(r.x_edges_ns[-1]) // bin_ns)
     want = cells[:, i0:i1].astype(np.float64).sum(axis=(0, 1))
@@ -258,3 +258,66 @@ def test_overview_renders_with_flagged_labels_and_reads_out_a_pixel(job: tuple[A
     top = p.overview.ranks[p.order[0]]
     text = pixel_text(p, 5.0, 0.5)
     assert text.startswith(f"**rank {top} (") and CATEGORY_LABELS[Category.COMPUTE] in text
+
+
+def test_report_draws_every_rank_over_time(job: tuple[Any, Any]) -> None:
+    import base64
+    import io
+    import re
+
+    from PIL import Image
+    from rankscope.analysis.overview import CATEGORY_COLORS, FLAGGED_PX, Category
+    from rankscope.analysis.report import render_html
+    from rankscope.analysis.report_overview import FLAG_RGB, RANK_PX, STRIP_PX
+
+    a, _ = job
+    html = render_html(a)
+    assert "<h2>Every rank over time</h2>" in html
+    m = re.search(r"data:image/png;base64,([A-Za-z0-9+/=]+)", html)
+    assert m
+    with Image.open(io.BytesIO(base64.b64decode(m.group(1)))) as img:
+        px = np.asarray(img.convert("RGB"))
+    assert px.shape[0] == RANK_PX * RANKS  # the image's height: RANK_PX per rank
+    # the flag strip marks the flagged ranks' rows: on top, together, each rank's at least
+    # FLAGGED_PX tall (magnified), and nothing else
+    flag_rows = (px[:, 0] == FLAG_RGB).all(axis=1)
+    n_flag = int(flag_rows.sum())
+    assert flag_rows[:n_flag].all() and n_flag >= 2 * FLAGGED_PX
+    # the slowest straggler's rows hold (almost) none of the waiting red every other row has
+    red = np.array([int(CATEGORY_COLORS[Category.WAIT][i : i + 2], 16) for i in (1, 3, 5)])
+    body = px[:, STRIP_PX + 2 :]
+    red_rows = (np.abs(body.astype(int) - red).max(axis=2) <= 2).mean(axis=1)
+    first = red_rows[1 : n_flag // 2 - 1].mean()
+    rest = red_rows[n_flag:]
+    others = rest[: len(rest) // 8 * 8].reshape(-1, 8).mean(axis=1)
+    assert first < 0.25 * others.min()
+    assert "24 ranks × " in html and "Top rows: the flagged rank(s)" in html
+
+
+@pytest.mark.parametrize(
+    ("n", "height", "flagged"), [(1024, 512, [0, 1]), (200, 512, [3, 150]), (30, 420, [2])]
+)
+def test_flagged_rows_are_magnified_and_every_rank_kept(
+    n: int, height: int, flagged: list[int]
+) -> None:
+    from rankscope.analysis.overview import FLAGGED_PX, raster, row_layout
+
+    layout = row_layout(n, height, flagged)
+    assert layout.n_rows <= max(height, n + len(flagged) * FLAGGED_PX)
+    # the groups partition the display rows: each rank in exactly one group, in order
+    starts = np.unique(layout.lo)
+    ends = np.unique(layout.hi)
+    assert starts[0] == 0 and ends[-1] == n and np.array_equal(starts[1:], ends[:-1])
+    px = height / layout.n_rows  # screen pixels per image row
+    for f in flagged:
+        mine = np.flatnonzero((layout.lo == f) & (layout.hi == f + 1))
+        assert len(mine) * px >= FLAGGED_PX - 1e-9 or height / n >= FLAGGED_PX
+        assert layout.rows_between(mine[0] + 0.2, mine[-1] + 0.8) == (f, f + 1)
+    # aggregation over this layout still gives back every nanosecond (each group counted once)
+    rng = np.random.default_rng(n)
+    cells = _random_cells(rng, n, 64, 1000)
+    r = raster(_overview(cells), np.arange(n), width=64, rows=layout)
+    first = np.r_[True, (layout.lo[1:] != layout.lo[:-1])]
+    weight = (layout.hi - layout.lo)[first].astype(float)
+    back = (r.shares[first] * 1000.0 * weight[:, None, None]).sum(axis=(0, 1))
+    assert np.allclose(back, cells.astype(np.float64).sum(axis=(0, 1)), rtol=1e-4)

@@ -12,17 +12,22 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from browser import CHROMIUM, PLOTS_JS, PROBE_JS, DevToolsPage, start_chromium
+from browser import (
+    CHROMIUM,
+    PLOTS_JS,
+    PROBE_JS,
+    DevToolsPage,
+    click_button_js,
+    serve_view,
+    start_chromium,
+    stop,
+)
 
 RANKS = 40
 STRAGGLERS = (5, 33)
@@ -59,37 +64,14 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return Path(merge_run_dir(job, quiet=True, scheduler=SYNCHRONOUS))
 
 
-def _stop(proc: subprocess.Popen[str]) -> None:
-    if proc.poll() is None:
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=20)
-
-
 @pytest.fixture
 def url(store: Path, tmp_path: Path) -> Iterator[str]:
     log = tmp_path / "view.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "rankscope.orchestrator", "view", str(store), "--port", "0"],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
+    proc, found = serve_view(store, log, SERVER_WAIT_S)
     try:
-        deadline = time.monotonic() + SERVER_WAIT_S
-        found = None
-        while found is None and time.monotonic() < deadline and proc.poll() is None:
-            m = re.search(r"serving (http://\S+)", log.read_text())
-            found = m.group(1) if m else None
-            time.sleep(0.5)
-        assert found is not None, f"no URL printed: {log.read_text()}"
         yield found
     finally:
-        _stop(proc)
+        stop(proc)
     assert "Traceback" not in log.read_text(), log.read_text()
 
 
@@ -138,14 +120,7 @@ async def _session(url: str, shots: Path) -> dict[str, Any]:
         await page.screenshot(shots / "overview.png")
 
         # the button opens the flagged ranks' lanes
-        await page.evaluate(
-            """(() => { const roots = [document]; const walk = (n) => { if (n.shadowRoot) {
-                 roots.push(n.shadowRoot); n.shadowRoot.querySelectorAll('*').forEach(walk); } };
-               document.querySelectorAll('*').forEach(walk);
-               for (const r of roots) for (const b of r.querySelectorAll('button'))
-                 if (b.textContent.includes('flagged rank')) { b.click(); return '1'; }
-               return '0'; })()"""
-        )
+        await page.evaluate(click_button_js("flagged rank"))
         after = await page.wait_for(PROBE_JS, lambda v: "Lanes below" in v["text"], RENDER_WAIT_S)
         out["button_text"] = after["text"]
 
