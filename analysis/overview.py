@@ -276,7 +276,7 @@ def _overview_task(path: str, rank: int, coll_rows: pd.DataFrame, grid: Grid) ->
 def overview_of(store: StoreLike, spec: ClusterSpec | None = None) -> Overview | None:
     """The overview of a store without the rest of the analysis (``rankscope view
     --no-analysis``, Jupyter); None when the store has no profiled steps."""
-    from rankscope.analysis.scheduler import ClusterSpec, choose, run_each
+    from rankscope.analysis.scheduler import ANALYSIS_RANK_S, ClusterSpec, choose, run_each
     from rankscope.analysis.store import open_store
 
     spec = spec or ClusterSpec()
@@ -292,7 +292,7 @@ def overview_of(store: StoreLike, spec: ClusterSpec | None = None) -> Overview |
     calls = [
         (path, r, colls[colls["rank"] == r][["start", "end", "last_start"]], grid) for r in ranks
     ]
-    choice = choose(spec, len(ranks), n_events)
+    choice = choose(spec, len(ranks), n_events, ANALYSIS_RANK_S)
     spec = dataclasses.replace(spec, scheduler=choice.scheduler)
     return assemble(list(run_each(_overview_task, calls, spec, len(ranks))), grid, hosts)
 

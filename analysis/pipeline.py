@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rankscope.analysis.scheduler import ANALYSIS_RANK_S, run_each
 from rankscope.analysis.scheduler import AUTO as AUTO
 from rankscope.analysis.scheduler import LOCAL as LOCAL
 from rankscope.analysis.scheduler import SYNCHRONOUS as SYNCHRONOUS
@@ -29,7 +30,6 @@ from rankscope.analysis.scheduler import THREADS as THREADS
 from rankscope.analysis.scheduler import Choice as Choice
 from rankscope.analysis.scheduler import ClusterSpec as ClusterSpec
 from rankscope.analysis.scheduler import choose as choose
-from rankscope.analysis.scheduler import run_each
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -265,7 +265,7 @@ def analyze(
         steps = store.steps()
         problems = store.problems()
         n_events = sum(int(store.rank_meta(r).get("events", 0)) for r in ranks)
-    choice = choose(spec, len(ranks), n_events)
+    choice = choose(spec, len(ranks), n_events, ANALYSIS_RANK_S)
     if choice.scheduler != spec.scheduler:
         spec = dataclasses.replace(spec, scheduler=choice.scheduler)
     colls["last_start"] = colls.groupby("coll")["start"].transform("max")

@@ -46,6 +46,10 @@ THREADS = "threads"
 IN_PROCESS_EVENTS_PER_S = 800_000
 #: Seconds a LocalCluster costs before its first task (start-up, imports in every worker).
 CLUSTER_START_S = 2.5
+#: Fixed seconds of one analysis rank task whatever its events (open the store, a dozen small
+#: per-rank tables): measured 0.05-0.1 s on this project's 2-core machine with 1,024 ranks of
+#: ~1,000 events, where the events alone predicted 1.3 s of work for 83 s (issue 15).
+ANALYSIS_RANK_S = 0.05
 
 
 @dataclasses.dataclass
@@ -132,11 +136,12 @@ class Choice:
     """Why, in a few words (printed by the CLI)."""
 
 
-def choose(spec: ClusterSpec, n_ranks: int, n_events: int) -> Choice:
+def choose(spec: ClusterSpec, n_ranks: int, n_events: int, rank_s: float = 0.0) -> Choice:
     """Pick where ``"auto"`` work (a merge or an analysis) runs: in-process unless processes pay.
 
     With ``w`` workers adding parallelism the work takes about ``T / w + CLUSTER_START_S``
-    instead of ``T = n_events / IN_PROCESS_EVENTS_PER_S`` in-process, so processes pay when
+    instead of ``T = n_events / IN_PROCESS_EVENTS_PER_S + n_ranks * rank_s`` in-process (``rank_s``:
+    the fixed cost of one rank's task, ``ANALYSIS_RANK_S`` for the analysis), so processes pay when
     ``T * (1 - 1/w) > CLUSTER_START_S``; ``w = min(cores - 1, ranks)`` (the parent keeps a core
     busy) unless ``spec.workers`` sizes the cluster. Where processes cannot start safely (a plain script,
     :func:`processes_are_safe`) threads run instead, even when ``"local"`` was asked for: a
@@ -159,7 +164,7 @@ def choose(spec: ClusterSpec, n_ranks: int, n_events: int) -> Choice:
     # results and, in a merge, writing the store), so only the others add parallelism: on 2
     # cores a LocalCluster was 3x slower than in-process at 1 M events (docs/performance.md).
     parallel = min(spec.workers, n_ranks) if spec.workers else min(_cores() - 1, n_ranks)
-    seconds = n_events / IN_PROCESS_EVENTS_PER_S
+    seconds = n_events / IN_PROCESS_EVENTS_PER_S + n_ranks * rank_s
     if parallel < 2 or seconds * (1 - 1 / parallel) <= CLUSTER_START_S:
         why = (
             f"{_cores()} cores: one is the parent's, worker processes would not pay off"

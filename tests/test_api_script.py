@@ -163,3 +163,15 @@ def test_run_without_steps_warns_at_the_end_and_analyze_says_why(tmp_path: Path)
     assert ana.returncode != 0
     assert len(lines) == 1, lines
     assert "no training step was seen" in lines[0] and str(run) in lines[0]
+
+
+def test_many_small_ranks_count_as_work() -> None:
+    """1,024 ranks of 1,000 events: the fixed cost per rank task makes it ~50 s of work, which
+    worker processes pay for where cores allow (issue 15: the events alone said 1.3 s)."""
+    from rankscope.analysis import scheduler
+    from rankscope.analysis.scheduler import ANALYSIS_RANK_S, ClusterSpec, choose
+
+    spec = ClusterSpec(workers=4, main_is_guarded=True)
+    assert choose(spec, 1024, 1_024_000).scheduler == scheduler.SYNCHRONOUS
+    busy = choose(spec, 1024, 1_024_000, ANALYSIS_RANK_S)
+    assert busy.scheduler == scheduler.LOCAL
