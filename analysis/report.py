@@ -415,6 +415,11 @@ def finding_markup(f: Finding) -> str:
 #: Above this many ranks the terminal summarises per-rank tables (distribution, flagged ranks,
 #: hosts) instead of listing every rank; ``--all-ranks`` and summary.json keep every row.
 MANY_RANKS = 16
+#: With more hosts than this, the HTML's per-host bars keep the flagged and worst hosts and add
+#: up the others in one bar.
+MANY_HOSTS = 16
+#: Hosts kept per "worst" criterion (most exposed communication, most time).
+WORST_HOSTS = 3
 
 
 def print_summary(
@@ -734,7 +739,9 @@ def _bars_svg(a: Analysis, *, by_host: bool = False) -> str:
         return "<p class='muted'>No profiled time.</p>"
     if by_host:
         w = _host_rows(a, w)
-    width, label_w, row_h = 900, 150 if by_host else 70, 26
+        if len(w) > MANY_HOSTS:
+            w = _few_host_rows(a, w)
+    width, label_w, row_h = 900, 210 if by_host else 70, 26
     bar_w = width - label_w - 90
     height = row_h * len(w) + 24
     parts = [
@@ -787,6 +794,37 @@ def _host_rows(a: Analysis, whole: pd.DataFrame) -> pd.DataFrame:
     out["rank"] = g["rank"].min()
     out["label"] = [f"{h} ({n})" for h, n in g.size().items()]
     return out.reset_index()
+
+
+def _few_host_rows(a: Analysis, hosts: pd.DataFrame) -> pd.DataFrame:
+    """Many hosts: the hosts of the flagged ranks, the ``WORST_HOSTS`` with the most exposed
+    communication and with the most time, then every other host added up in one row (each
+    rank's time is still in exactly one bar)."""
+    import pandas as pd
+
+    flagged_hosts = {a.hosts.get(int(r), "?") for r in a.flagged_ranks()}
+    share = hosts["comm_exposed_ns"] / hosts["total_ns"].clip(lower=1)
+    keep = set(hosts.loc[hosts["host"].isin(flagged_hosts), "host"])
+    keep |= set(hosts.loc[share.nlargest(WORST_HOSTS).index, "host"])
+    keep |= set(hosts.loc[hosts["total_ns"].nlargest(WORST_HOSTS).index, "host"])
+    shown = hosts[hosts["host"].isin(keep)].copy()
+    shown["label"] = [
+        ("⚑ " if h in flagged_hosts else "") + str(lbl)
+        for h, lbl in zip(shown["host"], shown["label"], strict=True)
+    ]
+    rest = hosts[~hosts["host"].isin(keep)]
+    if len(rest):
+        numeric = [c for c in hosts.columns if c.endswith("_ns")]
+        row = rest[numeric].sum().to_dict()
+        n_ranks = sum(1 for r in a.whole()["rank"] if a.hosts.get(int(r), "?") not in keep)
+        row.update(
+            host="",
+            device=rest["device"].iloc[0],
+            rank=int(rest["rank"].min()),
+            label=f"the other {len(rest)} hosts ({n_ranks} ranks)",
+        )
+        shown = pd.concat([shown, pd.DataFrame([row])], ignore_index=True)
+    return shown
 
 
 def shown_ranks(a: Analysis, doc: dict[str, Any]) -> set[int]:

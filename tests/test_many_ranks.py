@@ -101,5 +101,37 @@ def test_html_report_summarises_many_ranks_and_aggregates_hosts(analysis: Any) -
     assert "--all-ranks" in html
     full = render_html(analysis, all_ranks=True)
     assert all(f"<th class='l'>rank {r}</th>" in full for r in range(RANKS))
-    assert "flagged" not in full
+    assert not re.search(r">\d+ flagged<", full)  # no summary rows (the overview's caption may say it)
     assert len(html) < len(full)
+
+
+def test_html_report_adds_up_many_hosts(tmp_path: Path) -> None:
+    """More hosts than MANY_HOSTS: the flagged ranks' hosts and the worst hosts get a bar each,
+    every other host is added up in one bar, so each rank's time is in exactly one bar."""
+    import re
+
+    from rankscope.analysis.pipeline import SYNCHRONOUS, ClusterSpec, analyze
+    from rankscope.analysis.report import MANY_HOSTS, WORST_HOSTS, render_html
+    from rankscope.orchestrator.merge import merge_run_dir
+    from rankscope.orchestrator.synth import SynthConfig, generate
+
+    ranks, per_host = 2 * (MANY_HOSTS + 4), 2
+    generate(
+        SynthConfig(
+            ranks=ranks, ranks_per_host=per_host, steps=2, seed=3, stragglers=[(7, 3.0, 1.0)]
+        ),
+        tmp_path,
+    )
+    a = analyze(
+        merge_run_dir(tmp_path, quiet=True, scheduler=SYNCHRONOUS),
+        ClusterSpec(scheduler=SYNCHRONOUS),
+    )
+    assert a.flagged_ranks()[:1] == [7]
+    html = render_html(a)
+    bars = re.findall(r"font-size='12'>(⚑ )?(node\d+) \((\d+)\)<", html)
+    other = re.search(r"the other (\d+) hosts \((\d+) ranks\)", html)
+    assert other
+    assert ("⚑ ", "node003", str(per_host)) in bars  # rank 7's host, marked
+    assert len(bars) <= 1 + 2 * WORST_HOSTS
+    assert len(bars) + int(other.group(1)) == ranks // per_host
+    assert sum(int(n) for _, _, n in bars) + int(other.group(2)) == ranks
