@@ -280,7 +280,7 @@ def overview_of(store: StoreLike, spec: ClusterSpec | None = None) -> Overview |
     from rankscope.analysis.store import open_store
 
     spec = spec or ClusterSpec()
-    with open_store(store) as s:
+    with open_store(store.path if hasattr(store, "events") else store) as s:
         path, ranks = str(s.path), s.ranks
         colls = s.collectives()
         grid = grid_for(s.steps(), len(ranks))

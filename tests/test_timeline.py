@@ -239,3 +239,24 @@ def test_app_without_analysis(cpu: Store) -> None:
     ov = plot._pane.object[()]
     assert len(_layer(ov, "collective: wait")) == len(cpu.collectives())
     assert "straggler rank" not in [el.label for el in ov]
+
+
+def test_app_without_analysis_still_has_the_overview(cpu: Store) -> None:
+    """`rankscope view --no-analysis` computes the overview alone: it is drawn, ordered by host or
+    rank only (no stragglers to sort by), and nothing is flagged."""
+    from rankscope.analysis.app import build_app
+    from rankscope.analysis.overview import RankOrder, overview_of
+    from rankscope.analysis.pipeline import SYNCHRONOUS, ClusterSpec
+
+    ov = overview_of(cpu, ClusterSpec(scheduler=SYNCHRONOUS))
+    assert ov is not None and list(ov.ranks) == list(cpu.ranks)
+    app = build_app(cpu, None, ov)
+    controls, middle, findings = app[1]
+    order = next(w for w in controls if getattr(w, "label", "") == "Overview: order ranks by")
+    assert order.options == [RankOrder.HOST.value, RankOrder.RANK.value]
+    button = next(w for w in controls if type(w).__name__ == "Button")
+    assert button.disabled
+    overview = middle[0]._pane.object  # the overview's DynamicMap
+    shown = overview[()]
+    assert "4 ranks" in shown.opts.get().kwargs["title"]
+    assert len(findings) == 0
