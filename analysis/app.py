@@ -357,7 +357,12 @@ def build_app(
             controls,
             pn.Column(
                 *middle,
-                pn.panel(pn.bind(plot, rank_w, step_w, kind_w, window_w), linked_axes=False),
+                # deferred: the page (and the overview) shows before the lanes are read
+                pn.panel(
+                    pn.bind(plot, rank_w, step_w, kind_w, window_w),
+                    linked_axes=False,
+                    defer_load=ov is not None,
+                ),
             ),
             pn.Column(*column, width=FINDINGS_WIDTH),
         ),

@@ -18,6 +18,7 @@ step** (``Overview.grid.origin_ns``), the timeline's axis in the app.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import TYPE_CHECKING, Any
 
 from rankscope.analysis.overview import (
@@ -100,6 +101,17 @@ def _yticks(ov: Overview, order: np.ndarray, flagged: list[int], layout: RowLayo
     return sorted(ticks.items())
 
 
+#: Milliseconds without interaction before BokehJS reports a zoom to the server (its default,
+#: 500, was most of the 1 s a wheel zoom took to show in the browser; the re-aggregation itself
+#: takes 0.06-0.35 s, docs/performance.md).
+REPORT_ZOOM_AFTER_MS = 60
+
+
+def report_zoom_soon(plot: Any, element: Any) -> None:
+    """Bokeh hook: report a zoom or pan to the server ``REPORT_ZOOM_AFTER_MS`` after it ends."""
+    plot.state.lod_timeout = REPORT_ZOOM_AFTER_MS
+
+
 def quiet_fixed_sizing() -> None:
     """Silence Bokeh's W-1005 (FIXED_SIZING_MODE): the plot is sized by its frame
     (``frame_width``/``frame_height``, so the image is exactly one raster pixel per screen pixel)
@@ -110,7 +122,10 @@ def quiet_fixed_sizing() -> None:
     silence(FIXED_SIZING_MODE, True)
 
 
+@functools.cache
 def _legend() -> list[Any]:
+    """One legend entry per category (points at NaN: no mark on the plot); built once, reused by
+    every render."""
     import holoviews as hv
 
     return [
@@ -178,7 +193,8 @@ def overview_image(
             ylim=(0, rows),
             xlim=(x0, x1),
             invert_yaxis=True,
-            hooks=[x_only_tools],  # wheel, pan and box zoom act on time: every rank stays shown
+            # wheel, pan and box zoom act on time (every rank stays shown), reported soon
+            hooks=[x_only_tools, report_zoom_soon],
             title=_title(ov, r, n),
             legend_position="bottom",
             legend_cols=4,

@@ -31,6 +31,8 @@ sys.path.insert(0, str(REPO / "tests"))  # the DevTools driver the browser tests
 
 #: The overview's title contains this (its plot is found by it).
 OVERVIEW_MARK = "each pixel: share of its time"
+#: How often the page is polled while timing, s (the timings are this precise).
+POLL_S = 0.05
 
 
 def in_process(store: Path, repeat: int) -> dict[str, Any]:
@@ -81,7 +83,7 @@ async def _browser_session(url: str, repeat: int, shots: str | None) -> dict[str
         t = time.perf_counter()
         await page.call("Page.navigate", url=url)
         plots = await page.wait_for(
-            PLOTS_JS, lambda v: any(OVERVIEW_MARK in p["title"] for p in v), 600
+            PLOTS_JS, lambda v: any(OVERVIEW_MARK in p["title"] for p in v), 600, POLL_S
         )
         out["page_to_overview_s"] = time.perf_counter() - t
         ov = next(p for p in plots if OVERVIEW_MARK in p["title"])
@@ -105,6 +107,7 @@ async def _browser_session(url: str, repeat: int, shots: str | None) -> dict[str
                 PLOTS_JS,
                 lambda v, b=before: any(OVERVIEW_MARK in p["title"] and p["title"] != b for p in v),
                 60,
+                POLL_S,
             )
             zooms.append(time.perf_counter() - t)
             ov = next(p for p in plots if OVERVIEW_MARK in p["title"])
@@ -145,8 +148,15 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--browser", action="store_true", help="also time rankscope view in Chromium")
     ap.add_argument("--screenshots", metavar="PREFIX", help="save PREFIX.png, PREFIX-selected.png")
+    ap.add_argument("--browser-only", action="store_true", help="skip the in-process figures")
     args = ap.parse_args()
-    got = in_process(args.store, args.repeat)
+    if not args.browser_only:
+        _print_in_process(in_process(args.store, args.repeat))
+    if args.browser or args.screenshots or args.browser_only:
+        _print_browser(in_browser(args.store, args.repeat, args.screenshots))
+
+
+def _print_in_process(got: dict[str, Any]) -> None:
     print(
         f"{got['ranks']:,} ranks, {got['bins']:,} bins ({got['cells_mb']:.0f} MB of cells); "
         f"analysis {got['analyze_s']:.1f} s; flagged {got['flagged']}"
@@ -156,19 +166,18 @@ def main() -> None:
     print(f"| whole run (first render) | {got['first_s']:.3f} |")
     print(f"| zoom 4× | {got['zoom4_s']:.3f} |")
     print(f"| zoom 64× | {got['zoom64_s']:.3f} |")
-    if args.browser or args.screenshots:
-        b = in_browser(args.store, args.repeat, args.screenshots)
-        print("| rankscope view in Chromium | s |")
-        print("|---|---|")
-        print(f"| server start, analysis included (until the URL) | {b['server_start_s']:.1f} |")
-        print(f"| page load until the overview is painted | {b['page_to_overview_s']:.2f} |")
-        print(
-            f"| wheel zoom until the re-aggregated image shows (median of {len(b['zooms'])}) | "
-            f"{b['zoom_s']:.2f} |"
-        )
-        print(
-            f"(zooms: {', '.join(f'{z:.2f}' for z in b['zooms'])}; last title: {b['last_title']})"
-        )
+
+
+def _print_browser(b: dict[str, Any]) -> None:
+    print("| rankscope view in Chromium | s |")
+    print("|---|---|")
+    print(f"| server start, analysis included (until the URL) | {b['server_start_s']:.1f} |")
+    print(f"| page load until the overview is painted | {b['page_to_overview_s']:.2f} |")
+    print(
+        f"| wheel zoom until the re-aggregated image shows (median of {len(b['zooms'])}) | "
+        f"{b['zoom_s']:.2f} |"
+    )
+    print(f"(zooms: {', '.join(f'{z:.2f}' for z in b['zooms'])}; last title: {b['last_title']})")
 
 
 if __name__ == "__main__":

@@ -136,8 +136,11 @@ class DevToolsPage:
         res = await self.call("Runtime.evaluate", expression=expression, returnByValue=True)
         return json.loads(res["result"].get("value") or "null")
 
-    async def wait_for(self, expression: str, ok: Any, timeout_s: float) -> Any:
-        """Poll ``expression`` until ``ok(value)``; returns the last value (checked by the test)."""
+    async def wait_for(
+        self, expression: str, ok: Any, timeout_s: float, poll_s: float = 1.0
+    ) -> Any:
+        """Poll ``expression`` every ``poll_s`` until ``ok(value)``; returns the last value
+        (checked by the caller)."""
         import asyncio
         import time
 
@@ -147,7 +150,7 @@ class DevToolsPage:
             value = await self.evaluate(expression)
             if value is not None and ok(value):
                 break
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(poll_s)
         return value
 
     async def drag(self, x0: float, y0: float, x1: float, y1: float, steps: int = 8) -> None:

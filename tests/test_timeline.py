@@ -204,6 +204,7 @@ def test_app_controls_drive_the_timeline(cpu: Store, cpu_analysis: Analysis) -> 
     by_label = {getattr(w, "label", None): w for w in controls}
     ranks_w, step_w, kinds_w = by_label["Ranks"], by_label["Zoom to step"], by_label["Event kinds"]
     plot = middle[-1]  # under the overview, its selection line and its read-out
+    plot._replace_pane(force=True)  # the lanes load once the page has (defer_load): do it here
     assert ranks_w.value == cpu.ranks
     shown = plot._pane.object[()]
     assert _events(shown) > 0
