@@ -837,8 +837,12 @@ def shown_ranks(a: Analysis, doc: dict[str, Any]) -> set[int]:
     }
 
 
-def _lateness_svg(a: Analysis) -> str:
-    """Arrival lateness (ms after the first rank) per collective, one dot per rank."""
+def _lateness_svg(a: Analysis, *, summarise: bool = False) -> str:
+    """Arrival lateness (ms after the first rank) per collective, one dot per rank.
+
+    ``summarise`` (many ranks): per collective a line over every rank's lateness (first to last
+    arrival), a tick at the median, and dots only for the last rank and the flagged ranks — one
+    dot per (collective, rank) was 400 × 1,024 circles, a 65 MB report."""
     wt = a.waits[a.waits["n_ranks"] >= 2] if len(a.waits) else a.waits
     if len(wt) == 0:
         return "<p class='muted'>No collective with two or more ranks.</p>"
@@ -882,8 +886,11 @@ def _lateness_svg(a: Analysis) -> str:
     out.append(
         f"<text x='{(width + left) / 2:.0f}' y='{height - 8}' text-anchor='middle' font-size='11' fill='#667'>collective (in order)</text>"
     )
+    if summarise:
+        return _lateness_summary_svg(a, wt, colls, xs, ypos, out, width)
+    colour_of = {rk: palette[i % len(palette)] for i, rk in enumerate(ranks)}
     for r in wt.itertuples(index=False):
-        colour = palette[ranks.index(r.rank) % len(palette)]
+        colour = colour_of[r.rank]
         ms = float(r.lateness_ns) / 1e6
         out.append(
             f"<circle cx='{xs[r.coll]:.1f}' cy='{ypos(ms):.1f}' r='{4 if r.is_last else 3}' fill='{colour}' "
@@ -895,6 +902,53 @@ def _lateness_svg(a: Analysis) -> str:
         f"<span><i style='background:{palette[i % len(palette)]}'></i>rank {int(rk)}</span>"
         for i, rk in enumerate(ranks[:32])
     )
+    return f"<div class='legend'>{legend}</div>" + "".join(out)
+
+
+#: Colours of the flagged ranks' dots in the summarised lateness plot (then grey).
+FLAG_COLOURS = ("#d62728", "#ff7f0e", "#9467bd", "#8c564b")
+
+
+def _lateness_summary_svg(
+    a: Analysis,
+    wt: pd.DataFrame,
+    colls: list[Any],
+    xs: dict[Any, float],
+    ypos: Any,
+    out: list[str],
+    width: int,
+) -> str:
+    """The many-rank form of :func:`_lateness_svg` (``out``: its axes, already drawn)."""
+    flagged = a.flagged_ranks()[: len(FLAG_COLOURS)]
+    colour_of = dict(zip(flagged, FLAG_COLOURS, strict=False))
+    g = wt.groupby("coll")["lateness_ns"]
+    lo, med, hi = g.min() / 1e6, g.median() / 1e6, g.max() / 1e6
+    n = wt.groupby("coll")["rank"].nunique()
+    for c in colls:
+        x = xs[c]
+        out.append(
+            f"<line x1='{x:.1f}' x2='{x:.1f}' y1='{ypos(lo[c]):.1f}' y2='{ypos(hi[c]):.1f}' stroke='#9aa3b2' stroke-width='2'>"
+            f"<title>collective {int(c)}: {int(n[c])} ranks arrived over {hi[c] - lo[c]:.3f} ms (median {med[c]:.3f} ms late)</title></line>"
+        )
+        out.append(
+            f"<line x1='{x - 3:.1f}' x2='{x + 3:.1f}' y1='{ypos(med[c]):.1f}' y2='{ypos(med[c]):.1f}' stroke='#334'/>"
+        )
+    shown = wt[wt["is_last"] | wt["rank"].isin(flagged)]
+    for r in shown.itertuples(index=False):
+        colour = colour_of.get(int(r.rank), "#556")
+        ms = float(r.lateness_ns) / 1e6
+        out.append(
+            f"<circle cx='{xs[r.coll]:.1f}' cy='{ypos(ms):.1f}' r='{4 if r.is_last else 3}' fill='{colour}' "
+            f"fill-opacity='{0.95 if r.is_last else 0.6}'><title>collective {int(r.coll)} ({_e(r.op)}), rank {int(r.rank)}: "
+            f"{ms:.3f} ms late{' (last)' if r.is_last else ''}, waited {r.wait_ns / 1e6:.3f} ms</title></circle>"
+        )
+    out.append("</svg>")
+    legend = "<span><i style='background:#9aa3b2'></i>every rank: first to last arrival (tick: median)</span>"
+    legend += "".join(
+        f"<span><i style='background:{colour_of[rk]}'></i>rank {int(rk)} (flagged)</span>"
+        for rk in flagged
+    )
+    legend += "<span><i style='background:#556'></i>the last rank (other ranks)</span>"
     return f"<div class='legend'>{legend}</div>" + "".join(out)
 
 
@@ -1300,7 +1354,7 @@ def render_html(a: Analysis, *, all_ranks: bool = False) -> str:
 {_attention_html(doc, found)}
 {_op_table_html(doc)}
 <section><h2>Steps</h2>{_steps_html(a, ranks=shown)}</section>
-<section><h2>Arrival lateness per collective</h2>{_lateness_svg(a)}
+<section><h2>Arrival lateness per collective</h2>{_lateness_svg(a, summarise=many)}
 <p class='note'>Each dot is a rank arriving at a collective, in ms after the first rank; the last rank of each collective is drawn solid.</p>
 {_table(["rank", "last", "expected by chance", "p-value", "wait caused s", "share", "cause"], strag_rows, {6})}</section>
 <section><h2>Collectives</h2>{_table(["op", "count", "bytes", "rank-time s", "wait s", "transfer s"], coll_rows, {0})}

@@ -12,7 +12,9 @@ JSON: what the server sends) and the re-render of a zoomed window (4× and 64×)
 subprocess, headless Chromium driven through the DevTools protocol (tests/browser.py). Figures:
 server start until its URL is printed (this includes the analysis), page load until the overview
 is painted, and a mouse-wheel zoom on the overview until the browser shows the re-aggregated
-image (its title, which states the resolution, has changed), median of ``--repeat`` zooms.
+image (its title, which states the resolution, has changed), median of ``--repeat`` zooms that
+alternate in and out (a zoom below one bin per pixel would leave the title as it is). The first
+zoom also waits for the lanes, which load after the page (deferred).
 """
 
 from __future__ import annotations
@@ -101,7 +103,7 @@ async def _browser_session(url: str, repeat: int, shots: str | None) -> dict[str
                 x=x,
                 y=ov["top"] + ov["height"] / 2,
                 deltaX=0,
-                deltaY=-240,
+                deltaY=-240 if i % 2 == 0 else 240,  # in, out, in, ...: the title changes
             )
             plots = await page.wait_for(
                 PLOTS_JS,

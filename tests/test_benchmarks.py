@@ -35,3 +35,36 @@ def test_time_to_answer_runs_and_prints_its_table() -> None:
     rows = [line for line in lines if line.startswith("| ") and " s" in line]
     assert len(rows) == 4, proc.stdout  # dlrm (two rows), end of run, reader
     assert any("MB/s" in row for row in rows)
+
+
+@pytest.mark.slow
+def test_many_ranks_runs_prints_its_table_and_names_the_stragglers(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "many_ranks.py"),
+            "--ranks",
+            "8",
+            "--events-per-rank",
+            "2000",
+            "--layers",
+            "4",
+            "--workdir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    lines = proc.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("| ranks | trace events"))
+    cells = [c.strip() for c in lines[at].strip("|").split("|")]
+    assert lines[at + 2].startswith("| 8 |"), proc.stdout  # the table's one row, below |---|
+    row = dict(zip(cells, (c.strip() for c in lines[at + 2].strip("|").split("|")), strict=True))
+    # ranks 8/3 and 16/3 were made slow: both named, nobody else
+    assert row["true stragglers"] == "2 own compute, 5 own compute", row
+    assert row["named"] == row["true stragglers"], row
+    assert (row["precision"], row["recall"]) == ("1.00", "1.00"), row
+    assert any(line.startswith("writer at 8 ranks:") for line in lines), proc.stdout
+    assert (tmp_path / "r8" / "trace.h5").exists()  # the largest job is kept
