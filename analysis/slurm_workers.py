@@ -35,6 +35,9 @@ SLURM_WORKER_TIMEOUT_S = 300
 SLURM_WORKER_TIMEOUT_ENV = "RANKSCOPE_SLURM_WORKER_TIMEOUT"
 #: Seconds between two looks at the Slurm jobs while waiting for workers or results.
 SLURM_POLL_S = 5.0
+#: Seconds every worker job may have ended while Dask still lists workers (orphans) before the
+#: merge or analysis gives up with one line.
+SLURM_ENDED_GRACE_S = 30.0
 #: Seconds to wait, once the workers are cancelled, for their jobs to leave the queue before
 #: their folder is removed (a job still starting could write into it again).
 SLURM_JOBS_GONE_TIMEOUT_S = 60.0
@@ -70,6 +73,7 @@ class SlurmWorkers:
         self.job_ids: list[str] = []
         self.log_dir: Path | None = None
         self._empty_since: float | None = None
+        self._ended_since: float | None = None
 
     def start(self) -> Any:
         """Create the SLURMCluster, check that sbatch accepts its job, submit ``n`` jobs."""
@@ -80,6 +84,10 @@ class SlurmWorkers:
         kwargs: dict[str, Any] = {"cores": 1, "processes": 1, "memory": spec.slurm_memory}
         if spec.slurm_partition:
             kwargs["queue"] = spec.slurm_partition
+        if not dask.config.get("jobqueue.slurm.scheduler-options", None):
+            # any free port for the dashboard: a second merge (or a notebook's cluster) on 8787
+            # would print a warning into the user's terminal
+            kwargs["scheduler_options"] = {"dashboard_address": ":0"}
         if spec.slurm_job_name:
             kwargs["job_name"] = spec.slurm_job_name
         work = spec.slurm_work_dir
@@ -188,10 +196,19 @@ class SlurmWorkers:
 
     def check(self, client: Any) -> None:
         """While tasks run: an error once every worker is gone and no job can bring one back
-        (every job ended, or none connected for :attr:`timeout_s` while Slurm does not say)."""
+        (every job ended, or none connected for :attr:`timeout_s` while Slurm does not say).
+
+        Also when Slurm says every job has ended for ``SLURM_ENDED_GRACE_S`` although Dask
+        still lists workers: a worker whose job ended is an orphan process (a task blocked in
+        a system call can keep it up after ``scancel``), and waiting on it would never end."""
         if client.nthreads():
             self._empty_since = None
+            if self._all_jobs_ended_for() > SLURM_ENDED_GRACE_S:
+                raise WorkersError(
+                    f"every Slurm worker job ended before the tasks finished{self.describe()}"
+                )
             return
+        self._ended_since = None
         now = time.monotonic()
         self._empty_since = self._empty_since or now
         self._note_jobs()
@@ -206,6 +223,22 @@ class SlurmWorkers:
         raise WorkersError(
             f"every Slurm worker was lost before the tasks finished{self.describe()}"
         )
+
+    def _all_jobs_ended_for(self) -> float:
+        """Seconds since Slurm first said none of the jobs is active (0: some is, or Slurm does
+        not answer)."""
+        self._note_jobs()
+        states = self._states()
+        if (
+            states is None
+            or not self.job_ids
+            or any(_state(states, j) in SLURM_ACTIVE_STATES for j in self.job_ids)
+        ):
+            self._ended_since = None
+            return 0.0
+        now = time.monotonic()
+        self._ended_since = self._ended_since or now
+        return now - self._ended_since
 
     def describe(self, states: dict[str, tuple[str, str]] | None = None) -> str:
         """`` (job 12 CANCELLED: <its log's telling line>; job 13 …)`` for an error line."""

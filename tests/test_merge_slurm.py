@@ -127,6 +127,18 @@ def same_store(a: Path, b: Path) -> None:
         assert len(x.collectives()) > 0
 
 
+def finished(proc: subprocess.Popen[str]) -> str:
+    """The stderr of ``proc`` once it exits; killed (never left running into the next tests)
+    when it has not exited within MERGE_TIMEOUT_S."""
+    try:
+        return proc.communicate(timeout=MERGE_TIMEOUT_S)[1]
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        err = proc.communicate()[1]
+        subprocess.run(["scancel", f"--name={MERGE_JOB_NAME}"], timeout=60, check=False)
+        pytest.fail(f"the merge did not end within {MERGE_TIMEOUT_S:.0f} s: {err}")
+
+
 def blocked_merge(tmp_path: Path, cluster: LocalSlurm) -> tuple[subprocess.Popen[str], Path, Path]:
     """A merge on Slurm workers that cannot finish by itself, once both workers have joined it.
 
@@ -337,7 +349,7 @@ def test_worker_jobs_that_end_before_joining(tmp_path: Path, slurm_cluster: Loca
     ids = [line.split("|")[0] for line in queued]
     t0 = time.monotonic()
     subprocess.run(["scancel", *ids], check=True, timeout=60)
-    _, err = proc.communicate(timeout=MERGE_TIMEOUT_S)
+    err = finished(proc)
     assert time.monotonic() - t0 < 60, "noticed at once, not after the 300 s start timeout"
     assert proc.returncode == 1, err
     lines = error_lines(err)
@@ -362,7 +374,7 @@ def test_lost_workers_are_one_line(tmp_path: Path, slurm_cluster: LocalSlurm) ->
     ids = [p.stem.rsplit("-", 1)[1] for p in workers.glob(f"{MERGE_JOB_NAME}-*.err")]
     assert len(ids) == WORKERS
     subprocess.run(["scancel", *ids], check=True, timeout=60)
-    _, err = proc.communicate(timeout=MERGE_TIMEOUT_S)
+    err = finished(proc)
     assert proc.returncode == 1, err
     lines = error_lines(err)
     assert len(lines) == 1 and "Traceback" not in err, err
@@ -383,7 +395,7 @@ def test_interrupted_merge_cancels_its_workers(tmp_path: Path, slurm_cluster: Lo
     """
     proc, out, cwd = blocked_merge(tmp_path, slurm_cluster)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=MERGE_TIMEOUT_S)
+    err = finished(proc)
     assert proc.returncode == 130, err
     assert error_lines(err) == ["rankscope merge: interrupted"]
     assert temporaries(out) == [] and not (out / "trace.h5").exists()
