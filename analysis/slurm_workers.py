@@ -205,7 +205,7 @@ class SlurmWorkers:
             self._empty_since = None
             if self._all_jobs_ended_for() > SLURM_ENDED_GRACE_S:
                 raise WorkersError(
-                    f"every Slurm worker job ended before the tasks finished{self.describe()}"
+                    f"every Slurm worker was lost before the tasks finished{self.describe()}"
                 )
             return
         self._ended_since = None
