@@ -18,8 +18,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from rankscope.analysis.schema import EventKind
-
 if TYPE_CHECKING:
     from rankscope.analysis.findings import Finding
     from rankscope.analysis.overview import Overview
@@ -156,15 +154,6 @@ def _default_ranks(store: Store, analysis: Analysis | None) -> list[int]:
     return ranks[:START_RANKS]
 
 
-def _present_kinds(store: Store, ranks: list[int]) -> list[EventKind]:
-    """Kinds of the events of ``ranks`` (the ones shown first; reading every rank's kinds would
-    cost a pass over the whole store at hundreds of ranks)."""
-    present: set[int] = set()
-    for rank in ranks:
-        present.update(int(k) for k in set(store.events(rank, columns=["kind"])["kind"]))
-    return [k for k in EventKind if int(k) in present]
-
-
 def selection_text(ranks: list[int], window: tuple[int, int] | None, origin_ns: int) -> str:
     """The line under the overview saying which lanes are open below."""
     shown = ranks[:MAX_OPEN_RANKS]
@@ -186,14 +175,15 @@ def build_app(
     import panel as pn
     from rankscope.analysis.overview import RankOrder
     from rankscope.analysis.overview_plot import overview_plot, pixel_text
-    from rankscope.analysis.timeline import timeline
+    from rankscope.analysis.timeline import present_kinds, timeline
 
     hv.extension("bokeh", logo=False)
     pn.extension()
     run_id = store.meta.get("run_id") or store.path.parent.name
     steps = sorted({int(s) for s in store.steps()["step"]})
     start_ranks = _default_ranks(store, analysis)
-    kinds = _present_kinds(store, start_ranks)
+    # the kinds of the ranks shown first: every rank's would be a pass over the whole store
+    kinds = present_kinds(store, start_ranks)
     ov = analysis.overview if analysis is not None else overview
     origin = ov.grid.origin_ns if ov is not None else None
     rank_w = pn.widgets.MultiChoice(
@@ -323,14 +313,9 @@ def build_app(
 
         found = findings(analysis)
         job = job_what_if(found)
-        table = (
-            pn.pane.HTML(summary_html(analysis), width=FINDINGS_WIDTH, stylesheets=[TABLE_CSS])
-            if len(store.ranks) <= DEFAULT_MAX_RANKS
-            else pn.pane.HTML(
-                summary_html(analysis, only=analysis.flagged_ranks()),
-                width=FINDINGS_WIDTH,
-                stylesheets=[TABLE_CSS],
-            )
+        only = None if len(store.ranks) <= DEFAULT_MAX_RANKS else analysis.flagged_ranks()
+        table = pn.pane.HTML(
+            summary_html(analysis, only=only), width=FINDINGS_WIDTH, stylesheets=[TABLE_CSS]
         )
         column = [
             pn.pane.Markdown("### Per rank (% of profiled time)", margin=(0, 10)),

@@ -400,6 +400,12 @@ class RowLayout:
         return int(np.searchsorted(self.hi, row, side="right"))
 
 
+def flagged_rows(ov: Overview, order: np.ndarray, flagged: list[int]) -> list[int]:
+    """Display rows (positions in ``order``) of the ``flagged`` ranks: the rows to magnify."""
+    keep = {int(r) for r in flagged}
+    return [i for i, rank in enumerate(ov.ranks[order]) if int(rank) in keep]
+
+
 def row_layout(n: int, height: int, magnify: list[int] | None = None) -> RowLayout:
     """Image rows for ``n`` display rows in ``height`` px; display rows in ``magnify`` (flagged
     ranks) get at least ``FLAGGED_PX`` px each when rows are many (at most ``MAX_MAGNIFIED``)."""

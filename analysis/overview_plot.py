@@ -29,11 +29,13 @@ from rankscope.analysis.overview import (
     RankOrder,
     Raster,
     RowLayout,
+    flagged_rows,
     rank_order,
     raster,
     row_layout,
     to_rgb,
 )
+from rankscope.analysis.timeline import NS_PER_MS, ms_window
 
 if TYPE_CHECKING:
     import holoviews as hv
@@ -53,7 +55,6 @@ MIN_IMAGE_PX = 120
 LABEL_ALL_RANKS = 40
 #: Host labels at least this many pixels apart on the y axis.
 HOST_LABEL_PX = 14
-NS_PER_MS = 1_000_000
 #: Prefix of a flagged rank's y label.
 FLAG = "⚑ "
 
@@ -65,11 +66,7 @@ def image_px(n_ranks: int) -> int:
 
 def layout_for(ov: Overview, order: np.ndarray, flagged: list[int]) -> RowLayout:
     """The image rows of ``order``: flagged ranks magnified when ranks are many."""
-    import numpy as np
-
-    flagged_set = {int(r) for r in flagged}
-    magnify = [int(i) for i in np.flatnonzero([int(r) in flagged_set for r in ov.ranks[order]])]
-    return row_layout(len(order), image_px(len(order)), magnify)
+    return row_layout(len(order), image_px(len(order)), flagged_rows(ov, order, flagged))
 
 
 def _yticks(ov: Overview, order: np.ndarray, flagged: list[int], layout: RowLayout) -> list[Any]:
@@ -159,9 +156,11 @@ def overview_image(
     flagged: list[int] | None = None,
     width: int = DEFAULT_WIDTH,
     origin_ns: int | None = None,
+    layout: RowLayout | None = None,
 ) -> hv.Overlay:
     """One static view: the aggregated image of ``window`` (aligned ns; None: all) with its
-    legend, y labels and title."""
+    legend, y labels and title. ``layout``: the image rows (:func:`layout_for`) when already
+    built (the zoomable plot builds them once)."""
     import holoviews as hv
     from rankscope.analysis.timeline import XLABEL_FIRST_STEP, use_bokeh, x_only_tools
 
@@ -170,7 +169,7 @@ def overview_image(
     origin = ov.grid.origin_ns if origin_ns is None else origin_ns
     n = len(order)
     height = image_px(n)
-    layout = layout_for(ov, order, flagged or [])
+    layout = layout if layout is not None else layout_for(ov, order, flagged or [])
     r = raster(ov, order, window=window, width=width, rows=layout)
     x0 = (int(r.x_edges_ns[0]) - origin) / NS_PER_MS
     x1 = (int(r.x_edges_ns[-1]) - origin) / NS_PER_MS
@@ -233,8 +232,7 @@ class OverviewPlot:
 
     def window_between(self, x0: float, x1: float) -> tuple[int, int]:
         """The aligned-ns window of a selection from ``x0`` to ``x1`` ms."""
-        lo, hi = sorted((x0, x1))
-        return self.origin_ns + int(lo * NS_PER_MS), self.origin_ns + int(hi * NS_PER_MS) + 1
+        return ms_window(self.origin_ns, x0, x1)
 
 
 def overview_plot(
@@ -267,23 +265,26 @@ def overview_plot(
     origin = ov.grid.origin_ns if origin_ns is None else origin_ns
 
     view: dict[str, Any] = {"window": None, "width": width}
+    layout = layout_for(ov, the_order, flagged)
 
     def render(x_range: tuple[float, float] | None, y_range: Any = None) -> hv.Overlay:
         window = None
         if x_range is not None and x_range[1] > x_range[0]:
-            window = (
-                origin + int(x_range[0] * NS_PER_MS),
-                origin + int(x_range[1] * NS_PER_MS) + 1,
-            )
+            window = ms_window(origin, *x_range)
         view["window"] = window
         return overview_image(
-            ov, the_order, window=window, flagged=flagged, width=width, origin_ns=origin
+            ov,
+            the_order,
+            window=window,
+            flagged=flagged,
+            width=width,
+            origin_ns=origin,
+            layout=layout,
         )
 
     dmap = hv.DynamicMap(render, streams=[hv.streams.RangeXY()])
     bounds = hv.streams.BoundsXY(source=dmap)
     tap = hv.streams.Tap(source=dmap)
-    layout = layout_for(ov, the_order, flagged)
     return OverviewPlot(ov, the_order, origin, dmap, bounds, tap, layout, view)
 
 

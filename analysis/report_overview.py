@@ -19,6 +19,7 @@ from rankscope.analysis.overview import (
     CATEGORY_LABELS,
     Category,
     RankOrder,
+    flagged_rows,
     rank_order,
     raster,
     row_layout,
@@ -54,7 +55,7 @@ def overview_png(a: Analysis) -> tuple[bytes, dict[str, float]] | None:
     n = len(order)
     height = max(RANK_PX, min(MAX_HEIGHT, RANK_PX * n))
     flagged = set(a.flagged_ranks())
-    magnify = [i for i, rank in enumerate(ov.ranks[order]) if int(rank) in flagged]
+    magnify = flagged_rows(ov, order, list(flagged))
     r = raster(ov, order, width=IMAGE_WIDTH, rows=row_layout(n, height, magnify))
     rgb = to_rgb(r)
     # stretch rows to the image height (each pixel row repeated: a bigger pixel, never a blend)

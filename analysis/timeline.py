@@ -230,6 +230,21 @@ def store_extent(store: Store, ranks: Sequence[int] | None = None) -> Extent:
     return Extent(min(starts), max(max(ends), min(starts) + 1))
 
 
+def ms_window(origin_ns: int, x0_ms: float, x1_ms: float) -> tuple[int, int]:
+    """The aligned-ns window of an x range (ms since ``origin_ns``, either order); the end is
+    one ns past the last instant so that the range's own end is inside."""
+    lo, hi = sorted((x0_ms, x1_ms))
+    return origin_ns + int(lo * NS_PER_MS), origin_ns + int(hi * NS_PER_MS) + 1
+
+
+def present_kinds(store: Store, ranks: Sequence[int] | None = None) -> list[EventKind]:
+    """The event kinds ``ranks`` (all when None) have, in ``EventKind`` order."""
+    present: set[int] = set()
+    for rank in ranks if ranks is not None else store.ranks:
+        present.update(int(k) for k in set(store.events(rank, columns=["kind"])["kind"]))
+    return [k for k in EventKind if int(k) in present]
+
+
 def step_window(store: Store, first: int, last: int | None = None) -> tuple[int, int]:
     """``(start_ns, end_ns)`` covering ProfilerSteps ``first``..``last`` on every rank.
 
@@ -644,20 +659,14 @@ def timeline(
     xlabel = XLABEL_FIRST_EVENT if origin_ns is None else XLABEL_FIRST_STEP
     the_store = store
     if kinds is None:  # the kinds present: a fixed set of layers for every zoom
-        present: set[int] = set()
-        for rank in ranks if ranks is not None else store.ranks:
-            present.update(int(k) for k in set(store.events(rank, columns=["kind"])["kind"]))
-        kinds = [k for k in EventKind if int(k) in present]
+        kinds = present_kinds(store, ranks)
     with_colls = len(waits) > 0
 
     def render(x_range: tuple[float, float] | None) -> hv.Overlay:
         if x_range is None or x_range[1] <= x_range[0]:
             win = (start, end)
         else:
-            win = (
-                origin + int(x_range[0] * NS_PER_MS),
-                origin + int(x_range[1] * NS_PER_MS) + 1,
-            )
+            win = ms_window(origin, *x_range)
         return timeline_overlay(
             the_store,
             win,
