@@ -189,3 +189,31 @@ def merged(data_dir: Path, name: str, out_dir: Path) -> Path:
     if not out.exists():
         merge_run_dir(data_dir / name, output=out, scheduler="synchronous", quiet=True)
     return out
+
+
+def synthetic_store(
+    folder: Path,
+    *,
+    ranks: int,
+    stragglers: list[tuple[int, float, float]],
+    seed: int,
+    steps: int = 3,
+    ranks_per_host: int = 8,
+) -> Path:
+    """A ``rankscope synth`` job in ``folder`` (truth.json beside it), merged in-process; returns
+    the store. ``stragglers``: (rank, extra ms, fraction of steps)."""
+    from rankscope.analysis.scheduler import SYNCHRONOUS
+    from rankscope.orchestrator.merge import merge_run_dir
+    from rankscope.orchestrator.synth import SynthConfig, generate
+
+    generate(
+        SynthConfig(
+            ranks=ranks,
+            ranks_per_host=ranks_per_host,
+            steps=steps,
+            seed=seed,
+            stragglers=stragglers,
+        ),
+        folder,
+    )
+    return Path(merge_run_dir(folder, quiet=True, scheduler=SYNCHRONOUS))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,3 +104,19 @@ def slurm_cluster() -> Iterator[LocalSlurm]:
                 timeout=DOWN_TIMEOUT_S,
                 check=False,
             )
+
+
+def rankscope(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """Run the real ``rankscope`` command line (this venv's) to its end; the CompletedProcess
+    (text)."""
+    return subprocess.run(
+        [sys.executable, "-m", "rankscope", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=timeout,
+        check=False,
+    )

@@ -15,22 +15,15 @@ STRAGGLERS = (5, 33)
 
 @pytest.fixture(scope="module")
 def analysis(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from analysis_frames import synthetic_store
     from rankscope.analysis.pipeline import SYNCHRONOUS, ClusterSpec, analyze
-    from rankscope.orchestrator.merge import merge_run_dir
-    from rankscope.orchestrator.synth import SynthConfig, generate
 
-    job = tmp_path_factory.mktemp("many")
-    generate(
-        SynthConfig(
-            ranks=RANKS,
-            ranks_per_host=8,
-            steps=3,
-            seed=4,
-            stragglers=[(STRAGGLERS[0], 3.0, 1.0), (STRAGGLERS[1], 2.0, 1.0)],
-        ),
-        job,
+    store = synthetic_store(
+        tmp_path_factory.mktemp("many"),
+        ranks=RANKS,
+        seed=4,
+        stragglers=[(STRAGGLERS[0], 3.0, 1.0), (STRAGGLERS[1], 2.0, 1.0)],
     )
-    store = merge_run_dir(job, quiet=True, scheduler=SYNCHRONOUS)
     return analyze(store, ClusterSpec(scheduler=SYNCHRONOUS))
 
 
@@ -111,22 +104,15 @@ def test_html_report_adds_up_many_hosts(tmp_path: Path) -> None:
     every other host is added up in one bar, so each rank's time is in exactly one bar."""
     import re
 
+    from analysis_frames import synthetic_store
     from rankscope.analysis.pipeline import SYNCHRONOUS, ClusterSpec, analyze
     from rankscope.analysis.report import MANY_HOSTS, WORST_HOSTS, render_html
-    from rankscope.orchestrator.merge import merge_run_dir
-    from rankscope.orchestrator.synth import SynthConfig, generate
 
     ranks, per_host = 2 * (MANY_HOSTS + 4), 2
-    generate(
-        SynthConfig(
-            ranks=ranks, ranks_per_host=per_host, steps=2, seed=3, stragglers=[(7, 3.0, 1.0)]
-        ),
-        tmp_path,
+    store = synthetic_store(
+        tmp_path, ranks=ranks, ranks_per_host=per_host, steps=2, seed=3, stragglers=[(7, 3.0, 1.0)]
     )
-    a = analyze(
-        merge_run_dir(tmp_path, quiet=True, scheduler=SYNCHRONOUS),
-        ClusterSpec(scheduler=SYNCHRONOUS),
-    )
+    a = analyze(store, ClusterSpec(scheduler=SYNCHRONOUS))
     assert a.flagged_ranks()[:1] == [7]
     html = render_html(a)
     bars = re.findall(r"font-size='12'>(⚑ )?(node\d+) \((\d+)\)<", html)

@@ -28,6 +28,7 @@ from rankscope.orchestrator.cli import build_parser
 from rankscope.orchestrator.merge import MERGE_JOB_NAME, merge_run_dir
 from rankscope.orchestrator.synth import SynthConfig, generate
 from slurm_cluster import LocalSlurm
+from slurm_cluster import rankscope as run_rankscope
 
 #: A small synthetic job: 8 ranks, ~2 k events in all (the cluster shares this 2-core machine).
 SYNTH = SynthConfig(ranks=8, steps=2, layers=2, buckets=2)
@@ -45,16 +46,8 @@ REGISTERED = "Registered to:"
 def rankscope(
     *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """Run the real ``rankscope`` command line (this venv's) to its end."""
-    return subprocess.run(
-        [sys.executable, "-m", "rankscope", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=cwd,
-        timeout=MERGE_TIMEOUT_S,
-        check=False,
-    )
+    """Run the real ``rankscope`` command line (this venv's) to its end, within MERGE_TIMEOUT_S."""
+    return run_rankscope(*args, env=env, cwd=cwd, timeout=MERGE_TIMEOUT_S)
 
 
 def synth_job(folder: Path) -> Path:

@@ -19,22 +19,13 @@ STRAGGLERS = (5, 18)
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, dict[str, Any]]:
+    from analysis_frames import synthetic_store
     from rankscope.analysis.pipeline import SYNCHRONOUS, ClusterSpec, analyze
-    from rankscope.orchestrator.merge import merge_run_dir
-    from rankscope.orchestrator.synth import SynthConfig, generate
 
     out = tmp_path_factory.mktemp("overview")
-    generate(
-        SynthConfig(
-            ranks=RANKS,
-            ranks_per_host=8,
-            steps=3,
-            seed=11,
-            stragglers=[(STRAGGLERS[0], 3.0, 1.0), (STRAGGLERS[1], 2.0, 1.0)],
-        ),
-        out,
+    store = synthetic_store(
+        out, ranks=RANKS, seed=11, stragglers=[(STRAGGLERS[0], 3.0, 1.0), (STRAGGLERS[1], 2.0, 1.0)]
     )
-    store = merge_run_dir(out, quiet=True, scheduler=SYNCHRONOUS)
     truth = json.loads((out / "truth.json").read_text())
     return analyze(store, ClusterSpec(scheduler=SYNCHRONOUS)), truth
 

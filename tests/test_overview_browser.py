@@ -46,22 +46,14 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from rankscope.analysis.scheduler import SYNCHRONOUS
-    from rankscope.orchestrator.merge import merge_run_dir
-    from rankscope.orchestrator.synth import SynthConfig, generate
+    from analysis_frames import synthetic_store
 
-    job = tmp_path_factory.mktemp("overview-view")
-    generate(
-        SynthConfig(
-            ranks=RANKS,
-            ranks_per_host=8,
-            steps=3,
-            seed=4,
-            stragglers=[(STRAGGLERS[0], 3.0, 1.0), (STRAGGLERS[1], 2.0, 1.0)],
-        ),
-        job,
+    return synthetic_store(
+        tmp_path_factory.mktemp("overview-view"),
+        ranks=RANKS,
+        seed=4,
+        stragglers=[(STRAGGLERS[0], 3.0, 1.0), (STRAGGLERS[1], 2.0, 1.0)],
     )
-    return Path(merge_run_dir(job, quiet=True, scheduler=SYNCHRONOUS))
 
 
 @pytest.fixture

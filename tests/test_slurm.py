@@ -23,7 +23,7 @@ from rankscope.launchers import rundir
 from rankscope.launchers.slurm_node import node_torchrun_args
 from rankscope.launchers.slurm_options import SlurmOptions, load_defaults, slurm_options_from_args
 from rankscope.launchers.slurm_records import task_states
-from slurm_cluster import REPO, LocalSlurm
+from slurm_cluster import REPO, LocalSlurm, rankscope
 
 EXAMPLE = REPO / "examples" / "train_ddp.py"
 TEMPLATE = REPO / "slurm" / "rankscope.sbatch"
@@ -36,19 +36,6 @@ SLOW_STEPS = ["--input-delay-ms", "200"]
 
 
 # ---------------------------------------------------------------------------- helpers
-def rankscope(
-    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 300
-) -> subprocess.CompletedProcess[str]:
-    """Run the real ``rankscope`` command line; return the CompletedProcess (text)."""
-    return subprocess.run(
-        [sys.executable, "-m", "rankscope", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=cwd,
-        timeout=timeout,
-        check=False,
-    )
 
 
 def wait_until(what: str, check: Callable[[], Any], timeout: float = JOB_TIMEOUT_S) -> Any:
