@@ -3,26 +3,40 @@ is more than step-to-step noise.
 
 Pure functions (no printing, no files): :func:`compare` takes two analyses and returns a
 :class:`Comparison` of DataFrames (each with a documented ``*_COLUMNS`` contract) and structured
-:class:`CompareFinding`\\ s; :func:`gate` decides a CI job's fate from it. ``rankscope compare``
-(``orchestrator/compare.py``) only renders. Method and definitions: docs/compare.md.
+:class:`CompareFinding`\\ s; :func:`gate_checks` / :func:`gate` decide a CI job's fate from it.
+``rankscope compare`` (``orchestrator/compare.py``) only renders. Method and definitions:
+docs/compare.md.
 
-**The test.** Every profiled step is one sample of a KPI (the job's sample is the mean over ranks
-of that step: ranks of one step are tied by its collectives, so they are one observation). Step
-times are skewed and have outliers (a page fault, a late rank, the OS), so the test is
-rank-based: a two-sided **Mann–Whitney U** test of NEW's steps against BASE's, with the exact
-null distribution (ties included, by counting subsets of mid-ranks) up to
+**The table's test.** Every profiled step is one sample of a KPI (the job's sample is the mean
+over ranks of that step: ranks of one step are tied by its collectives, so they are one
+observation). Step times are skewed and have outliers (a page fault, a late rank, the OS), so the
+test is rank-based: a two-sided **Mann–Whitney U** test of NEW's steps against BASE's, with the
+exact null distribution (ties included, by counting subsets of mid-ranks) up to
 :data:`EXACT_MAX_SAMPLES` steps and the tie-corrected normal approximation above. The size of
 the change is the **Hodges–Lehmann** shift (the median of every NEW − BASE difference of steps),
 robust like the test, relative to BASE's median. The null hypothesis is "a change of at most
 ``min_change``" (BASE is moved by that margin towards NEW before the test), so a real but small
 change inside the noise is not called. A change is significant when its Holm-adjusted p-value is
-below ``alpha / 2``: many KPIs and ranks
-are tested at once, so the family-wise false-alarm rate is held at ``alpha`` — Holm within the
-job-level family and within the per-rank family, each at ``alpha / 2`` (Bonferroni across the
-two). Only the job-level family decides :func:`gate`.
+below ``alpha / 2``: many KPIs and ranks are tested at once, so the family-wise false-alarm rate
+is held at ``alpha`` — Holm within the job-level family and within the per-rank family, each at
+``alpha / 2`` (Bonferroni across the two). A rank test cannot be significant with few steps
+(3 vs 3: p ≥ 0.1; 5 vs 5: p ≥ 2/252, and Holm over 8 KPIs at 0.025 needs less): the table then
+says so (:func:`rank_test_floor`) instead of reporting "no change".
 
-Why one module of ~810 lines: the rank-sum test, its exact distribution, Holm's correction and
-the comparison tables that use them belong together.
+**The gate's test** is another question, asked of one pre-declared family: is a gated KPI (the
+headline KPIs with ``fail_above``, and any KPI with its own threshold) *worse than its threshold*?
+For each, a one-sided **Welch t** test of H0 "NEW's mean per step is at most (1 + threshold) ×
+BASE's" (``(1 − threshold)`` for higher-is-better KPIs): a linear hypothesis in the two means, so
+BASE's own uncertainty is counted (:func:`welch_exceeds`). Its samples are the same per-step job
+means (every rank of every step, each step one observation); the mean is what a regression
+costs (the run's time is the sum of its steps), and an outlier step widens the test's standard
+error as much as it moves the mean. Unlike a rank test it has real power at 3 steps a side (a
+doubling of the step time in 10 % step noise: median p ≈ 0.001). Holm over the gate's family at
+``alpha``. With fewer than :data:`MIN_SAMPLES` steps on a side no test is possible: the gate
+then decides on the threshold alone and says so (:class:`GateRule`).
+
+Why one module of ~1100 lines: the rank-sum test, its exact distribution, Holm's correction, the
+gate's t test and the comparison tables that use them belong together.
 """
 
 from __future__ import annotations
@@ -345,6 +359,88 @@ def holm(p: Any) -> np.ndarray:
     adj = np.minimum(1.0, np.maximum.accumulate((m - np.arange(m)) * p[order]))
     out[order] = adj
     return out
+
+
+def mann_whitney_min_p(n1: int, n2: int) -> float:
+    """The smallest two-sided p-value the exact U test can give with ``n1`` vs ``n2`` samples
+    (no ties: both extreme orderings, ``2 / C(n1 + n2, n1)``)."""
+    if n1 <= 0 or n2 <= 0:
+        return 1.0
+    return min(1.0, 2 / math.comb(n1 + n2, n1))
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """Continued fraction of the incomplete beta function (modified Lentz)."""
+    tiny = 1e-300
+    qab, qap, qam = a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 500):
+        m2 = 2 * m
+        for aa in (
+            m * (b - m) * x / ((qam + m2) * (a + m2)),
+            -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2)),
+        ):
+            d = 1.0 + aa * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + aa / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return h
+
+
+def betainc(a: float, b: float, x: float) -> float:
+    """The regularized incomplete beta function I_x(a, b) (a, b > 0; 0 <= x <= 1)."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    front = math.exp(
+        math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    )
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _betacf(a, b, x) / a
+    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
+
+
+def t_sf(t: float, df: float) -> float:
+    """P(T > t) for Student's t with ``df`` (> 0, not necessarily whole) degrees of freedom."""
+    if math.isnan(t) or not df > 0:
+        return math.nan
+    if math.isinf(t):
+        return 0.0 if t > 0 else 1.0
+    tail = 0.5 * betainc(df / 2, 0.5, df / (df + t * t))
+    return tail if t >= 0 else 1.0 - tail
+
+
+def welch_exceeds(base: Any, new: Any, factor: float) -> tuple[float, float, float]:
+    """One-sided Welch t test of H1 "mean(new) > factor × mean(base)" against H0 "≤": (t,
+    degrees of freedom, p).
+
+    ``D = mean(new) − factor·mean(base)`` is a linear contrast of the two means, so its variance
+    ``s_new²/n_new + factor²·s_base²/n_base`` counts BASE's uncertainty too (a relative margin
+    tested without treating BASE's mean as known); degrees of freedom by Welch–Satterthwaite.
+    Both samples without any spread: p is 0 when D > 0, else 1 (t ±inf, df NaN). Fewer than 2
+    samples on a side: all NaN (no variance to estimate)."""
+    import numpy as np
+
+    a = np.asarray(base, np.float64)
+    b = np.asarray(new, np.float64)
+    n1, n2 = len(a), len(b)
+    if n1 < 2 or n2 < 2:
+        return math.nan, math.nan, math.nan
+    d = float(b.mean()) - factor * float(a.mean())
+    va = factor * factor * float(a.var(ddof=1)) / n1
+    vb = float(b.var(ddof=1)) / n2
+    se2 = va + vb
+    if not se2 > 0:
+        return (math.inf, math.nan, 0.0) if d > 0 else (-math.inf, math.nan, 1.0)
+    df = se2 * se2 / (va * va / (n1 - 1) + vb * vb / (n2 - 1))
+    t = d / math.sqrt(se2)
+    return t, df, t_sf(t, df)
 
 
 # -- the comparison --------------------------------------------------------------------------
@@ -685,6 +781,31 @@ def _pct(x: float) -> str:
     return f"{100 * x:+.1f}%" if math.isfinite(x) else "n/a"
 
 
+def rank_test_floor(kpis: pd.DataFrame, alpha: float) -> str | None:
+    """A line when no job row of ``kpis`` (KPI_CHANGE_COLUMNS) can be called a change however
+    large it is: the U test's smallest p times the Holm factor of the job family is not below
+    ``alpha / 2`` (3 vs 3 steps: 0.1; 5 vs 5 steps and 8 KPIs: 8 × 2/252 = 0.063). None when a
+    call is possible."""
+    job = kpis[(kpis["rank"] == JOB_RANK) & (kpis["change"] != Change.UNTESTED)]
+    m = len(job)
+    if not m:
+        return None
+    rows = list(job.itertuples())
+    pmin = min(mann_whitney_min_p(int(r.base_steps), int(r.new_steps)) for r in rows)
+    level = alpha / 2
+    if pmin * m < level:
+        return None
+    need = MIN_SAMPLES
+    while mann_whitney_min_p(need, need) * m >= level and need < EXACT_MAX_SAMPLES:
+        need += 1
+    nb, nn = int(job["base_steps"].max()), int(job["new_steps"].max())
+    return (
+        f"{nb} vs {nn} steps: the rank test's smallest two-sided p is {pmin:.2g}, and Holm over "
+        f"{m} job KPIs needs p < {level / m:.2g}: no KPI row can be called a change, however "
+        f"large (that takes {need} steps per run; the gate tests differently)"
+    )
+
+
 def compare_findings(c: Comparison) -> list[CompareFinding]:
     """The conclusions of ``c``, worded once (regressions, improvements, stragglers, ops)."""
     out: list[CompareFinding] = []
@@ -708,7 +829,15 @@ def compare_findings(c: Comparison) -> list[CompareFinding]:
         )
     if not any(f.kind in (CompareKind.REGRESSION, CompareKind.IMPROVEMENT) for f in out):
         tested = job[job["change"] != Change.UNTESTED]
-        if len(tested):
+        if len(tested) and rank_test_floor(k, c.config.alpha):
+            n = f"{int(tested['base_steps'].max())} vs {int(tested['new_steps'].max())}"
+            out.append(
+                CompareFinding(
+                    CompareKind.NO_CHANGE,
+                    f"No change called: {n} steps are too few for the rank test (note above)",
+                )
+            )
+        elif len(tested):
             out.append(
                 CompareFinding(
                     CompareKind.NO_CHANGE,
@@ -758,17 +887,19 @@ def compare(
     kb = kpis(base, kpi_config)
     kn = kpis(new, new_kpi_config or kpi_config)
     same_world = kb.world_size == kn.world_size
+    table = compare_kpis(kb, kn, config)
+    floor = rank_test_floor(table, config.alpha)
     c = Comparison(
         base=kb,
         new=kn,
-        kpis=compare_kpis(kb, kn, config),
+        kpis=table,
         ops=compare_ops(base, new, kb, kn, config),
         collectives=compare_collectives(base, new, kb, kn),
         stragglers=compare_stragglers(base, new)
         if same_world
         else _empty(STRAGGLER_CHANGE_COLUMNS),
         whatif=compare_whatif(base, new),
-        notes=comparability(kb, kn),
+        notes=comparability(kb, kn) + ([floor] if floor else []),
         findings=[],
         config=config,
     )
@@ -813,28 +944,154 @@ def parse_fraction(text: str | float) -> float:
     return value / 100
 
 
-def gate(c: Comparison, config: GateConfig) -> list[CompareFinding]:
-    """The job-level regressions that fail the gate: significant (``change`` regression) and
-    larger than the KPI's threshold (``thresholds``, else ``fail_above`` for HEADLINE_KPIS).
-    Empty: the gate passes."""
+class GateRule(enum.StrEnum):
+    """What decided a gated KPI (``GateCheck.rule``; JSON ``gate.checks[].rule``)."""
+
+    WELCH = "Welch t"
+    """A one-sided Welch t test of "worse than the threshold" on the per-step job means."""
+    THRESHOLD = "threshold alone"
+    """Too few steps for any test (< MIN_SAMPLES on a side): the change of the means against
+    the threshold, nothing else — said loudly in every rendering."""
+
+
+@dataclasses.dataclass(frozen=True)
+class GateCheck:
+    """One gated KPI of the job: its threshold, the change of its per-step mean, the rule that
+    decided and the verdict."""
+
+    kpi: str
+    threshold: float
+    """The largest tolerated regression (fraction of BASE's mean)."""
+    base_steps: int
+    new_steps: int
+    base_mean: float
+    new_mean: float
+    rel_change: float
+    """NEW's mean per step / BASE's − 1 (signed; a regression is > 0 for lower-is-better KPIs)."""
+    rule: GateRule
+    t: float
+    """Welch's t of "worse than the threshold" (NaN under the threshold rule)."""
+    df: float
+    p_value: float
+    """One-sided p of H0 "at most the threshold worse" (NaN under the threshold rule)."""
+    p_adjusted: float
+    """Holm over the gate's Welch-tested KPIs (NaN under the threshold rule)."""
+    failed: bool
+    text: str
+    """The verdict in one line, naming the rule."""
+
+    @property
+    def finding(self) -> CompareFinding:
+        """The check as a finding (kind ``regression`` when it failed, else ``no_change``)."""
+        return CompareFinding(
+            CompareKind.REGRESSION if self.failed else CompareKind.NO_CHANGE,
+            self.text,
+            kpi=self.kpi,
+            figures={
+                "rel_change": self.rel_change,
+                "threshold": self.threshold,
+                "rule": str(self.rule),
+                "p_value": self.p_value,
+                "p_adjusted": self.p_adjusted,
+                "base_steps": self.base_steps,
+                "new_steps": self.new_steps,
+            },
+        )
+
+
+def gate_limits(config: GateConfig) -> dict[str, float]:
+    """KPI -> threshold: ``fail_above`` for HEADLINE_KPIS, overridden or extended by
+    ``thresholds``."""
     limits: dict[str, float] = {}
     if config.fail_above is not None:
         limits.update({str(k): config.fail_above for k in HEADLINE_KPIS})
     limits.update({str(Kpi(k)): v for k, v in config.thresholds.items()})
-    failed = []
-    for r in c.regressions(JOB_RANK).itertuples():
-        limit = limits.get(r.kpi)
-        if limit is None:
+    return limits
+
+
+def gate_checks(c: Comparison, config: GateConfig) -> list[GateCheck]:
+    """Every gated KPI the job has in both runs, decided (module docstring, "The gate's test").
+
+    With at least MIN_SAMPLES steps a side: fails when the one-sided Welch t test of "worse by
+    more than the threshold" is significant at ``alpha`` after Holm over the gate's tested KPIs
+    (the mean change is then beyond the threshold). With fewer: fails when the mean change is
+    beyond the threshold (GateRule.THRESHOLD; the text says no test was possible)."""
+    import numpy as np
+
+    limits = gate_limits(config)
+    alpha = c.config.alpha
+
+    def job(k: Kpis) -> dict[str, np.ndarray]:
+        s = k.samples[k.samples["rank"] == JOB_RANK].sort_values(["kpi", "step"])
+        return {str(n): g["value"].to_numpy(np.float64) for n, g in s.groupby("kpi", sort=False)}
+
+    sb, sn = job(c.base), job(c.new)
+    checks: list[GateCheck] = []
+    for kpi in Kpi:
+        limit = limits.get(str(kpi))
+        a, b = sb.get(str(kpi), np.empty(0)), sn.get(str(kpi), np.empty(0))
+        if limit is None or not len(a) or not len(b):
             continue
-        size = abs(r.rel_change)
-        if size > limit:
-            failed.append(
-                CompareFinding(
-                    CompareKind.REGRESSION,
-                    f"{r.kpi} regressed {_pct(r.rel_change)} (threshold {100 * limit:g}%, "
-                    f"p={r.p_adjusted:.2g})",
-                    kpi=r.kpi,
-                    figures={"rel_change": r.rel_change, "threshold": limit},
-                )
+        higher = kpi in HIGHER_IS_BETTER
+        ma, mb = float(np.mean(a)), float(np.mean(b))
+        rel = (mb - ma) / abs(ma) if ma else (math.inf if mb > ma else 0.0)
+        tested = len(a) >= MIN_SAMPLES and len(b) >= MIN_SAMPLES
+        # H1 "worse by more than the limit": new > (1+limit)·base, or for higher-is-better
+        # new < (1−limit)·base, i.e. −new > (1−limit)·(−base)
+        t, df, p = (
+            (welch_exceeds(-a, -b, 1.0 - limit) if higher else welch_exceeds(a, b, 1.0 + limit))
+            if tested
+            else (math.nan, math.nan, math.nan)
+        )
+        checks.append(
+            GateCheck(
+                kpi=str(kpi),
+                threshold=limit,
+                base_steps=len(a),
+                new_steps=len(b),
+                base_mean=ma,
+                new_mean=mb,
+                rel_change=rel,
+                rule=GateRule.WELCH if tested else GateRule.THRESHOLD,
+                t=t,
+                df=df,
+                p_value=p,
+                p_adjusted=math.nan,
+                failed=False,
+                text="",
             )
-    return failed
+        )
+    adjusted = holm([ch.p_value for ch in checks])
+    family = sum(ch.rule is GateRule.WELCH for ch in checks)
+    return [_decide(ch, float(p), alpha, family) for ch, p in zip(checks, adjusted, strict=True)]
+
+
+def _decide(ch: GateCheck, p_adjusted: float, alpha: float, family: int) -> GateCheck:
+    """``ch`` with its Holm-adjusted p, its verdict and its text (naming the rule)."""
+    worse = -ch.rel_change if ch.kpi in HIGHER_IS_BETTER else ch.rel_change
+    steps = f"{ch.base_steps} vs {ch.new_steps} steps"
+    limit = f"{100 * ch.threshold:g}%"
+    if ch.rule is GateRule.WELCH:
+        failed = p_adjusted < alpha and worse > ch.threshold
+        family_text = f", Holm over {family} gated KPIs" if family > 1 else ""
+        flat = "" if math.isfinite(ch.t) else ", no step-to-step variation"
+        how = f"Welch t on {steps}, one-sided p={p_adjusted:.2g}{family_text}{flat}"
+        text = (
+            f"{ch.kpi} {_pct(ch.rel_change)} > {limit} ({how})"
+            if failed
+            else f"{ch.kpi} {_pct(ch.rel_change)}: not shown worse than {limit} ({how}; fails "
+            f"below p={alpha:g})"
+        )
+    else:
+        failed = worse > ch.threshold
+        text = (
+            f"{ch.kpi} {_pct(ch.rel_change)} {'>' if failed else '≤'} {limit} — decided on the "
+            f"threshold alone: {steps} cannot establish significance (a test needs at least "
+            f"{MIN_SAMPLES} steps per run)"
+        )
+    return dataclasses.replace(ch, p_adjusted=p_adjusted, failed=bool(failed), text=text)
+
+
+def gate(c: Comparison, config: GateConfig) -> list[CompareFinding]:
+    """The gated KPIs that fail (:func:`gate_checks`) as findings. Empty: the gate passes."""
+    return [ch.finding for ch in gate_checks(c, config) if ch.failed]

@@ -250,7 +250,7 @@ def analyze(
     from rankscope.analysis.ops import across_ranks
     from rankscope.analysis.overview import assemble, grid_for
     from rankscope.analysis.store import open_store
-    from rankscope.analysis.stragglers import arrival_windows, find_stragglers
+    from rankscope.analysis.stragglers import arrival_windows, find_stragglers, step_cpu_table
     from rankscope.analysis.verdict import verdicts
     from rankscope.analysis.whatif import own_points
 
@@ -264,7 +264,9 @@ def analyze(
         clock = store.clock()
         steps = store.steps()
         problems = store.problems()
-        n_events = sum(int(store.rank_meta(r).get("events", 0)) for r in ranks)
+        rank_metas = {r: store.rank_meta(r) for r in ranks}
+    n_events = sum(int(m.get("events", 0)) for m in rank_metas.values())
+    step_cpu = step_cpu_table({r: m.get("meta") for r, m in rank_metas.items()})
     choice = choose(spec, len(ranks), n_events, ANALYSIS_RANK_S)
     if choice.scheduler != spec.scheduler:
         spec = dataclasses.replace(spec, scheduler=choice.scheduler)
@@ -330,7 +332,14 @@ def analyze(
         waits=waits,
         comm_totals=totals,
         windows=windows,
-        stragglers=find_stragglers(waits, windows, profiled, clock),
+        stragglers=find_stragglers(
+            waits,
+            windows,
+            profiled,
+            clock,
+            step_cpu=step_cpu,
+            step_ns=float((stepped["end"] - stepped["start"]).median()) if len(stepped) else None,
+        ),
         pipeline=pipeline_stages(waits, windows, profiled),
         verdicts=verdicts(whole, totals),
         op_stats=op_table,

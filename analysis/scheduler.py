@@ -240,11 +240,17 @@ def _run_threads(
 def _run_distributed(
     func: Callable[..., Result], calls: Sequence[tuple[Any, ...]], spec: ClusterSpec, n_ranks: int
 ) -> Iterator[Result]:
-    """dask.distributed: a LocalCluster, a SLURMCluster, or a running scheduler's address."""
+    """dask.distributed: a LocalCluster, a SLURMCluster, or a running scheduler's address.
+
+    However it ends (the last result, an error, Ctrl-C, the caller closing the generator), Slurm
+    workers are ended by :meth:`SlurmWorkers.finish`, which cancels their jobs before Dask's own
+    close and bounds every wait; the other clusters close as Dask closes them.
+    """
     from distributed import Client
 
     cluster: Any = None
     slurm: SlurmWorkers | None = None
+    client: Any = None
     try:
         if spec.slurm_workers is not None:
             from rankscope.analysis import slurm_workers
@@ -268,15 +274,19 @@ def _run_distributed(
             client = Client(address, timeout=f"{CONNECT_TIMEOUT_S}s", set_as_default=False)
         except OSError as exc:
             raise UsageError(f"--scheduler {spec.scheduler}: cannot connect ({exc})") from None
-        with client:
-            if slurm is not None:
-                slurm.wait_for_workers(client)
-            yield from _stream(func, calls, client, slurm)
-    finally:
-        if cluster is not None:
-            cluster.close()
         if slurm is not None:
-            slurm.finish()
+            slurm.wait_for_workers(client)
+        yield from _stream(func, calls, client, slurm)
+    finally:
+        if slurm is not None:
+            slurm.finish(client)  # the jobs cancelled first, every wait bounded
+        else:
+            try:
+                if client is not None:
+                    client.close()
+            finally:
+                if cluster is not None:
+                    cluster.close()
 
 
 def _stream(

@@ -16,6 +16,7 @@ the runner's loop calls only :meth:`SlurmWorkers.check` between two waits.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import subprocess
@@ -36,11 +37,22 @@ SLURM_WORKER_TIMEOUT_ENV = "RANKSCOPE_SLURM_WORKER_TIMEOUT"
 #: Seconds between two looks at the Slurm jobs while waiting for workers or results.
 SLURM_POLL_S = 5.0
 #: Seconds every worker job may have ended while Dask still lists workers (orphans) before the
-#: merge or analysis gives up with one line.
-SLURM_ENDED_GRACE_S = 30.0
-#: Seconds to wait, once the workers are cancelled, for their jobs to leave the queue before
-#: their folder is removed (a job still starting could write into it again).
-SLURM_JOBS_GONE_TIMEOUT_S = 60.0
+#: merge or analysis gives up with one line: two looks at the jobs, enough for the scheduler to
+#: notice that a killed worker's connection closed. A worker still listed after that is an
+#: orphan (see :meth:`SlurmWorkers.check`).
+SLURM_ENDED_GRACE_S = 10.0
+#: Seconds :meth:`SlurmWorkers.finish` may take after its first scancel: closing Dask's client
+#: and cluster and waiting for the jobs to leave the queue share them, so the merge or analysis
+#: ends within this bound of Ctrl-C or of giving up, whatever state Dask is in.
+SLURM_FINISH_TIMEOUT_S = 20.0
+#: Of :data:`SLURM_FINISH_TIMEOUT_S`, the most the Dask client's close may take (the cluster's
+#: close and the wait for the queue get the rest).
+SLURM_CLIENT_CLOSE_S = 5.0
+#: Of :data:`SLURM_FINISH_TIMEOUT_S`, the most the SLURMCluster's close may take (the wait for
+#: the jobs to leave the queue gets the rest).
+SLURM_CLUSTER_CLOSE_S = 10.0
+#: Seconds between two looks at the queue while waiting for the cancelled jobs to leave it.
+SLURM_QUEUE_POLL_S = 0.5
 #: Seconds any one sbatch/squeue call may take.
 SLURM_COMMAND_TIMEOUT_S = 30.0
 #: Slurm job states (``squeue %T``) in which a worker job may still connect or is connected.
@@ -199,8 +211,13 @@ class SlurmWorkers:
         (every job ended, or none connected for :attr:`timeout_s` while Slurm does not say).
 
         Also when Slurm says every job has ended for ``SLURM_ENDED_GRACE_S`` although Dask
-        still lists workers: a worker whose job ended is an orphan process (a task blocked in
-        a system call can keep it up after ``scancel``), and waiting on it would never end."""
+        still lists workers: a worker whose job ended is an orphan process, and waiting on it
+        would never end. Slurm loses processes whose parent died before them wherever it
+        tracks processes by parentage (``ProctrackType=proctrack/linuxproc``, no cgroups):
+        ``scancel`` sends SIGTERM to the job's processes, the batch shell dies at once, its
+        child (the worker's nanny, still closing, or a worker it restarts meanwhile) is
+        reparented to init, and the SIGKILL that follows ``KillWait`` seconds later no longer
+        finds it: the job is CANCELLED while the process lives on, connected."""
         if client.nthreads():
             self._empty_since = None
             if self._all_jobs_ended_for() > SLURM_ENDED_GRACE_S:
@@ -258,34 +275,77 @@ class SlurmWorkers:
         line = _log_line(self.log_dir or Path.cwd(), job_id)
         return f"{text}: {line}" if line else text
 
-    def finish(self) -> None:
-        """Close the cluster, cancel every job it submitted, wait until they have left the
-        queue, then remove :attr:`ClusterSpec.slurm_work_dir` (nothing writes there any more)."""
-        try:
-            if self.cluster is not None:
-                self._note_jobs()
-                self.cluster.close()  # cancels the jobs it still knows
-        finally:
-            try:
-                self._cancel_and_wait()
-            finally:
-                if self.spec.slurm_work_dir is not None:
-                    shutil.rmtree(self.spec.slurm_work_dir, ignore_errors=True)
+    def finish(self, client: Any = None) -> None:
+        """End the workers and clean up, within :data:`SLURM_FINISH_TIMEOUT_S` of the first
+        scancel whatever state Dask is in; then remove :attr:`ClusterSpec.slurm_work_dir`.
 
-    def _cancel_and_wait(self) -> None:
-        """scancel every job seen (also those Dask forgot), then wait (bounded) until none is
-        left in the queue: a job still starting could create its log or scratch space again."""
-        if not self.job_ids:
-            return
-        _slurm_command(["scancel", *self.job_ids])
-        deadline = time.monotonic() + SLURM_JOBS_GONE_TIMEOUT_S
-        while time.monotonic() < deadline:
+        Slurm ends the jobs first: every job seen is cancelled before Dask is asked anything,
+        because Dask's own close retires the workers gracefully and waits on them, which a
+        worker blocked in a system call or an orphan process can stall. Then the ``client``
+        (the runner's) and the cluster are closed, each within its share of the time, and
+        given up on when they do not close in time (:func:`_close_within`); jobs submitted
+        meanwhile are cancelled too; then, until the time is up, the jobs are waited for to
+        leave the queue (a job still starting could write into the folder again).
+        """
+        deadline = time.monotonic() + SLURM_FINISH_TIMEOUT_S
+        try:
+            self._note_jobs()
+            self._cancel()
+            if client is not None:
+                _close_within(client, min(deadline, time.monotonic() + SLURM_CLIENT_CLOSE_S))
+            if self.cluster is not None:
+                _close_within(self.cluster, min(deadline, time.monotonic() + SLURM_CLUSTER_CLOSE_S))
+                known = len(self.job_ids)
+                self._note_jobs()  # submitted while the first scancel ran
+                if len(self.job_ids) > known:
+                    self._cancel()
+            self._wait_until_gone(deadline)
+        finally:
+            if self.spec.slurm_work_dir is not None:
+                shutil.rmtree(self.spec.slurm_work_dir, ignore_errors=True)
+
+    def _cancel(self) -> None:
+        """scancel every job seen (also those Dask forgot); Slurm ends their processes."""
+        if self.job_ids:
+            _slurm_command(["scancel", *self.job_ids])
+
+    def _wait_until_gone(self, deadline: float) -> None:
+        """Wait until no job seen is left in the queue in a live state, or ``deadline``."""
+        while self.job_ids and time.monotonic() < deadline:
             states = self._states()
             if states is None or not any(
                 _state(states, j) in SLURM_LIVE_STATES for j in self.job_ids
             ):
                 return
-            time.sleep(0.5)
+            time.sleep(SLURM_QUEUE_POLL_S)
+
+
+def _close_within(thing: Any, deadline: float) -> None:
+    """Close a Dask client or cluster, waiting at most until ``deadline``; give up on it otherwise.
+
+    Their ``close(timeout=...)`` stops waiting at the timeout but leaves the object half
+    closed, and Python would try again at exit without that bound (the client when it is
+    collected, the cluster in distributed's atexit hook): a given-up object is marked closed
+    and forgotten, so nothing waits on it again. Its jobs are cancelled already; a worker
+    still connected notices its scheduler is gone and ends itself.
+    """
+    try:
+        thing.close(timeout=max(deadline - time.monotonic(), 0.1))
+    except (Exception, asyncio.CancelledError):  # timed out, or the connection is gone
+        _forget(thing)
+
+
+def _forget(thing: Any) -> None:
+    """Mark a Dask client or cluster whose close was given up as closed (see _close_within)."""
+    from distributed import Client
+    from distributed.core import Status
+    from distributed.deploy.spec import SpecCluster
+
+    if isinstance(thing, Client):
+        thing.status = "closed"  # else Client.__del__ closes it again, for up to 40 s
+    elif isinstance(thing, SpecCluster):
+        SpecCluster._instances.discard(thing)  # distributed's atexit close_clusters
+        thing.status = Status.closed
 
 
 def _slurm_cluster_class() -> Any:

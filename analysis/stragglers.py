@@ -36,6 +36,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import numpy as np
     import pandas as pd
 
 #: Significance level of the binomial test (one-sided, "last more often than chance").
@@ -53,6 +54,20 @@ OWN_FRACTION = 0.5
 SYNC_PROBE_NS = 1_000
 #: Cap of the score (-log10 p) so that p == 0 stays finite in JSON.
 MAX_SCORE = 300.0
+#: A straggler's typical lateness per profiled step (the median over its steps of its worst
+#: lateness in the step, ns, after the run-queue correction; :func:`unit_rows`) is at least this
+#: fraction of the median step: less would not move the step by more than compare's smallest
+#: change (``CompareConfig.min_change``, 3 %), so a fix could not be seen. (Without step times:
+#: the median window before an arrival.)
+MIN_STEP_FRACTION = 0.03
+#: ... and at least this many standard errors above the median rank: the standard error of a
+#: median of ``n`` steps (``1.2533 * sigma / sqrt(n)``), with ``sigma`` how much the OTHER
+#: ranks' lateness varies from one step to the next (pooled within-rank standard
+#: deviation). A 3-standard-error separation from what chance and contention move every rank's
+#: arrival by anyway.
+SEPARATION_Z = 3.0
+#: Standard error of a sample median in units of sigma / sqrt(n) (normal data: sqrt(pi / 2)).
+MEDIAN_SE = 1.2533
 
 
 class Cause(enum.StrEnum):
@@ -62,11 +77,19 @@ class Cause(enum.StrEnum):
     INPUT = "input"
     HOST = "host"
     PROPAGATED = "propagated"
+    CPU_CONTENTION = "CPU taken by other processes"
+    """A system cause: the rank's main thread was runnable but waited for a core (its run-queue
+    delay, recorded per step by the runtime) — other processes on the node took its CPU. Named
+    only when significant after correcting for the choice among the ranks (p <= ALPHA / ranks):
+    the scheduler starves some rank in every step of a busy node, and three steps of one rank
+    (p = 1/64 for 4 ranks) are within what that lottery draws (4/64)."""
     UNKNOWN = "unknown"
 
 
 #: Causes that are the rank's own measured extra work (compute, input, host time).
 OWN_CAUSES = frozenset({Cause.OWN_COMPUTE, Cause.INPUT, Cause.HOST})
+#: Causes that were measured (own work, or CPU time the node's other processes took).
+MEASURED_CAUSES = OWN_CAUSES | {Cause.CPU_CONTENTION}
 
 
 #: What the windows measure, in the painter's words (GPU idle during input is input).
@@ -119,9 +142,24 @@ STRAGGLER_COLUMNS: dict[str, str] = {
     "compute_extra_s": "float64",
     "input_extra_s": "float64",
     "host_extra_s": "float64",
+    "units": "int64",  # profiled steps it took part in (the independent samples; unit_rows)
+    "units_last": "int64",  # ... where it was the latest rank
+    "typical_s": "float64",  # median over its units of its worst lateness behind the median rank
+    "contention_s": "float64",  # run-queue delay beyond the median rank's, where it was last
+    "noise_s": "float64",  # s.d. of the other ranks' lateness from unit to unit
     "cause": "str",
     "is_straggler": "bool",
     "masked_by": "int32",  # the straggler that hid it (found once that one was set aside); -1
+}
+
+#: Columns of a step-CPU table (:func:`step_cpu_table`): per rank and recorded step, from the
+#: runtime's ``step_cpu`` (ns): wall time, the main thread's CPU time and run-queue delay.
+STEP_CPU_COLUMNS: dict[str, str] = {
+    "rank": "int32",
+    "step": "int64",
+    "wall_ns": "int64",
+    "cpu_ns": "int64",
+    "runq_ns": "int64",
 }
 
 
@@ -335,13 +373,27 @@ def find_stragglers(
     windows: pd.DataFrame,
     profiled_ns: pd.Series | None = None,
     clock: pd.DataFrame | None = None,
+    step_cpu: pd.DataFrame | None = None,
+    step_ns: float | None = None,
 ) -> pd.DataFrame:
     """Per rank: times last, wait caused, significance, cause; most significant first.
 
     ``waits``: :func:`rankscope.analysis.collectives.collective_waits`; ``windows``: all ranks'
     :func:`arrival_windows`; ``profiled_ns``: profiled time per rank (index rank), for the
     materiality test (when absent, only significance and wait share count); ``clock``: the
-    store's clock table, used when the waits are recomputed without a straggler.
+    store's clock table, used when the waits are recomputed without a straggler; ``step_cpu``:
+    :func:`step_cpu_table` (the runtime's per-step run-queue delay; None: not recorded);
+    ``step_ns``: the median profiled step (ns), the yardstick of materiality.
+
+    **Samples.** A rank late at one collective is late at the next one of the same step (its
+    backlog carries; two DDP buckets of one step), so collectives are not independent samples:
+    the tests count **profiled steps** (:func:`unit_rows`), each once, at the rank's worst moment
+    in it. **Contention.** Where the runtime recorded each step's run-queue delay, a
+    late rank's lateness is first reduced by the run-queue delay it had beyond the median rank's
+    in that step (never below the median arrival): the time another process held its core is not
+    its own slowness. A rank whose lateness that delay explains is named only as its own finding,
+    with the cause ``CPU taken by other processes``, and only when that is as material and
+    consistent as any straggler.
 
     **Masked stragglers.** A second, smaller straggler is rarely last — the big one is — so it
     looks innocent. Once stragglers are named, the waits are recomputed as if they had arrived
@@ -360,8 +412,9 @@ def find_stragglers(
         return pd.DataFrame(
             {c: pd.Series(dtype=d if d != "str" else object) for c, d in STRAGGLER_COLUMNS.items()}
         )
+    runq = runq_excess(step_cpu)
     candidates = int(multi["rank"].nunique())
-    base = _rank_rows(multi, windows, profiled_ns)
+    base = _rank_rows(multi, windows, profiled_ns, runq, step_ns, clock)
     named = [r for r in base if r["is_straggler"]]
     removed = {int(r["rank"]) for r in named}
     masker = int(named[0]["rank"]) if named else -1
@@ -376,7 +429,7 @@ def find_stragglers(
         current = current[current["n_ranks"] >= 2]
         if len(current) == 0:
             break
-        rows = _rank_rows(current, windows, profiled_ns)
+        rows = _rank_rows(current, windows, profiled_ns, runq, step_ns, clock)
         # This round only runs because a straggler was found, and among the few ranks left one
         # easily dominates the little waiting that remains: its significance is corrected for
         # picking one of them (Bonferroni over the ranks left), so noise is not named.
@@ -404,28 +457,218 @@ def find_stragglers(
     )
 
 
+def _fair_blame(
+    multi: pd.DataFrame,
+    windows: pd.DataFrame,
+    runq: pd.DataFrame | None,
+    clock: pd.DataFrame | None,
+) -> tuple[pd.Series | None, float]:
+    """The wait each rank caused (ns, index rank) had every arrival come earlier by the rank's
+    stolen time (:func:`unit_rows`' ``contention``), and its total; (None, 0) without run-queue
+    records or when nobody lost time. A rank's share of the waiting is judged on these, unless
+    the stolen time is its own cause."""
+    from rankscope.analysis.collectives import collective_waits
+
+    if runq is None or len(multi) == 0:
+        return None, 0.0
+    stolen = _lateness_frame(multi, windows, runq)["contention"].to_numpy(float)
+    if not (stolen > 0).any():
+        return None, 0.0
+    table = multi.rename(columns={"arrival": "start"})[
+        ["coll", "group", "seq", "op", "bytes", "rank", "start", "end"]
+    ].assign(event=-1)
+    table["start"] = table["start"].to_numpy("int64") - stolen.astype("int64")
+    fair = collective_waits(table, clock)
+    blame = fair.groupby("rank")["blame_ns"].sum()
+    return blame, float(blame.sum())
+
+
+def step_cpu_table(metas: dict[int, Any]) -> pd.DataFrame:
+    """``STEP_CPU_COLUMNS`` from each rank's meta.json (``{rank: meta}``; the runtime's
+    ``step_cpu``: ``{"step": [wall_ns, cpu_ns, runq_ns]}``); malformed entries are left out."""
+    import pandas as pd
+
+    rows = []
+    for rank, meta in metas.items():
+        per_step = meta.get("step_cpu") if isinstance(meta, dict) else None
+        if not isinstance(per_step, dict):
+            continue
+        for step, values in per_step.items():
+            try:
+                wall, cpu, runq = (int(v) for v in values)
+                rows.append((int(rank), int(step), wall, cpu, runq))
+            except (TypeError, ValueError):
+                continue
+    return pd.DataFrame(rows, columns=list(STEP_CPU_COLUMNS)).astype(STEP_CPU_COLUMNS)
+
+
+def runq_excess(step_cpu: pd.DataFrame | None) -> pd.DataFrame | None:
+    """Per (rank, step): the run-queue delay beyond the median rank's in that step (ns), the CPU
+    time other processes took from it; None without a record of at least two ranks."""
+    if step_cpu is None or len(step_cpu) == 0 or step_cpu["rank"].nunique() < 2:
+        return None
+    t = step_cpu[["rank", "step", "runq_ns"]].copy()
+    t["excess_ns"] = t["runq_ns"] - t.groupby("step")["runq_ns"].transform("median")
+    return t[["rank", "step", "excess_ns"]]
+
+
+#: Columns of :func:`unit_rows` (ns).
+UNIT_COLUMNS = (
+    "rank",
+    "unit",
+    "n_ranks",
+    "is_last",
+    "is_last_raw",
+    "late",
+    "late_raw",
+    "contention",
+)
+
+
+def unit_rows(
+    multi: pd.DataFrame, windows: pd.DataFrame, runq: pd.DataFrame | None
+) -> pd.DataFrame:
+    """One row per (rank, unit): how late the rank was at its worst moment of the unit.
+
+    The units are the independent samples of the straggler tests: the **profiled steps** (every
+    step draws its data, its work and the machine's noise anew; collectives outside the steps,
+    or of a trace without steps, are units of their own). Within a step lateness carries from one
+    collective to the next (a late rank is still late at the second DDP bucket), and a step can
+    hold collectives after the one everybody waited for, where nobody is late any more: so a
+    rank's figure for the step is its largest lateness there, and the step's last rank the one
+    with the largest.
+
+    Lateness (``late_raw``) is the arrival behind the median rank's (behind the other rank with
+    two). ``contention`` is the run-queue delay the rank had beyond the median rank's in the
+    arrival's step (the runtime's ``step_cpu``), capped at its lateness; ``late`` is the
+    lateness of the arrivals less that delay. ``is_last``: at its worst moment the rank arrived,
+    as measured, after every OTHER rank's arrival less its stolen time — another rank that only
+    lost its core to other processes does not take "last" from it, and its own arrival is never
+    moved (the run-queue delay of a step may have come after the arrival, when every rank woke
+    at once). ``is_last_raw``: the largest lateness as measured.
+    """
+    w = _lateness_frame(multi, windows, runq)
+    # each rank's worst moment of the unit (its largest lateness as measured)
+    w = w.sort_values(["unit", "rank", "late_raw"], kind="stable")
+    worst = w.groupby(["unit", "rank"], sort=False).tail(1)
+    units = worst[["unit", "rank", "n_ranks", "late_raw", "contention", "last_vs_fair"]].rename(
+        columns={"last_vs_fair": "is_last"}
+    )
+    units = units.merge(
+        w.groupby(["unit", "rank"], sort=False)["late"].max().rename("late").reset_index(),
+        on=["unit", "rank"],
+    )
+    several = units.groupby("unit")["rank"].transform("size").to_numpy() >= 2
+    units["is_last"] = units["is_last"] & several
+    units["is_last_raw"] = (
+        units["late_raw"] >= units.groupby("unit")["late_raw"].transform("max")
+    ) & several
+    return units[list(UNIT_COLUMNS)]
+
+
+def _lateness_frame(
+    multi: pd.DataFrame, windows: pd.DataFrame, runq: pd.DataFrame | None
+) -> pd.DataFrame:
+    """``multi``'s rows (same order) with ``unit``, ``late_raw``, ``contention`` and ``late``
+    (:func:`unit_rows`)."""
+    import numpy as np
+
+    w = multi[["coll", "rank", "arrival", "n_ranks"]].reset_index(drop=True)
+    if len(windows) and "step" in windows.columns:
+        w = w.merge(windows[["coll", "rank", "step"]], on=["coll", "rank"], how="left")
+        w["step"] = w["step"].fillna(-1).astype(np.int64)
+    else:
+        w["step"] = np.int64(-1)
+    step = w["step"].to_numpy(np.int64)
+    w["unit"] = np.where(step >= 0, step, -1 - w["coll"].to_numpy(np.int64))
+    excess = np.zeros(len(w))
+    if runq is not None and len(runq):
+        w = w.merge(runq, on=["rank", "step"], how="left")
+        excess = w["excess_ns"].fillna(0).to_numpy(float)
+    arrival = w["arrival"].to_numpy(float)
+    late_raw = _behind(w, arrival)
+    w["late_raw"] = late_raw
+    w["contention"] = np.clip(excess, 0.0, np.maximum(late_raw, 0.0))
+    corrected = arrival - w["contention"].to_numpy(float)
+    w["late"] = _behind(w, corrected)
+    # the latest OTHER rank at the collective, each less its stolen time
+    g = w.assign(_c=corrected).groupby("coll")["_c"]
+    top = g.transform("max").to_numpy(float)
+    is_top = corrected >= top
+    second = (
+        w.assign(_c=np.where(is_top, -np.inf, corrected)).groupby("coll")["_c"].transform("max")
+    ).to_numpy(float)
+    tops = w.assign(_t=is_top).groupby("coll")["_t"].transform("sum").to_numpy()
+    others_max = np.where(is_top & (tops == 1), second, top)
+    w["last_vs_fair"] = (arrival >= others_max) & (w["n_ranks"].to_numpy() >= 2)
+    return w
+
+
+def _behind(w: pd.DataFrame, values: np.ndarray) -> np.ndarray:
+    """``values`` behind the median rank's at each collective (with two ranks, the other's)."""
+    import numpy as np
+
+    v = w.assign(_v=values).groupby("coll")["_v"]
+    n = v.transform("size").to_numpy()
+    med = v.transform("median").to_numpy(float)
+    other = (v.transform("sum").to_numpy(float) - values) / np.maximum(n - 1, 1)
+    return values - np.where(n > 2, med, other)
+
+
 def _rank_rows(
     multi: pd.DataFrame,
     windows: pd.DataFrame,
     profiled_ns: pd.Series | None,
+    runq: pd.DataFrame | None = None,
+    step_ns: float | None = None,
+    clock: pd.DataFrame | None = None,
 ) -> list[dict[str, Any]]:
     """The straggler tests on one set of waits: one dict (``STRAGGLER_COLUMNS``) per rank."""
+    import numpy as np
+
     # blame is split from arrival gaps, so its total (not the duration-capped waits) is the base
     total_wait = float(multi["blame_ns"].sum())
+    fair_blame, fair_total = _fair_blame(multi, windows, runq, clock)
     extras = _own_extras(multi, windows)
+    units = unit_rows(multi, windows, runq)
+    pooled = _Spread(units, "late")
     median_profiled = (
         float(profiled_ns.median()) if profiled_ns is not None and len(profiled_ns) else 0.0
     )
+    if step_ns is None or not step_ns > 0:
+        spans = windows["window_end"] - windows["window_start"] if len(windows) else None
+        step_ns = float(spans.median()) if spans is not None and len(spans) else 0.0
     # No per-rank correction of ALPHA here: the dominance test (an unfair share, at least half of
     # all waiting) already picks at most one candidate per round (masked rounds: find_stragglers)
     rows: list[dict[str, Any]] = []
+    by_rank = dict(tuple(units.groupby("rank", sort=False)))
     for rank, sub in multi.groupby("rank", sort=True):
         n = len(sub)
         k = int(sub["is_last"].sum())
         chance = float((1.0 / sub["n_ranks"]).mean())
-        p = binomial_p_value(k, n, chance)
         blame = float(sub["blame_ns"].sum())
-        mine = extras[(extras["rank"] == rank) & extras["is_last"]] if len(extras) else extras
+        u = by_rank.get(rank)
+        n_u = len(u) if u is not None else 0
+        contention = float(u["contention"].sum()) if u is not None else 0.0
+        raw_late = float(u["late_raw"].clip(lower=0).sum()) if u is not None else 0.0
+        # the time other processes held its core explains its lateness: that is its cause
+        contended = raw_late > 0 and contention >= OWN_FRACTION * raw_late
+        if u is not None and n_u:
+            chance_u = float((1.0 / u["n_ranks"]).mean())
+            last_units = u.loc[u["is_last"], "unit"]
+            k_u = len(last_units)
+        else:
+            chance_u, k_u, last_units = chance, k, None
+            n_u = n
+        # its own extra work where it was last (in the steps where it was the latest rank once
+        # the others' stolen time is taken off)
+        if len(extras) == 0:
+            mine = extras
+        elif last_units is None:
+            mine = extras[(extras["rank"] == rank) & extras["is_last"]]
+        else:
+            mine = extras[(extras["rank"] == rank) & extras["unit"].isin(last_units)]
+            mine = mine.sort_values("late_ns", kind="stable").groupby("unit").tail(1)
         mine = once_per_sync_interval(mine)
         late = float(mine["late_ns"].clip(lower=0).sum()) if len(mine) else 0.0
         own = float(mine["own_ns"].clip(lower=0).sum()) if len(mine) else 0.0
@@ -435,17 +678,33 @@ def _rank_rows(
             Cause.HOST: float(mine["d_idle"].clip(lower=0).sum()) if len(mine) else 0.0,
             Cause.PROPAGATED: float(mine["d_comm"].clip(lower=0).sum()) if len(mine) else 0.0,
         }
-        if k == 0 or late <= 0:
+        p = binomial_p_value(k_u, n_u, chance_u)
+        if k_u == 0 or late <= 0:
             cause = Cause.UNKNOWN
+        elif contended:
+            cause = Cause.CPU_CONTENTION
         elif own < OWN_FRACTION * late:
             cause = Cause.PROPAGATED
         else:
             cause = max(parts, key=lambda c: parts[c])
             if parts[cause] <= 0:
                 cause = Cause.UNKNOWN
+        # how late it typically was, per step, behind the median rank had nobody lost CPU time
+        # (as measured when that is its cause), against how much the other ranks' lateness moves
+        # from step to step (the standard error of a median of its steps)
+        measure = "late_raw" if contended else "late"
+        typical = float(np.median(u[measure])) if u is not None and n_u else 0.0
+        noise = pooled.without(int(rank))
+        standard_error = MEDIAN_SE * noise / math.sqrt(max(n_u, 1))
         others = max(int(sub["n_ranks"].max()) - 1, 1)
-        share = blame / total_wait if total_wait > 0 else 0.0
-        material = median_profiled <= 0 or blame / others >= MIN_RUN_FRACTION * median_profiled
+        caused, total = blame, total_wait
+        if fair_blame is not None and not contended:
+            # the wait it caused had no rank lost its core to other processes
+            caused, total = float(fair_blame.get(rank, 0.0)), fair_total
+        share = caused / total if total > 0 else 0.0
+        material = median_profiled <= 0 or caused / others >= MIN_RUN_FRACTION * median_profiled
+        material_step = typical >= MIN_STEP_FRACTION * step_ns and typical > 0
+        separated = typical >= SEPARATION_Z * standard_error
         rows.append(
             {
                 "rank": int(rank),
@@ -463,18 +722,44 @@ def _rank_rows(
                 "compute_extra_s": parts[Cause.OWN_COMPUTE] / 1e9,
                 "input_extra_s": parts[Cause.INPUT] / 1e9,
                 "host_extra_s": parts[Cause.HOST] / 1e9,
+                "units": n_u,
+                "units_last": k_u,
+                "typical_s": typical / 1e9,
+                "contention_s": contention / 1e9,
+                "noise_s": noise / 1e9,
                 "cause": str(cause),
                 "is_straggler": bool(
-                    p <= ALPHA
+                    p <= (ALPHA / max(others + 1, 1) if contended else ALPHA)
                     and share >= min_wait_share(others + 1)
                     and material
-                    and k > 0
-                    and (cause in OWN_CAUSES or k >= MIN_LAST_FRACTION * n)
+                    and material_step
+                    and separated
+                    and k_u > 0
+                    and (cause in MEASURED_CAUSES or k_u >= MIN_LAST_FRACTION * n_u)
                 ),
                 "masked_by": -1,
             }
         )
     return rows
+
+
+class _Spread:
+    """How much a column of :func:`unit_rows` moves from one step to the next within a rank: the
+    pooled within-rank standard deviation, over every rank but one."""
+
+    def __init__(self, units: pd.DataFrame, column: str) -> None:
+        g = units.groupby("rank")[column]
+        dev = units[column] - g.transform("mean")
+        self.ss = (dev * dev).groupby(units["rank"]).sum()
+        self.df = g.size() - 1
+        self.total_ss, self.total_df = float(self.ss.sum()), int(self.df.sum())
+
+    def without(self, rank: int) -> float:
+        """The pooled standard deviation of the ranks other than ``rank`` (0: no degrees of
+        freedom, e.g. one step)."""
+        ss = self.total_ss - float(self.ss.get(rank, 0.0))
+        df = self.total_df - int(self.df.get(rank, 0))
+        return math.sqrt(ss / df) if df > 0 else 0.0
 
 
 def _own_extras(waits: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
@@ -490,7 +775,16 @@ def _own_extras(waits: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
     import numpy as np
     import pandas as pd
 
-    cols_out = ["coll", "rank", "window_start", "window_end", "is_last", "late_ns", "own_ns"]
+    cols_out = [
+        "coll",
+        "rank",
+        "unit",
+        "window_start",
+        "window_end",
+        "is_last",
+        "late_ns",
+        "own_ns",
+    ]
     cols_out += ["d_compute", "d_input", "d_idle", "d_comm"]
     if len(windows) == 0:
         return pd.DataFrame(columns=cols_out)
@@ -499,6 +793,8 @@ def _own_extras(waits: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
     )
     if "window_end" not in w:
         w["window_end"] = w["arrival"]
+    step = w["step"].to_numpy(np.int64) if "step" in w else np.full(len(w), -1, np.int64)
+    w["unit"] = np.where(step >= 0, step, -1 - w["coll"].to_numpy(np.int64))
     w["span"] = w["window_end"] - w["window_start"]
     cols = {
         "arrival": "late_ns",

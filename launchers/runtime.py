@@ -18,6 +18,9 @@
   ``rankscope.step(samples=N)`` (``step_samples``) and, with ``with_flops``, the FLOPs torch
   counted (``step_flops``, summed from the profiler's events when the window ends: the exported
   trace does not carry them). Keys are the profiler step numbers (``ProfilerStep#N``) as text.
+  Also, per recorded step, what the step cost the main thread (``step_cpu``: wall time, the
+  thread's CPU time and the time it was runnable but waiting for a core, from
+  :data:`THREAD_SCHEDSTAT`): a rank slowed because other processes took its core says so.
 
 Outside a rankscope run (no :data:`rundir.ENV_RUN_DIR`), :func:`step` is a no-op.
 
@@ -56,6 +59,11 @@ from rankscope.launchers.spec import LauncherKind, ProfilerSettings, check_sampl
 GZIP_LEVEL = 3
 #: Seconds the end of a rank waits for queued windows to be written.
 WRITER_TIMEOUT_S = 300.0
+#: The calling thread's scheduler counters (Linux): ns on a CPU, ns runnable but waiting for one
+#: (run-queue delay), time slices. Read at every step end (~5 µs); absent elsewhere.
+THREAD_SCHEDSTAT = Path("/proc/thread-self/schedstat")
+#: Key of meta.json holding ``{step: [wall_ns, cpu_ns, runq_ns]}`` per recorded step.
+STEP_CPU_KEY = "step_cpu"
 #: Prefix of the temporary Chrome-trace export next to the window files.
 EXPORT_TMP_PREFIX = ".export-"
 #: Key under which the rank's facts are added to every Kineto trace (``prof.add_metadata_json``).
@@ -188,6 +196,8 @@ class RankRuntime:
         self._save_action: Any = None
         self._step_depth = 0
         self._step_due = False
+        self._step_mark: tuple[int, int, int] | None = None
+        """(wall ns, thread CPU ns, run-queue ns) when the current step began."""
         self._lead_settled = False
         self._after_lead: weakref.ref[Any] | None = None
         self._lead_optimizer: weakref.ref[Any] | None = None
@@ -214,6 +224,7 @@ class RankRuntime:
             "steps": 0,
             "windows": [],
             "step_samples": {},
+            STEP_CPU_KEY: {},
             "clock": {
                 "domain": clocksync.clock_domain(),
                 "leader_rank": None,
@@ -275,6 +286,7 @@ class RankRuntime:
         except Exception as exc:  # a torch without the hooks it needs: profile without peers
             self.meta["p2p_error"] = f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
         self.prof.start()
+        self._step_mark = _thread_times()
         self._tag_window()
         atexit.register(self.close)
         if self.rank == 0:
@@ -336,7 +348,7 @@ class RankRuntime:
         self.meta["windows"] = list(previous.get("windows", []))
         # step numbers restart in every attempt: the earliest attempt's value of a step is kept,
         # as the merge keeps the earliest attempt's ProfilerStep range
-        for key in ("step_samples", "step_flops"):
+        for key in ("step_samples", "step_flops", STEP_CPU_KEY):
             if isinstance(previous.get(key), dict):
                 self.meta[key] = dict(previous[key])
         self.meta["clock"]["samples"] = list(previous.get("clock", {}).get("samples", []))
@@ -513,6 +525,7 @@ class RankRuntime:
         if self.prof is None or self.exiting:
             return
         current = self.prof.current_action
+        self._record_step_cpu(current in self._recording_actions)
         if current == self._save_action or self.prof.schedule(self.prof.step_num + 1) != current:
             # the profiler changes state (a window starts or ends, the trace is exported): a
             # Ctrl-C/SIGTERM in the middle would leave it half-way; let it land just after
@@ -522,6 +535,17 @@ class RankRuntime:
             self.prof.step()
         self.meta["steps"] += 1
         self._tag_window()
+
+    def _record_step_cpu(self, recording: bool) -> None:
+        """The step that ends now: its wall time, the main thread's CPU time and run-queue delay
+        (``step_cpu``), when it was recorded. The first step has no start mark and is skipped."""
+        mark = _thread_times()
+        before, self._step_mark = self._step_mark, mark
+        if not recording or before is None or mark is None:
+            return
+        wall, cpu, runq = (now - then for now, then in zip(mark, before, strict=True))
+        with self.lock:
+            self.meta[STEP_CPU_KEY].setdefault(str(self.prof.step_num), [wall, cpu, runq])
 
     def _tag_window(self) -> None:
         """At the first recorded step of a window, add the rank's facts to the trace."""
@@ -734,6 +758,17 @@ def start(script: str = "", script_args: list[str] | None = None) -> RankRuntime
 def current() -> RankRuntime | None:
     """The runtime of this process (None outside a rankscope run)."""
     return _runtime
+
+
+def _thread_times() -> tuple[int, int, int] | None:
+    """(wall ns, this thread's CPU ns, its run-queue ns): the run-queue delay is the time the
+    thread could have run but another task held the core; None where Linux does not say."""
+    wall = time.monotonic_ns()
+    try:
+        fields = THREAD_SCHEDSTAT.read_text().split()
+        return wall, int(fields[0]), int(fields[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def step(samples: float | None = None) -> None:

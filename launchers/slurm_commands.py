@@ -178,7 +178,15 @@ def _parse_state(text: str) -> SlurmJobState | None:
 
 
 def query_job(job_id: str, env: dict[str, str] | None = None) -> JobInfo | None:
-    """The job's state from accounting (sacct), else from the queue (squeue); None if unknown."""
+    """The job's state from accounting (sacct), else from the queue (squeue); None if unknown.
+
+    A job that accounting says is still PENDING is looked up in the queue too: sacct's
+    ``Reason`` is the one slurmctld had set when it sent the job's record, which can be before
+    the scheduler gave the job its reason, and it is not updated while the job waits (seen: a
+    job held by ``--begin`` showed reason ``None`` in sacct for minutes while squeue said
+    ``BeginTime``). The queue is slurmctld's live view, so its state and reason win while the
+    job has not ended.
+    """
     res = _run(
         [
             "sacct",
@@ -191,33 +199,19 @@ def query_job(job_id: str, env: dict[str, str] | None = None) -> JobInfo | None:
         ],
         env,
     )
-    if res.returncode == 0:
-        for line in res.stdout.splitlines():
-            parts = line.split("|")
-            if len(parts) < 6 or parts[0] != str(job_id):
-                continue
-            state = _parse_state(parts[1])
-            if state is None:
-                continue
-            code, _, sig = parts[2].partition(":")
-            exit_code: int | None = None
-            if code.isdigit():
-                exit_code = int(code)
-                if exit_code == 0 and sig.isdigit() and int(sig):
-                    exit_code = 128 + int(sig)
-            reason = parts[5] if state == SlurmJobState.PENDING and parts[5] != "None" else ""
-            return JobInfo(str(job_id), state, exit_code, parts[3], parts[4], reason)
+    accounted = _sacct_job(job_id, res.stdout) if res.returncode == 0 else None
+    if accounted is not None and accounted.state != SlurmJobState.PENDING:
+        return accounted
     sacct_error = "" if res.returncode == 0 else first_line(res.stderr)
-    # not in accounting yet (just submitted) or no accounting: ask the queue
+    # not in accounting yet (just submitted), still pending, or no accounting: ask the queue
     res = _run(["squeue", "--noheader", f"--jobs={job_id}", "--format=%T|%N|%M|%r"], env)
-    if res.returncode == 0:
-        for line in res.stdout.splitlines():
-            parts = line.split("|")
-            state = _parse_state(parts[0])
-            if state is not None:
-                return JobInfo(
-                    str(job_id), state, None, parts[1], parts[2], parts[3] if len(parts) > 3 else ""
-                )
+    queued = _squeue_job(job_id, res.stdout) if res.returncode == 0 else None
+    if accounted is not None:
+        # The queue may say the job has just ended: its exit code is accounting's, so accounting's
+        # record stands until it says so too.
+        return queued if queued is not None and not queued.state.run_state.finished else accounted
+    if queued is not None:
+        return queued
     if sacct_error:
         if res.returncode == 0 or "invalid job id" in res.stderr.lower():
             raise SlurmError(
@@ -225,6 +219,37 @@ def query_job(job_id: str, env: dict[str, str] | None = None) -> JobInfo | None:
                 f"({sacct_error}): its final state is unknown (slurmdbd is required)"
             )
         raise SlurmError(f"cannot ask Slurm about job {job_id}: {sacct_error}")
+    return None
+
+
+def _sacct_job(job_id: str, stdout: str) -> JobInfo | None:
+    """The allocation line of ``job_id`` in sacct's ``--parsable2`` output (query_job's format)."""
+    for line in stdout.splitlines():
+        parts = line.split("|")
+        if len(parts) < 6 or parts[0] != str(job_id):
+            continue
+        state = _parse_state(parts[1])
+        if state is None:
+            continue
+        code, _, sig = parts[2].partition(":")
+        exit_code: int | None = None
+        if code.isdigit():
+            exit_code = int(code)
+            if exit_code == 0 and sig.isdigit() and int(sig):
+                exit_code = 128 + int(sig)
+        reason = parts[5] if state == SlurmJobState.PENDING and parts[5] != "None" else ""
+        return JobInfo(str(job_id), state, exit_code, parts[3], parts[4], reason)
+    return None
+
+
+def _squeue_job(job_id: str, stdout: str) -> JobInfo | None:
+    """The job in squeue's ``%T|%N|%M|%r`` output (query_job's format)."""
+    for line in stdout.splitlines():
+        parts = line.split("|")
+        state = _parse_state(parts[0])
+        if state is not None:
+            reason = parts[3] if len(parts) > 3 and parts[3] != "None" else ""
+            return JobInfo(str(job_id), state, None, parts[1], parts[2], reason)
     return None
 
 

@@ -5,16 +5,19 @@ BASE and NEW are run directories, folders of traces or stores (merged first when
 :func:`rankscope.analysis.compare.compare` (pure), and rendered here: the terminal table
 (regressions red, improvements green, noise grey), ``--json``, ``--html`` (self-contained) and
 ``--markdown`` (a CI job summary or PR comment). ``--fail-above PCT`` and the ``[thresholds]``
-of ``--config FILE`` make it a gate: exit 1 when a job-level KPI regressed significantly by more
-than its threshold, 0 otherwise. Method and formats: docs/compare.md.
+of ``--config FILE`` make it a gate: exit 1 when a job-level KPI is worse than its threshold —
+by a one-sided Welch t test on the per-step means, or, with fewer than 3 steps a run, by the
+threshold alone (said loudly) — 0 otherwise; every rendering names the rule that decided.
+Method and formats: docs/compare.md.
 
-Why one module of ~690 lines: resolving two runs, the gate and the four renderings of one
+Why one module of ~750 lines: resolving two runs, the gate and the four renderings of one
 comparison make one command.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import html
 import json
 import math
@@ -25,9 +28,9 @@ from typing import TYPE_CHECKING, Any
 from rankscope.errors import InputFileError, UsageError
 
 if TYPE_CHECKING:
-    from rankscope.analysis.compare import CompareFinding, Comparison, GateConfig
+    from rankscope.analysis.compare import Comparison, GateCheck, GateConfig
 
-#: Exit status when the gate fails (a significant regression above its threshold).
+#: Exit status when the gate fails (a gated KPI worse than its threshold).
 EXIT_REGRESSION = 1
 #: summary of ``--json``.
 JSON_SCHEMA = "rankscope-compare"
@@ -81,8 +84,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--fail-above",
         metavar="PCT",
-        help="exit 1 when a headline KPI (step time, throughput, peak memory, FLOP/s, MFU) "
-        "regressed significantly by more than PCT (5%% or 5)",
+        help="exit 1 when a headline KPI (step time, throughput, peak memory, FLOP/s, MFU) is "
+        "worse than PCT (5%% or 5): a one-sided Welch t test of 'more than PCT worse' on the "
+        "per-step means (the threshold alone, said so, below 3 steps a run)",
     )
     parser.add_argument(
         "--config",
@@ -252,14 +256,40 @@ def _ops_shown(c: Comparison) -> Any:
     return slower, faster
 
 
-def headline(c: Comparison, failures: list[CompareFinding] | None) -> str:
-    """One line: the overall verdict (and the gate's, when there is one)."""
+def gate_rule(checks: list[GateCheck]) -> str:
+    """Which rule decided the gate, in a few words ("Welch t on 3 vs 3 steps", or the loud
+    "THRESHOLD ALONE: …" when the runs had too few steps for any test)."""
+    if not checks:
+        return "no gated KPI in both runs"
+    parts = []
+    for rule in dict.fromkeys(ch.rule for ch in checks):
+        steps = ", ".join(
+            dict.fromkeys(
+                f"{ch.base_steps} vs {ch.new_steps} steps" for ch in checks if ch.rule == rule
+            )
+        )
+        if rule == "Welch t":
+            parts.append(f"Welch t on {steps}")
+        else:
+            parts.append(f"THRESHOLD ALONE: {steps} cannot establish significance")
+    return "; ".join(parts)
+
+
+def headline(c: Comparison, checks: list[GateCheck] | None) -> str:
+    """One line: the overall verdict (and the gate's and its rule, when there is a gate)."""
+    from rankscope.analysis.compare import rank_test_floor
+
     job = c.regressions()
     k = c.kpis
     better = k[(k["rank"] < 0) & (k["change"] == "improvement")]
+    failed = [ch for ch in checks or [] if ch.failed]
     if len(job):
         text = "REGRESSION: " + ", ".join(
             f"{r.kpi} {fmt_pct(r.rel_change)}" for r in job.itertuples()
+        )
+    elif failed:
+        text = "REGRESSION beyond the gate's threshold: " + ", ".join(
+            f"{ch.kpi} {fmt_pct(ch.rel_change)}" for ch in failed
         )
     elif len(better):
         text = "IMPROVEMENT: " + ", ".join(
@@ -267,17 +297,24 @@ def headline(c: Comparison, failures: list[CompareFinding] | None) -> str:
         )
     elif (k["change"] == "untested").all():
         text = "NOT COMPARABLE: too few common KPIs or steps to test"
+    elif rank_test_floor(k, c.config.alpha):
+        text = "No change the rank test can call with so few steps"
     else:
         text = "No significant change"
-    if failures is not None:
-        text += " · gate: " + ("FAILED" if failures else "passed")
+    if checks is not None:
+        text += f" · gate: {'FAILED' if failed else 'passed'} ({gate_rule(checks)})"
     return text
+
+
+def gate_line(check: GateCheck) -> str:
+    """One gated KPI's verdict: "FAILED — …" or "passed — …", the rule named in the text."""
+    return f"{'FAILED' if check.failed else 'passed'} — {check.text}"
 
 
 # -- terminal --------------------------------------------------------------------------------
 
 
-def print_comparison(c: Comparison, console: Any, failures: list[CompareFinding] | None) -> None:
+def print_comparison(c: Comparison, console: Any, checks: list[GateCheck] | None) -> None:
     """The terminal rendering."""
     from rich import box
     from rich.table import Table
@@ -362,10 +399,13 @@ def print_comparison(c: Comparison, console: Any, failures: list[CompareFinding]
             "no_change": "bright_black",
         }.get(str(f.kind), "")
         console.print(Text(f.text, style=style))
-    line = headline(c, failures)
-    console.print(Text(line, style="bold red" if failures else "bold"))
-    for f in failures or []:
-        console.print(Text(f"  gate: {f.text}", style="red"))
+    failed = any(ch.failed for ch in checks or [])
+    console.print(Text(headline(c, checks), style="bold red" if failed else "bold"))
+    for ch in checks or []:
+        style = "red" if ch.failed else "bright_black"
+        if ch.rule != "Welch t":
+            style = "bold yellow"  # no test was possible: loud
+        console.print(Text(f"  gate: {gate_line(ch)}", style=style))
 
 
 # -- JSON ------------------------------------------------------------------------------------
@@ -384,7 +424,7 @@ def _records(df: Any) -> list[dict[str, Any]]:
 
 
 def to_json(
-    c: Comparison, failures: list[CompareFinding] | None, gate_config: GateConfig | None
+    c: Comparison, checks: list[GateCheck] | None, gate_config: GateConfig | None
 ) -> dict[str, Any]:
     """The ``--json`` document (docs/compare.md, "JSON")."""
     from rankscope.analysis.kpis import to_json as kpis_json
@@ -412,12 +452,22 @@ def to_json(
         "stragglers": _records(c.stragglers),
         "what_if": _records(c.whatif),
         "gate": None
-        if failures is None or gate_config is None
+        if checks is None or gate_config is None
         else {
-            "passed": not failures,
+            "passed": not any(ch.failed for ch in checks),
             "fail_above": gate_config.fail_above,
             "thresholds": dict(gate_config.thresholds),
-            "failures": [{"kpi": f.kpi, "text": f.text, **f.figures} for f in failures],
+            "rule": gate_rule(checks),
+            "test": "one-sided Welch t of 'worse than the threshold' on the per-step job means, "
+            "Holm over the gated KPIs at alpha; the threshold alone below 3 steps a run",
+            "failures": [
+                {"kpi": f.kpi, "text": f.text, **{k: _clean(v) for k, v in f.figures.items()}}
+                for f in (ch.finding for ch in checks if ch.failed)
+            ],
+            "checks": [
+                {k: _clean(str(v) if k == "rule" else v) for k, v in dataclasses.asdict(ch).items()}
+                for ch in checks
+            ],
         },
     }
 
@@ -429,9 +479,9 @@ def _md(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def render_markdown(c: Comparison, failures: list[CompareFinding] | None) -> str:
+def render_markdown(c: Comparison, checks: list[GateCheck] | None) -> str:
     """A GitHub-flavoured Markdown summary (job summary, PR comment)."""
-    lines = [f"### rankscope compare: {_md(headline(c, failures))}", ""]
+    lines = [f"### rankscope compare: {_md(headline(c, checks))}", ""]
     lines.append(
         f"BASE `{c.base.run_id}` ({c.base.world_size} ranks, {len(c.base.steps)} steps) → "
         f"NEW `{c.new.run_id}` ({c.new.world_size} ranks, {len(c.new.steps)} steps)"
@@ -474,13 +524,19 @@ def render_markdown(c: Comparison, failures: list[CompareFinding] | None) -> str
                 f"| `{_md(name[:80])}` | {kind} | {base} | {new} | {delta} | {share} | {change} |"
             )
         lines += ["", "</details>"]
-    if failures:
-        lines += ["", "**Gate failed:**", ""]
-        lines += [f"- {_md(f.text)}" for f in failures]
+    if checks is not None:
+        failed = any(ch.failed for ch in checks)
+        lines += [
+            "",
+            f"**Gate {'failed' if failed else 'passed'}** ({_md(gate_rule(checks))}):",
+            "",
+        ]
+        lines += [f"- {'🔴' if ch.failed else '⚪'} {_md(gate_line(ch))}" for ch in checks]
     lines += [
         "",
-        f"<sub>Mann–Whitney U over steps, Holm-adjusted (α={c.config.alpha:g}); changes under "
-        f"{100 * c.config.min_change:g}% are noise. rankscope compare.</sub>",
+        f"<sub>Table: Mann–Whitney U over steps, Holm-adjusted (α={c.config.alpha:g}); changes "
+        f"under {100 * c.config.min_change:g}% are noise. Gate: one-sided Welch t of 'worse than "
+        "the threshold' on the per-step means. rankscope compare.</sub>",
         "",
     ]
     return "\n".join(lines)
@@ -512,10 +568,11 @@ def _table(head: list[str], rows: list[tuple[list[str], str]], numeric: set[int]
     return f"<table><tr>{h}</tr>{''.join(body)}</table>"
 
 
-def render_html(c: Comparison, failures: list[CompareFinding] | None) -> str:
+def render_html(c: Comparison, checks: list[GateCheck] | None) -> str:
     """A self-contained page (inline CSS, no scripts, opens offline)."""
-    verdict = headline(c, failures)
-    bad = bool(failures) or len(c.regressions())
+    verdict = headline(c, checks)
+    failed = any(ch.failed for ch in checks or [])
+    bad = failed or len(c.regressions())
     parts = [
         f"<!doctype html><html><head><meta charset='utf-8'><title>rankscope compare</title>"
         f"<style>{_CSS}</style></head><body>",
@@ -527,10 +584,15 @@ def render_html(c: Comparison, failures: list[CompareFinding] | None) -> str:
     ]
     parts += [f"<p class='note'>note: {html.escape(n)}</p>" for n in c.notes]
     parts.append("<ul>" + "".join(f"<li>{html.escape(f.text)}</li>" for f in c.findings) + "</ul>")
-    if failures:
+    if checks is not None:
         parts.append(
-            "<h2>Gate failed</h2><ul>"
-            + "".join(f"<li class='regression'>{html.escape(f.text)}</li>" for f in failures)
+            f"<h2>Gate {'failed' if failed else 'passed'} "
+            f"({html.escape(gate_rule(checks))})</h2><ul>"
+            + "".join(
+                f"<li class='{'regression' if ch.failed else 'noise'}'>"
+                f"{html.escape(gate_line(ch))}</li>"
+                for ch in checks
+            )
             + "</ul>"
         )
     rows = []
@@ -647,7 +709,9 @@ def render_html(c: Comparison, failures: list[CompareFinding] | None) -> str:
     parts.append(
         f"<p class='noise'>Mann–Whitney U over steps (exact up to 80 steps), Hodges–Lehmann "
         f"shift, Holm-adjusted p (α={c.config.alpha:g}, split between the job and per-rank "
-        f"families); changes under {100 * c.config.min_change:g}% are noise.</p></body></html>\n"
+        f"families); changes under {100 * c.config.min_change:g}% are noise. The gate: a "
+        "one-sided Welch t test of 'worse than the threshold' on the per-step means (the "
+        "threshold alone below 3 steps a run).</p></body></html>\n"
     )
     return "".join(parts)
 
@@ -665,7 +729,7 @@ def _analysis(path: Path) -> Any:
 
 def main(args: argparse.Namespace) -> int:
     """Entry point of ``rankscope compare``: 0, or EXIT_REGRESSION when the gate fails."""
-    from rankscope.analysis.compare import compare, gate
+    from rankscope.analysis.compare import compare, gate_checks
     from rankscope.launchers import rundir
     from rich.console import Console
 
@@ -673,16 +737,16 @@ def main(args: argparse.Namespace) -> int:
     base, new = _analysis(args.base), _analysis(args.new)
     c = compare(base, new, compare_config, kpi_config)
     gated = gate_config.fail_above is not None or bool(gate_config.thresholds)
-    failures = gate(c, gate_config) if gated else None
+    checks = gate_checks(c, gate_config) if gated else None
     console = Console(width=None if sys.stdout.isatty() else PIPE_WIDTH)
-    print_comparison(c, console, failures)
+    print_comparison(c, console, checks)
     outputs = [
-        (args.json, lambda: json.dumps(to_json(c, failures, gate_config), indent=1) + "\n"),
-        (args.html, lambda: render_html(c, failures)),
-        (args.markdown, lambda: render_markdown(c, failures)),
+        (args.json, lambda: json.dumps(to_json(c, checks, gate_config), indent=1) + "\n"),
+        (args.html, lambda: render_html(c, checks)),
+        (args.markdown, lambda: render_markdown(c, checks)),
     ]
     for path, render in outputs:
         if path is not None:
             rundir.write_bytes_atomic(path, render().encode())
             console.print(f"wrote {path}", highlight=False)
-    return EXIT_REGRESSION if failures else 0
+    return EXIT_REGRESSION if any(ch.failed for ch in checks or []) else 0

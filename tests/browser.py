@@ -5,8 +5,25 @@ from __future__ import annotations
 import shutil
 from typing import Any
 
-#: The browser, or None (the browser tests skip without it).
+#: The browser, or None (a browser test then fails, see :func:`chromium`).
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def chromium() -> str:
+    """The browser's path. Without one, the test that needs it FAILS, never skips: a machine
+    set up for the tests has it (``bash examples/setup.sh --dev``, which tests/run.sh runs), and
+    a skip would hide that the browser path went untested. Leave these tests out on purpose
+    with ``-m "not browser"`` (``tests/run.sh --fast``)."""
+    if CHROMIUM is None:
+        import pytest
+
+        pytest.fail(
+            "no chromium on PATH: install it (bash examples/setup.sh --dev, or apt-get install "
+            'chromium), or leave the browser tests out with -m "not browser"',
+            pytrace=False,
+        )
+    return CHROMIUM
+
 
 #: Headless, as root, and without the background services that would try to reach the network
 #: (on this machine's closed network they fail many at a time and slow every start).
@@ -58,10 +75,9 @@ def start_chromium(profile: Any, width: int = 1400, height: int = 900) -> tuple[
     import time
     import urllib.request
 
-    assert CHROMIUM is not None
     proc = subprocess.Popen(
         [
-            CHROMIUM,
+            chromium(),
             *HEADLESS_FLAGS,
             unresolvable_hosts(except_localhost=True),
             f"--window-size={width},{height}",
@@ -137,7 +153,7 @@ class DevToolsPage:
         return json.loads(res["result"].get("value") or "null")
 
     async def wait_for(
-        self, expression: str, ok: Any, timeout_s: float, poll_s: float = 1.0
+        self, expression: str, ok: Any, timeout_s: float, poll_s: float = 0.5
     ) -> Any:
         """Poll ``expression`` every ``poll_s`` until ``ok(value)``; returns the last value
         (checked by the caller)."""
@@ -152,6 +168,42 @@ class DevToolsPage:
                 break
             await asyncio.sleep(poll_s)
         return value
+
+    async def next_frames(self, frames: int = 2, timeout_s: float = 30.0) -> None:
+        """Wait until the page has rendered ``frames`` more animation frames (what a paint
+        produced is then on screen, and a screenshot shows it)."""
+        import asyncio
+
+        js = (
+            f"new Promise((done) => {{ let n = {int(frames)}; const tick = () => (--n > 0 ? "
+            "requestAnimationFrame(tick) : done('1')); requestAnimationFrame(tick); })"
+        )
+        try:
+            await asyncio.wait_for(
+                self.call("Runtime.evaluate", expression=js, awaitPromise=True), timeout_s
+            )
+        except TimeoutError:
+            raise AssertionError(f"the page rendered no {frames} frames in {timeout_s} s") from None
+
+    async def wait_painted(self, timeout_s: float, min_plots: int = 1) -> dict[str, Any]:
+        """Wait until every displayed Bokeh plot has painted all it was asked to (PAINTED_JS),
+        at least ``min_plots`` of them, and no paint follows within two more frames; returns
+        the last state. Fails after ``timeout_s`` with the state that was still waiting."""
+        import asyncio
+        import time
+
+        deadline = time.monotonic() + timeout_s
+        state: Any = None
+        while True:
+            state = await self.evaluate(PAINTED_JS)
+            if state["done"] and state["plots"] >= min_plots:
+                await self.next_frames(2)  # paints queued for the next frame show up as pending
+                again = await self.evaluate(PAINTED_JS)
+                if again["done"] and again["paints"] == state["paints"]:
+                    return dict(again)
+                state = again
+            assert time.monotonic() < deadline, f"Bokeh plots not painted in {timeout_s} s: {state}"
+            await asyncio.sleep(0.1)
 
     async def drag(self, x0: float, y0: float, x1: float, y1: float, steps: int = 8) -> None:
         """A real mouse drag (press, moves, release) in page coordinates."""
@@ -217,6 +269,43 @@ PLOTS_JS = """
   };
   for (const r of (window.Bokeh ? Bokeh.index : [])) walk(r);
   return JSON.stringify(out);
+})()
+"""
+
+
+#: Whether the page's Bokeh plots have painted: the documents idle (every view built, the data
+#: of every renderer in), no level-of-detail repaint to come after an interaction, and each
+#: displayed plot painted at least once with no paint requested since its last one. Reads
+#: PlotView's own bookkeeping (Bokeh 3: ``_render_count``, ``_needs_paint``, ``_invalidate_all``,
+#: ``_invalidated_painters``); a Bokeh without them is reported, never taken as painted.
+#: ``paints``: each plot's paint count, to tell a settled page from one still repainting.
+PAINTED_JS = """
+(() => {
+  if (!window.Bokeh || !Bokeh.documents || !Bokeh.documents.length)
+    return JSON.stringify({done: false, plots: 0, paints: [], why: 'no Bokeh document yet'});
+  const idle = Bokeh.documents.every((d) => d.is_idle);
+  const interacting = Bokeh.documents.some((d) => d.interactive_duration() >= 0);
+  const paints = [], waiting = [], unknown = [];
+  const seen = new Set();
+  const walk = (v) => {
+    if (!v || seen.has(v)) return; seen.add(v);
+    if (v.frame && v.canvas_view && v.model && v.model.title !== undefined && v.is_displayed) {
+      const name = (v.model.title && v.model.title.text) || v.model.id;
+      if (typeof v._render_count != 'number' || !(v._invalidated_painters instanceof Set)) {
+        unknown.push(name);
+      } else {
+        paints.push(v._render_count);
+        if (v._render_count == 0 || v._needs_paint || v._invalidate_all
+            || v._invalidated_painters.size > 0 || !v.has_finished())
+          waiting.push(name);
+      }
+    }
+    try { for (const c of v.children()) walk(c); } catch (e) {}
+  };
+  for (const r of Bokeh.index) walk(r);
+  const done = idle && !interacting && waiting.length == 0 && unknown.length == 0;
+  return JSON.stringify({done, plots: paints.length, paints, idle, interacting, waiting,
+                         unknown: unknown.length ? unknown.concat(['(no paint bookkeeping)']) : []});
 })()
 """
 

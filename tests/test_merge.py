@@ -239,11 +239,12 @@ def test_lock_held_by_another_process(tmp_path: Path) -> None:
         [
             sys.executable,
             "-c",
-            "import sys, time; from pathlib import Path; "
+            "import sys; from pathlib import Path; "
             "from rankscope.orchestrator.merge import output_lock\n"
             f"with output_lock(Path({str(out)!r})):\n"
-            f"    Path({str(ready)!r}).touch(); time.sleep(60)",
-        ]
+            f"    Path({str(ready)!r}).touch(); sys.stdin.read()",  # held until killed
+        ],
+        stdin=subprocess.PIPE,
     )
     try:
         assert _wait_for(ready.exists)
@@ -261,7 +262,7 @@ def test_lock_held_by_another_process(tmp_path: Path) -> None:
         assert not out.exists()
     finally:
         holder.kill()
-        holder.wait()
+        holder.communicate()  # closes its stdin too
     # Once the holder is gone (the OS drops its lock), the merge works.
     assert (
         cli(
@@ -280,23 +281,75 @@ def test_lock_held_by_another_process(tmp_path: Path) -> None:
 
 
 def test_interrupted_merge_leaves_no_store(tmp_path: Path) -> None:
-    """Ctrl-C while the temporary store is being written: exit 130, no trace.h5, no temporary."""
+    """Ctrl-C while the temporary store is being written: exit 130, no trace.h5, no temporary.
+
+    The merge is held inside that stretch by a real mechanism: rank 3's second window is a named
+    pipe. The merge parses ranks in order, in-process (``--scheduler synchronous``): by the time
+    it opens the pipe, the temporary store is created with its header and ranks 0-2 are parked in
+    the spill; reading the pipe then blocks for as long as its writer (this test) sends nothing.
+    Opening the pipe's write end without blocking succeeds only once the merge has it open for
+    reading, so the interrupt lands there on any machine, fast or slow. The same run directory,
+    with the real window in place of the pipe, then merges: the interrupt, not the input, stopped
+    the first merge.
+    """
+    import errno
+    import os
     import signal
     import subprocess
     import sys
+    import time
 
-    out = tmp_path / "trace.h5"
+    run = make_run_dir(tmp_path, DATA / "cpu_gloo_4rank_skew")
+    held = rundir.window_path(run, 3, 1)
+    real = tmp_path / "rank3-window-001.json.gz"
+    os.replace(held, real)
+    os.mkfifo(held)
+    out = run / rundir.STORE_NAME
+    # ``python -m rankscope.orchestrator.cli merge …``, with Ctrl-C's default handling restored
+    # first: a test run with SIGINT ignored (a non-interactive shell's background job, `pytest &`)
+    # passes that on through exec, and the merge would never see the interrupt.
+    interruptible = (
+        "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)"
+    )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rankscope.orchestrator.cli", "merge", str(DATA / "hta"),
-         "-o", str(out), "--scheduler", "synchronous"],
+        [sys.executable, "-c", interruptible, "rankscope.orchestrator.cli", "merge", str(run),
+         "--scheduler", "synchronous"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    assert _wait_for(lambda: any(tmp_path.glob(".trace.h5.*.tmp")) or proc.poll() is not None)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
-    if proc.returncode == 0:
-        pytest.skip("the merge finished before the interrupt arrived")
+    writer = -1
+    try:
+        deadline = time.monotonic() + 120
+        while writer < 0:
+            try:  # ENXIO until a reader has the pipe open: the merge has reached rank 3's window
+                writer = os.open(held, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError as exc:
+                assert exc.errno == errno.ENXIO, exc
+                assert proc.poll() is None, f"the merge ended first: {proc.communicate()}"
+                assert time.monotonic() < deadline, "the merge never opened the named pipe"
+                time.sleep(0.01)
+        # Where the merge waits: the temporary store open for writing (HDF5 still holds its
+        # header in memory), ranks 0-2 parked in the spill.
+        (tmp_store,) = run.glob(".trace.h5.*[0-9].tmp")
+        assert tmp_store.is_file()
+        (spill,) = run.glob(".trace.h5.*.ranks.tmp")
+        assert {p.name[:5] for p in spill.iterdir()} == {"00000", "00001", "00002"}
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        if writer >= 0:
+            os.close(writer)
     assert proc.returncode == 130, err
-    assert "interrupted" in err and "Traceback" not in err
+    assert "interrupted" in err and "Traceback" not in err, err
     assert not out.exists()
-    assert not list(tmp_path.glob(".trace.h5.*.tmp"))
+    assert sorted(p.name for p in run.glob(".trace.h5*")) == [], "no temporary, no lock file"
+    # The input itself merges: the real window back in place of the pipe.
+    os.replace(real, held)
+    rc = cli(["merge", str(run), "--scheduler", "synchronous", "-q"])
+    assert rc == 0
+    with open_store(out) as store:
+        assert store.ranks == [0, 1, 2, 3]
+        assert set(store.events(3, columns=["window"])["window"].unique()) == {0, 1}

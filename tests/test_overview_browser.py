@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 from browser import (
-    CHROMIUM,
+    PAINTED_JS,
     PLOTS_JS,
     PROBE_JS,
     DevToolsPage,
@@ -40,7 +40,6 @@ OVERVIEW_MARK = "each pixel: share of its time"
 pytestmark = [
     pytest.mark.browser,
     pytest.mark.slow,
-    pytest.mark.skipif(CHROMIUM is None, reason="needs chromium (apt-get install chromium)"),
 ]
 
 
@@ -73,6 +72,11 @@ def _plot(plots: list[dict[str, Any]], overview: bool) -> dict[str, Any]:
     return mine[0]
 
 
+def _lane_ranks(plot: dict[str, Any]) -> set[int]:
+    """The ranks whose lanes a timeline plot shows (its row labels start ``r<rank> ``)."""
+    return {int(m.group(1)) for label in plot["labels"] if (m := re.match(r"r(\d+) ", label))}
+
+
 def _red_share_per_row(png: Path, frame: dict[str, Any], rows: int) -> np.ndarray:
     """Share of 'waiting' red pixels in each rank's band of the overview's frame."""
     from PIL import Image
@@ -86,6 +90,25 @@ def _red_share_per_row(png: Path, frame: dict[str, Any], rows: int) -> np.ndarra
     is_red = np.abs(area - red).max(axis=2) <= 12
     bands = np.array_split(is_red, rows, axis=0)
     return np.array([b[1:-1].mean() for b in bands])  # band edges may blend with a neighbour
+
+
+async def _painted_shot(page: DevToolsPage, png: Path) -> dict[str, Any]:
+    """Screenshot the painted page to ``png``; returns the overview's plot as the shot shows it.
+
+    The lanes below load after the overview (deferred) and may move things when they arrive: a
+    shot is kept only when the overview's frame and paint count are the same before and after.
+    """
+    import time
+
+    deadline = time.monotonic() + RENDER_WAIT_S
+    while True:
+        painted = await page.wait_painted(RENDER_WAIT_S)
+        before = _plot(await page.evaluate(PLOTS_JS), overview=True)
+        await page.screenshot(png)
+        after = _plot(await page.evaluate(PLOTS_JS), overview=True)
+        if before == after and (await page.evaluate(PAINTED_JS))["paints"] == painted["paints"]:
+            return after
+        assert time.monotonic() < deadline, f"the overview kept changing: {before} → {after}"
 
 
 async def _session(url: str, shots: Path) -> dict[str, Any]:
@@ -104,17 +127,26 @@ async def _session(url: str, shots: Path) -> dict[str, Any]:
             RENDER_WAIT_S,
         )
         out["text"] = found["text"]
-        plots = await page.wait_for(
+        await page.wait_for(
             PLOTS_JS, lambda v: any(OVERVIEW_MARK in p["title"] for p in v), RENDER_WAIT_S
         )
-        await asyncio.sleep(2.0)  # let the canvases finish painting
-        out["overview"] = _plot(plots, overview=True)
-        await page.screenshot(shots / "overview.png")
+        out["overview"] = await _painted_shot(page, shots / "overview.png")
 
         # the button opens the flagged ranks' lanes
         await page.evaluate(click_button_js("flagged rank"))
         after = await page.wait_for(PROBE_JS, lambda v: "Lanes below" in v["text"], RENDER_WAIT_S)
         out["button_text"] = after["text"]
+        # ... and shows them: the drag below starts on a page that has settled (the server done
+        # with this render, nothing arriving mid-drag)
+        opened = await page.wait_for(
+            PLOTS_JS,
+            lambda v: any(
+                _lane_ranks(p) == set(STRAGGLERS) for p in v if OVERVIEW_MARK not in p["title"]
+            ),
+            RENDER_WAIT_S,
+        )
+        out["button_lanes"] = [_lane_ranks(p) for p in opened if OVERVIEW_MARK not in p["title"]]
+        await page.wait_painted(RENDER_WAIT_S, min_plots=2)
 
         # a real drag over the rows of ranks 2 and 3 in straggler order, 25 %..55 % of the time
         ov = out["overview"]
@@ -122,7 +154,9 @@ async def _session(url: str, shots: Path) -> dict[str, Any]:
         x0, x1 = ov["left"] + 0.25 * ov["width"], ov["left"] + 0.55 * ov["width"]
         await page.drag(x0, ov["top"] + 2.25 * row, x1, ov["top"] + 3.75 * row)
         dragged = await page.wait_for(
-            PROBE_JS, lambda v: re.search(r"Lanes below: ranks \d+, \d+ ·", v["text"]), 60
+            PROBE_JS,
+            lambda v: re.search(r"Lanes below: ranks \d+, \d+ ·", v["text"]),
+            RENDER_WAIT_S,
         )
         out["drag_text"] = dragged["text"]
         out["drag_x"] = [ov["x_start"] + f * (ov["x_end"] - ov["x_start"]) for f in (0.25, 0.55)]
@@ -140,10 +174,10 @@ async def _session(url: str, shots: Path) -> dict[str, Any]:
         # a click on the top row reads out its pixel
         await page.click(ov["left"] + 0.5 * ov["width"], ov["top"] + 0.5 * row)
         tapped = await page.wait_for(
-            PROBE_JS, lambda v: "rank " in v["text"] and " ms: " in v["text"], 60
+            PROBE_JS, lambda v: "rank " in v["text"] and " ms: " in v["text"], RENDER_WAIT_S
         )
         out["tap_text"] = tapped["text"]
-        await asyncio.sleep(2.0)
+        await page.wait_painted(RENDER_WAIT_S, min_plots=2)  # the overview and the lanes
         await page.screenshot(shots / "selected.png")
         page.close()
     finally:
@@ -173,6 +207,7 @@ def test_overview_shows_the_late_ranks_and_selection_opens_their_lanes(
     # the button opened the flagged ranks
     m = re.search(r"Lanes below: ranks ([\d, ]+)", got["button_text"])
     assert m and sorted(int(x) for x in m.group(1).split(",")) == sorted(STRAGGLERS)
+    assert set(STRAGGLERS) in got["button_lanes"], got["button_lanes"]
     # the drag opened the two rows it covered, over the time span it covered
     m = re.search(r"Lanes below: ranks (\d+), (\d+) · ([\d.,]+)–([\d.,]+) ms", got["drag_text"])
     assert m, got["drag_text"][:500]

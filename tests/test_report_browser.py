@@ -9,23 +9,20 @@ from pathlib import Path
 
 import pytest
 from analysis_frames import merged
-from browser import CHROMIUM, HEADLESS_FLAGS, unresolvable_hosts
+from browser import HEADLESS_FLAGS, chromium, unresolvable_hosts
 from rankscope.analysis.pipeline import SYNCHRONOUS, ClusterSpec, analyze
 from rankscope.analysis.report import render_html
 
 #: every host name unresolvable: a report that needed the network would come out broken.
 FLAGS = [*HEADLESS_FLAGS, unresolvable_hosts()]
 
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.skipif(CHROMIUM is None, reason="needs chromium (apt-get install chromium)"),
-]
+pytestmark = [pytest.mark.browser]
 
 
 def _chromium(*args: str) -> subprocess.CompletedProcess[str]:
     with tempfile.TemporaryDirectory() as profile:
         return subprocess.run(
-            [str(CHROMIUM), *FLAGS, f"--user-data-dir={profile}", *args],
+            [chromium(), *FLAGS, f"--user-data-dir={profile}", *args],
             capture_output=True,
             text=True,
             timeout=120,

@@ -23,7 +23,7 @@ from rankscope.launchers import rundir
 from rankscope.launchers.slurm_node import node_torchrun_args
 from rankscope.launchers.slurm_options import SlurmOptions, load_defaults, slurm_options_from_args
 from rankscope.launchers.slurm_records import task_states
-from slurm_cluster import REPO, LocalSlurm, rankscope
+from slurm_cluster import REPO, LocalSlurm, interruptible, rankscope
 
 EXAMPLE = REPO / "examples" / "train_ddp.py"
 TEMPLATE = REPO / "slurm" / "rankscope.sbatch"
@@ -419,7 +419,7 @@ def test_cancel_while_running_merges_the_windows_written(
     # --follow, then Ctrl-C: rankscope stops following, the job goes on
     args = run_args(tmp_path, slurm_cluster, "--follow", *WINDOW_EVERY_3_STEPS)
     follow = subprocess.Popen(
-        [sys.executable, "-m", "rankscope", *args, "--steps", "100000", *SLOW_STEPS],
+        interruptible(*args, "--steps", "100000", *SLOW_STEPS),  # it gets Ctrl-C below
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

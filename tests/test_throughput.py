@@ -239,6 +239,13 @@ def test_real_run_throughput_and_flops(tmp_path: Path) -> None:
         assert all(f > 0 for f in counted.values())
         for step in (2, 3, 4):
             assert flops[rank, step] == counted[str(step)] / t[rank, step]
+        # what the step cost the main thread (issue 23: CPU taken by other processes): wall
+        # time as the trace's ProfilerStep#N, the thread's CPU time and run-queue delay within it
+        cpu = {int(k): v for k, v in meta["step_cpu"].items()}
+        assert set(cpu) == {2, 3, 4}
+        for step, (wall, on_cpu, runq) in cpu.items():
+            assert on_cpu > 0 and runq >= 0 and on_cpu + runq <= wall * 1.01 + 1e6
+            assert abs(wall - t[rank, step] * 1e9) <= 0.1 * wall + 2e6, (wall, t[rank, step])
     assert any("MFU: not for CPU runs" in n for n in k.notes)
     summary = json.loads((run / "report" / "summary.json").read_text())["kpis"]
     job = {e["kpi"]: e for e in summary["job"]}
@@ -261,6 +268,7 @@ def test_real_run_rankscope_step_samples(tmp_path: Path) -> None:
     for rank in (0, 1):
         meta = json.loads((run / "ranks" / f"{rank:05d}" / "meta.json").read_text())
         assert meta["step_samples"] == {"2": 24, "3": 24, "4": 24}  # the recorded steps only
+        assert set(meta["step_cpu"]) == {"2", "3", "4"}  # rankscope.step() records it too
         assert meta["profiler"]["samples_per_step"] is None
     a = analyze(run / "trace.h5", ClusterSpec(scheduler=SYNCHRONOUS))
     t = _step_times(a)

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 from analysis_frames import merged
-from browser import CHROMIUM, PROBE_JS, DevToolsPage, serve_view, start_chromium, stop
+from browser import PROBE_JS, DevToolsPage, serve_view, start_chromium, stop
 
 #: The command under test (the installed CLI, run by this interpreter).
 VIEW = [sys.executable, "-m", "rankscope.orchestrator", "view"]
@@ -33,7 +33,6 @@ RENDER_WAIT_S = 90
 pytestmark = [
     pytest.mark.browser,
     pytest.mark.slow,
-    pytest.mark.skipif(CHROMIUM is None, reason="needs chromium (apt-get install chromium)"),
 ]
 
 
@@ -61,7 +60,7 @@ async def _cdp_render(ws_url: str, url: str, png: Path) -> dict[str, Any]:
         lambda v: v.get("canvases", 0) >= 1 and "Stragglers" in v.get("text", ""),
         RENDER_WAIT_S,
     )
-    await asyncio.sleep(2.0)  # let the canvas finish painting before the screenshot
+    await page.wait_painted(RENDER_WAIT_S)  # the timeline's canvas painted, then the shot
     await page.screenshot(png)
     page.close()
     return found or {}
