@@ -37,9 +37,11 @@ SLURM_WORKER_TIMEOUT_ENV = "RANKSCOPE_SLURM_WORKER_TIMEOUT"
 #: Seconds between two looks at the Slurm jobs while waiting for workers or results.
 SLURM_POLL_S = 5.0
 #: Seconds every worker job may have ended while Dask still lists workers (orphans) before the
-#: merge or analysis gives up with one line: two looks at the jobs, enough for the scheduler to
-#: notice that a killed worker's connection closed. A worker still listed after that is an
-#: orphan (see :meth:`SlurmWorkers.check`).
+#: merge or analysis gives up with one line: two polls (:data:`SLURM_POLL_S`), ample for the
+#: scheduler to notice that a killed worker's connection closed; a worker still listed after that
+#: is an orphan (see :meth:`SlurmWorkers.check`). At 30 s a merge with orphan workers ended
+#: 39-44 s after the scancel on this project's loaded 2-core machine, too close to the 60 s bound
+#: (docs/reliability.md); at 10 s, 17-21 s.
 SLURM_ENDED_GRACE_S = 10.0
 #: Seconds :meth:`SlurmWorkers.finish` may take after its first scancel: closing Dask's client
 #: and cluster and waiting for the jobs to leave the queue share them, so the merge or analysis
@@ -296,7 +298,7 @@ class SlurmWorkers:
             if self.cluster is not None:
                 _close_within(self.cluster, min(deadline, time.monotonic() + SLURM_CLUSTER_CLOSE_S))
                 known = len(self.job_ids)
-                self._note_jobs()  # submitted while the first scancel ran
+                self._note_jobs()  # still being submitted by dask-jobqueue at the first look
                 if len(self.job_ids) > known:
                     self._cancel()
             self._wait_until_gone(deadline)
