@@ -12,21 +12,24 @@ parallelism's bottlenecks are :mod:`rankscope.analysis.bottleneck`'s):
    the wait it caused the others (seconds), a one-sided binomial test of "last this often by
    chance" (chance = 1/ranks per collective), and the likely cause.
 
-A balanced run still has a last rank at every collective; a straggler must be *significant*
-(p ≤ ``ALPHA``), *dominant* — it caused a clearly unfair share of all waiting
-(:func:`min_wait_share`: halfway between its fair share ``1/ranks`` and all of it) — and
-*material*: that wait is at least ``MIN_RUN_FRACTION`` of the profiled time of the ranks that
-waited — and *explained*: its own extra work (compute, input, host time beyond the median rank's)
-explains its lateness. How often it was last is then evidence, not a threshold: a rank slow in
-70 % of the steps, or slow in every step of a job whose steps also hold collectives nobody is
-late for, is last at far fewer than all collectives yet causes nearly all the waiting. Only a
-rank whose lateness its own work does not explain (``propagated``) must also be *consistent*,
-last at ``MIN_LAST_FRACTION`` of its collectives: on an oversubscribed CPU, contention moves
-"last" around, and such a rank's lateness is measured to come from elsewhere. A second, smaller
-straggler hidden behind the first is found by setting the first aside (``masked_by``,
-:func:`find_stragglers`).
+A balanced run still has a last rank in every step; a straggler must be *significant* — the
+last rank of a profiled step more often than chance (one-sided binomial over the **steps**, the
+independent samples: the collectives of one step share its lateness, :func:`unit_rows`) —
+*dominant* — it caused a clearly unfair share of all waiting (:func:`min_wait_share`: halfway
+between its fair share ``1/ranks`` and all of it) — *material* — its typical lateness is at least
+``MIN_STEP_FRACTION`` of the step and the wait it caused at least ``MIN_RUN_FRACTION`` of the
+profiled time of the ranks that waited — *separated* — that lateness stands ``SEPARATION_Z``
+standard errors clear of how every rank's arrival moves from step to step — and *explained*: its
+own extra work (compute, input, host time beyond the median rank's) explains its lateness. Only a
+rank whose lateness its own work does not explain (``propagated``) must also be *consistent*, the
+last rank in ``MIN_LAST_FRACTION`` of its steps. Where the runtime recorded each step's run-queue
+delay (``step_cpu``), the time other processes took from a rank's core is taken off the OTHER
+ranks' arrivals when a rank is judged, and a rank whose lateness it explains is named only with
+the cause "CPU taken by other processes" (:class:`Cause`). A second, smaller straggler hidden
+behind the first is found by setting the first aside (``masked_by``, :func:`find_stragglers`).
 
-Why one module of ~530 lines: one analysis (arrival windows and the straggler tests).
+Why one module of ~830 lines: one analysis (arrival windows, the per-step samples with their
+run-queue correction, and the straggler tests on them).
 """
 
 from __future__ import annotations
