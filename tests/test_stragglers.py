@@ -74,7 +74,6 @@ def _run(
         (2, "compute", Cause.OWN_COMPUTE),
         (1, "input", Cause.INPUT),
         (3, "idle", Cause.HOST),
-        (0, "propagated", Cause.PROPAGATED),
     ],
 )
 def test_late_rank_is_the_straggler_with_its_cause(rank: int, kind: str, cause: Cause) -> None:
@@ -87,6 +86,18 @@ def test_late_rank_is_the_straggler_with_its_cause(rank: int, kind: str, cause: 
     )
     assert top["confidence"] > 0.99 and top["score"] > 5
     assert s["is_straggler"].sum() == 1
+
+
+def test_propagated_lateness_is_explained_but_not_named() -> None:
+    """Late at every collective because it left the previous sync point late, not by its own
+    work: the cause says so, and it is no straggler (fixing the rank would buy nothing; in flat
+    jobs this is the collective's own completion order or a late wake-up: 7 of 60 balanced real
+    runs had such a rank, docs/analysis.md)."""
+    s = _run(0, 20, "propagated")
+    top = s.iloc[0]
+    assert top["rank"] == 0 and top["times_last"] == 12 and top["cause"] == Cause.PROPAGATED
+    assert top["p_value"] < 1e-6 and top["wait_share"] > 0.9
+    assert not s["is_straggler"].any()
 
 
 @pytest.mark.parametrize("seed", range(6))
