@@ -431,7 +431,7 @@ def find_stragglers(
         current = current[current["n_ranks"] >= 2]
         if len(current) == 0:
             break
-        rows = _rank_rows(current, windows, profiled_ns, runq, step_ns, clock)
+        rows = _rank_rows(current, windows, profiled_ns, runq, step_ns, clock, masked=True)
         # This round only runs because a straggler was found, and among the few ranks left one
         # easily dominates the little waiting that remains: its significance is corrected for
         # picking one of them (Bonferroni over the ranks left), so noise is not named.
@@ -624,8 +624,13 @@ def _rank_rows(
     runq: pd.DataFrame | None = None,
     step_ns: float | None = None,
     clock: pd.DataFrame | None = None,
+    masked: bool = False,
 ) -> list[dict[str, Any]]:
-    """The straggler tests on one set of waits: one dict (``STRAGGLER_COLUMNS``) per rank."""
+    """The straggler tests on one set of waits: one dict (``STRAGGLER_COLUMNS``) per rank.
+
+    ``masked``: the second look, with the named stragglers set aside. Its lateness is then a lower
+    bound (the big straggler's delay gated the collectives, and part of the small one's is hidden
+    for good), so the materiality of the step is not judged on it: only the wait it caused."""
     import numpy as np
 
     # blame is split from arrival gaps, so its total (not the duration-capped waits) is the base
@@ -715,7 +720,7 @@ def _rank_rows(
             caused, total = float(fair_blame.get(rank, 0.0)), fair_total
         share = caused / total if total > 0 else 0.0
         material = median_profiled <= 0 or caused / others >= MIN_RUN_FRACTION * median_profiled
-        material_step = typical >= MIN_STEP_FRACTION * step_ns and typical > 0
+        material_step = typical > 0 and (masked or typical >= MIN_STEP_FRACTION * step_ns)
         separated = typical >= SEPARATION_Z * standard_error
         rows.append(
             {
