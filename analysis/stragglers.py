@@ -424,10 +424,7 @@ def find_stragglers(
     while named and len(removed) < candidates - 1:
         # the rows without the named ranks: who would the others wait for once they are fixed?
         kept = current[~current["rank"].isin(removed)]
-        table = kept.rename(columns={"arrival": "start"})[
-            ["coll", "group", "seq", "op", "bytes", "rank", "start", "end"]
-        ].assign(event=-1)
-        current = collective_waits(table, clock)
+        current = collective_waits(_as_collectives(kept), clock)
         current = current[current["n_ranks"] >= 2]
         if len(current) == 0:
             break
@@ -476,13 +473,19 @@ def _fair_blame(
     stolen = _lateness_frame(multi, windows, runq)["contention"].to_numpy(float)
     if not (stolen > 0).any():
         return None, 0.0
-    table = multi.rename(columns={"arrival": "start"})[
-        ["coll", "group", "seq", "op", "bytes", "rank", "start", "end"]
-    ].assign(event=-1)
+    table = _as_collectives(multi)
     table["start"] = table["start"].to_numpy("int64") - stolen.astype("int64")
     fair = collective_waits(table, clock)
     blame = fair.groupby("rank")["blame_ns"].sum()
     return blame, float(blame.sum())
+
+
+def _as_collectives(waits: pd.DataFrame) -> pd.DataFrame:
+    """Rows of :func:`~rankscope.analysis.collectives.collective_waits` back as a collectives
+    table (arrival -> start), to recompute the waits from other arrivals."""
+    return waits.rename(columns={"arrival": "start"})[
+        ["coll", "group", "seq", "op", "bytes", "rank", "start", "end"]
+    ].assign(event=-1)
 
 
 def step_cpu_table(metas: dict[int, Any]) -> pd.DataFrame:
