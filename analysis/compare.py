@@ -55,6 +55,10 @@ from rankscope.analysis.kpis import (
     KpiConfig,
 )
 
+# the Student t tail (and its incomplete beta) written once, for the leak test and the gate
+from rankscope.analysis.memory import _betainc as betainc  # noqa: F401  (tested here)
+from rankscope.analysis.memory import t_sf
+
 if TYPE_CHECKING:
     import numpy as np
     import pandas as pd
@@ -367,53 +371,6 @@ def mann_whitney_min_p(n1: int, n2: int) -> float:
     if n1 <= 0 or n2 <= 0:
         return 1.0
     return min(1.0, 2 / math.comb(n1 + n2, n1))
-
-
-def _betacf(a: float, b: float, x: float) -> float:
-    """Continued fraction of the incomplete beta function (modified Lentz)."""
-    tiny = 1e-300
-    qab, qap, qam = a + b, a + 1.0, a - 1.0
-    c, d = 1.0, 1.0 - qab * x / qap
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 500):
-        m2 = 2 * m
-        for aa in (
-            m * (b - m) * x / ((qam + m2) * (a + m2)),
-            -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2)),
-        ):
-            d = 1.0 + aa * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
-            c = 1.0 + aa / c
-            c = c if abs(c) > tiny else tiny
-            h *= d * c
-        if abs(d * c - 1.0) < 1e-15:
-            break
-    return h
-
-
-def betainc(a: float, b: float, x: float) -> float:
-    """The regularized incomplete beta function I_x(a, b) (a, b > 0; 0 <= x <= 1)."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    front = math.exp(
-        math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
-    )
-    if x < (a + 1.0) / (a + b + 2.0):
-        return front * _betacf(a, b, x) / a
-    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
-
-
-def t_sf(t: float, df: float) -> float:
-    """P(T > t) for Student's t with ``df`` (> 0, not necessarily whole) degrees of freedom."""
-    if math.isnan(t) or not df > 0:
-        return math.nan
-    if math.isinf(t):
-        return 0.0 if t > 0 else 1.0
-    tail = 0.5 * betainc(df / 2, 0.5, df / (df + t * t))
-    return tail if t >= 0 else 1.0 - tail
 
 
 def welch_exceeds(base: Any, new: Any, factor: float) -> tuple[float, float, float]:

@@ -511,7 +511,7 @@ def _betainc(a: float, b: float, x: float) -> float:
 
 def t_sf(t: float, df: float) -> float:
     """P(T > t) for Student's t with ``df`` degrees of freedom (no scipy at run time)."""
-    if math.isnan(t) or df <= 0:
+    if math.isnan(t) or not df > 0:
         return math.nan
     if math.isinf(t):
         return 0.0 if t > 0 else 1.0
