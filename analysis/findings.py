@@ -174,11 +174,44 @@ def straggler_evidence(row: Mapping[str, Any]) -> str:
     )
 
 
-def no_straggler_evidence(collectives: int) -> str:
-    """Why "no straggler" is a finding, not a lack of one: a balanced run always has a last rank."""
-    return (
+#: Why the closest rank is not named, per ``stragglers.Verdict`` value (a rank that was never
+#: last, or not more often than chance, needs no sentence beyond the general one).
+_NOT_NAMED: dict[str, str] = {
+    "too small a share of the waiting": "it caused {wait_share:.0%} of the waiting, too small a share",
+    "propagated": (
+        "its lateness was propagated: it left the previous sync point late and its own work "
+        "did not add to that (look at what held it there)"
+    ),
+    "cause not measured": "its own extra work explains too little of its lateness",
+    "immaterial": "its typical lateness, {typical_ms:.2f} ms per step, is too small to matter",
+    "within the noise": (
+        "its typical lateness, {typical_ms:.2f} ms per step, is within the step-to-step noise "
+        "of the other ranks ({noise_ms:.2f} ms s.d.)"
+    ),
+}
+
+
+def no_straggler_evidence(collectives: int, closest: Mapping[str, Any] | None = None) -> str:
+    """Why "no straggler" is a finding, not a lack of one: a balanced run always has a last rank.
+
+    ``closest``: the row of ``Analysis.stragglers`` that came closest (most significant); when it
+    was last significantly often but failed a later test, the sentence says which one, in ms."""
+    text = (
         "no rank was last significantly more often than chance and caused a material share of "
-        f"the wait ({collectives} collective(s))."
+        f"the wait ({collectives} collective(s))"
+    )
+    why = _NOT_NAMED.get(str(closest.get("verdict", ""))) if closest is not None else None
+    if closest is None or why is None:
+        return text + "."
+    return (
+        f"{text}; rank {int(closest['rank'])} was last in {int(closest['units_last'])} of "
+        f"{int(closest['units'])} steps (p = {float(closest['p_value']):.2g}) but is not named: "
+        + why.format(
+            wait_share=float(closest["wait_share"]),
+            typical_ms=float(closest["typical_s"]) * 1e3,
+            noise_ms=float(closest["noise_s"]) * 1e3,
+        )
+        + "."
     )
 
 
@@ -501,13 +534,14 @@ def _straggler_findings(a: Analysis) -> list[Finding]:
     if out:
         return out
     collectives = int(a.waits["coll"].nunique()) if len(a.waits) else 0
+    closest = s.iloc[0].to_dict() if len(s) and "verdict" in s.columns else None
     return [
         Finding(
             kind=FindingKind.NO_STRAGGLER,
             severity=Severity.OK,
             rank=None,
             headline="No straggler",
-            evidence=no_straggler_evidence(collectives),
+            evidence=no_straggler_evidence(collectives, closest),
             figures={"collectives": collectives},
         )
     ]

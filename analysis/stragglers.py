@@ -94,6 +94,23 @@ OWN_CAUSES = frozenset({Cause.OWN_COMPUTE, Cause.INPUT, Cause.HOST})
 MEASURED_CAUSES = OWN_CAUSES | {Cause.CPU_CONTENTION}
 
 
+class Verdict(enum.StrEnum):
+    """Why a rank is, or is not, named (``STRAGGLER_COLUMNS`` ``verdict``): NAMED, else the
+    first test it failed, in the order the rules are written in docs/analysis.md. A "no
+    straggler" finding says this of the rank that came closest, so that a rank last in every
+    step but not named (e.g. its lateness came from before the sync point) is explained, not
+    silently dropped."""
+
+    NAMED = "named"
+    NEVER_LAST = "never last"
+    NOT_SIGNIFICANT = "not last more often than chance"
+    SMALL_SHARE = "too small a share of the waiting"
+    PROPAGATED = "propagated"
+    CAUSE_UNKNOWN = "cause not measured"
+    IMMATERIAL = "immaterial"
+    WITHIN_NOISE = "within the noise"
+
+
 #: What the windows measure, in the painter's words (GPU idle during input is input).
 PARTS = ("compute_ns", "input_ns", "idle_ns", "comm_ns")
 
@@ -151,6 +168,7 @@ STRAGGLER_COLUMNS: dict[str, str] = {
     "noise_s": "float64",  # s.d. of the other ranks' lateness from unit to unit
     "cause": "str",
     "is_straggler": "bool",
+    "verdict": "str",  # Verdict: NAMED, or the first test the rank failed
     "masked_by": "int32",  # the straggler that hid it (found once that one was set aside); -1
 }
 
@@ -725,6 +743,23 @@ def _rank_rows(
         material = median_profiled <= 0 or caused / others >= MIN_RUN_FRACTION * median_profiled
         material_step = typical > 0 and (masked or typical >= MIN_STEP_FRACTION * step_ns)
         separated = typical >= SEPARATION_Z * standard_error
+        # the first of the tests (in this order) that the rank fails: why it is not named
+        verdict = next(
+            (
+                v
+                for v, failed in (
+                    (Verdict.NEVER_LAST, k_u == 0),
+                    (Verdict.NOT_SIGNIFICANT, p > (ALPHA / (others + 1) if contended else ALPHA)),
+                    (Verdict.SMALL_SHARE, share < min_wait_share(others + 1)),
+                    (Verdict.PROPAGATED, cause == Cause.PROPAGATED),
+                    (Verdict.CAUSE_UNKNOWN, cause not in MEASURED_CAUSES),
+                    (Verdict.IMMATERIAL, not (material and material_step)),
+                    (Verdict.WITHIN_NOISE, not separated),
+                )
+                if failed
+            ),
+            Verdict.NAMED,
+        )
         rows.append(
             {
                 "rank": int(rank),
@@ -748,15 +783,8 @@ def _rank_rows(
                 "contention_s": contention / 1e9,
                 "noise_s": noise / 1e9,
                 "cause": str(cause),
-                "is_straggler": bool(
-                    p <= (ALPHA / max(others + 1, 1) if contended else ALPHA)
-                    and share >= min_wait_share(others + 1)
-                    and material
-                    and material_step
-                    and separated
-                    and k_u > 0
-                    and cause in MEASURED_CAUSES
-                ),
+                "is_straggler": verdict == Verdict.NAMED,
+                "verdict": str(verdict),
                 "masked_by": -1,
             }
         )

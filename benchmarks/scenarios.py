@@ -3,6 +3,7 @@
     python benchmarks/scenarios.py                   # 256 ranks, every scenario
     python benchmarks/scenarios.py --ranks 32 --only intermittent two-stragglers
     python benchmarks/scenarios.py --hta             # also load one set with HTA 0.5.0
+    python benchmarks/scenarios.py --whatif          # the what-if cases of tests/test_whatif.py
 
 For each scenario of ``tests/test_scenarios.py`` (the same definitions): generate the job with
 ``rankscope synth`` (orchestrator/synth.py; 32 hosts of 8 GPUs at 256 ranks), merge it and
@@ -10,6 +11,10 @@ analyse it as whole processes (what a user runs), and print one row: the true st
 causes, what rankscope named, precision and recall, the worst clock error (µs), the worst
 compute/exposed-communication error against the truth (%), and the wall seconds of each step.
 A figure-printing script, never a test; docs/performance.md records its output.
+
+``--whatif`` runs instead the what-if accuracy cases of ``tests/test_whatif.py`` (``CASES``: a job
+and its clean twin, same seed) at ``--ranks`` and prints each predicted saving beside the
+measured one (the suite runs every case at 32 ranks and one at 256).
 
 ``--hta`` loads the 8-rank balanced set with ``HolisticTraceAnalysis==0.5.0`` in its own venv
 (benchmarks/merge_vs_hta.py ``--setup-hta`` creates it) and compares HTA's per-rank compute time
@@ -127,6 +132,27 @@ def hta_check(root: Path) -> str:
     )
 
 
+def whatif_table(ranks: int, only: list[str] | None) -> None:
+    """Predicted vs measured saving (ms per step, mean) of each what-if case at ``ranks``."""
+    from test_whatif import CASES, _synth_saving
+
+    print(f"what-if at {ranks} ranks, 10 steps, load average {os.getloadavg()[0]:.1f}")
+    print("| case | scenario | measured saving ms/step | predicted ms/step | error % | s |")
+    print("|---|---|---|---|---|---|")
+    for case in only or list(CASES):
+        root = Path(tempfile.mkdtemp(prefix="rankscope-whatif-"))
+        try:
+            t = time.perf_counter()
+            predicted, measured = _synth_saving(root, ranks, case)
+            print(
+                f"| {case} | {CASES[case][3]} | {measured / 1e6:.3f} | {predicted / 1e6:.3f} | "
+                f"{100 * (predicted - measured) / measured:+.1f} | {time.perf_counter() - t:.1f} |",
+                flush=True,
+            )
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+
+
 def main() -> None:
     from test_scenarios import SCENARIOS
 
@@ -134,7 +160,13 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=256)
     ap.add_argument("--only", nargs="*", default=None, help="scenario names (default: all)")
     ap.add_argument("--hta", action="store_true", help="also load a set with HTA 0.5.0")
+    ap.add_argument(
+        "--whatif", action="store_true", help="the what-if cases of tests/test_whatif.py instead"
+    )
     args = ap.parse_args()
+    if args.whatif:
+        whatif_table(args.ranks, args.only)
+        return
     names = args.only or list(SCENARIOS)
     root = Path(tempfile.mkdtemp(prefix="rankscope-scenarios-"))
     print(

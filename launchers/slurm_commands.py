@@ -131,9 +131,14 @@ def check_slurm(partition: str | None = None, env: dict[str, str] | None = None)
             raise SlurmError(
                 f"Slurm is not available here: `{tool}` is not on PATH; {LOCAL_CLUSTER_HINT}"
             )
+    conf = env.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
+    if env.get("SLURM_CONF") and not Path(conf).is_file():
+        # sinfo retries a missing configuration file for 60 s before it gives up: say it at once
+        raise SlurmError(
+            f"cannot reach the Slurm controller (SLURM_CONF={conf}): the file does not exist; {LOCAL_CLUSTER_HINT}"
+        )
     res = _run(["sinfo", "--noheader", "--format=%P"], env)
     if res.returncode != 0:
-        conf = env.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
         raise SlurmError(
             f"cannot reach the Slurm controller (SLURM_CONF={conf}): {first_line(res.stderr)}; {LOCAL_CLUSTER_HINT}"
         )

@@ -249,7 +249,7 @@ def _merge_or_problem(folder: Path) -> Path | None:
     return out
 
 
-@FUZZ
+@settings(FUZZ, max_examples=max(EXAMPLES // 2, 1))  # a whole merge per example: 0.7 s
 @given(docs=st.lists(mutated_docs(), min_size=1, max_size=2), rankless=st.booleans())
 def test_fuzz_merge_mutated_traces(docs: list[dict[str, Any]], rankless: bool) -> None:
     """A folder of mutated traces (plus a good one): the store records each problem."""

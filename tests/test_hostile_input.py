@@ -34,13 +34,19 @@ WINDOW = DATA / "cpu_gloo_4rank_pipeline" / "ranks" / "00000" / "window-000.json
 # -- gzip bomb ------------------------------------------------------------------------------------
 
 
-def _gzip_bomb(path: Path, gib: int = 1) -> None:
-    """``gib`` GiB of zeros gzipped (~1 MiB per GiB), streamed: never held in memory."""
+#: Size of the bomb, expanded: 4x the most a trace of its compressed size may expand to
+#: (decode.GZIP_FREE_BYTES = 64 MiB), so a reader that decompressed it whole would exceed the
+#: test's memory bound; more only costs time (1 GiB took 18 s to write per test).
+BOMB_BYTES = 4 * decode.GZIP_FREE_BYTES
+
+
+def _gzip_bomb(path: Path, expanded: int = BOMB_BYTES) -> None:
+    """``expanded`` bytes of zeros gzipped (~1 MiB per GiB), streamed: never held in memory."""
     comp = zlib.compressobj(9, zlib.DEFLATED, decode.GZIP_WBITS)
     zeros = bytes(1 << 20)
     with path.open("wb") as fh:
         fh.write(comp.compress(b'{"traceEvents": [' + b" " * 100))
-        for _ in range(gib << 10):
+        for _ in range(expanded >> 20):
             fh.write(comp.compress(zeros))
         fh.write(comp.flush())
 
@@ -50,6 +56,7 @@ def test_gzip_bomb_is_refused_with_bounded_memory(tmp_path: Path) -> None:
     _gzip_bomb(bomb)
     assert bomb.stat().st_size < 2 << 20
     limit = max(decode.GZIP_FREE_BYTES, decode.GZIP_MAX_RATIO * bomb.stat().st_size)
+    assert 3 * limit < BOMB_BYTES  # a reader that expanded it whole would fail the bound below
     tracemalloc.start()
     try:
         with pytest.raises(TraceReadError, match="gzip bomb"):

@@ -380,6 +380,28 @@ def test_worker_jobs_that_end_before_joining(tmp_path: Path, slurm_cluster: Loca
     assert live_jobs(tmp_path) == []
 
 
+def worker_job_ids(out: Path) -> list[str]:
+    """The Slurm job ids of a running merge's workers (from their log names)."""
+    (workers,) = out.glob(".trace.h5.*.workers.tmp")
+    return [p.stem.rsplit("-", 1)[1] for p in workers.glob(f"{MERGE_JOB_NAME}-*.err")]
+
+
+def cancel_workers_expect_one_line(proc: subprocess.Popen[str], out: Path, cwd: Path) -> None:
+    """scancel every worker job of the merge ``proc``: it must end within 60 s with exit 1 and
+    one line naming each job CANCELLED, and leave no job behind."""
+    ids = worker_job_ids(out)
+    t0 = time.monotonic()
+    subprocess.run(["scancel", *ids], check=True, timeout=60)
+    err = ended_in_time(proc, t0)
+    assert proc.returncode == 1, err
+    lines = error_lines(err)
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith("rankscope merge: error: every Slurm worker was lost")
+    for job_id in ids:
+        assert f"job {job_id} CANCELLED" in lines[0], lines[0]
+    assert live_jobs(cwd) == []
+
+
 @pytest.mark.slurm
 @pytest.mark.slow
 @pytest.mark.timeout(600)
@@ -391,19 +413,9 @@ def test_lost_workers_are_one_line(tmp_path: Path, slurm_cluster: LocalSlurm) ->
     # (blocked_merge read them there) and Dask's scratch space.
     (workers,) = out.glob(".trace.h5.*.workers.tmp")
     assert (workers / "dask-scratch-space").is_dir()
-    ids = [p.stem.rsplit("-", 1)[1] for p in workers.glob(f"{MERGE_JOB_NAME}-*.err")]
-    assert len(ids) == WORKERS
-    t0 = time.monotonic()
-    subprocess.run(["scancel", *ids], check=True, timeout=60)
-    err = ended_in_time(proc, t0)
-    assert proc.returncode == 1, err
-    lines = error_lines(err)
-    assert len(lines) == 1 and "Traceback" not in err, err
-    assert lines[0].startswith("rankscope merge: error: every Slurm worker was lost")
-    for job_id in ids:
-        assert f"job {job_id} CANCELLED" in lines[0], lines[0]
+    assert len(worker_job_ids(out)) == WORKERS
+    cancel_workers_expect_one_line(proc, out, cwd)
     assert temporaries(out) == [] and not (out / "trace.h5").exists()
-    assert live_jobs(cwd) == []
 
 
 #: The ``python`` of worker jobs whose processes escape Slurm (tests/test_merge_slurm.py): it
@@ -436,19 +448,8 @@ def test_orphan_workers_do_not_keep_the_merge_alive(
         REAL_PYTHON=sys.executable, ESCAPED_DIR=str(escaped),
     )  # fmt: skip
     try:
-        (workers,) = out.glob(".trace.h5.*.workers.tmp")
-        ids = [p.stem.rsplit("-", 1)[1] for p in workers.glob(f"{MERGE_JOB_NAME}-*.err")]
-        assert sorted(p.name for p in escaped.iterdir()) == sorted(ids)
-        t0 = time.monotonic()
-        subprocess.run(["scancel", *ids], check=True, timeout=60)
-        err = ended_in_time(proc, t0)
-        assert proc.returncode == 1, err
-        lines = error_lines(err)
-        assert len(lines) == 1 and "Traceback" not in err, err
-        assert lines[0].startswith("rankscope merge: error: every Slurm worker was lost")
-        for job_id in ids:
-            assert f"job {job_id} CANCELLED" in lines[0], lines[0]
-        assert live_jobs(cwd) == []
+        assert sorted(p.name for p in escaped.iterdir()) == sorted(worker_job_ids(out))
+        cancel_workers_expect_one_line(proc, out, cwd)
     finally:
         # the orphans are this test's: each escaped session, by its leader's process id
         for pid_file in escaped.iterdir():

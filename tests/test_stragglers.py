@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 from analysis_frames import collectives
 from rankscope.analysis.collectives import collective_waits
-from rankscope.analysis.stragglers import Cause, binomial_p_value, find_stragglers
+from rankscope.analysis.findings import no_straggler_evidence
+from rankscope.analysis.stragglers import Cause, Verdict, binomial_p_value, find_stragglers
 
 MS = 1_000_000
 STEP = 100 * MS
@@ -98,19 +99,25 @@ def test_propagated_lateness_is_explained_but_not_named() -> None:
     assert top["rank"] == 0 and top["times_last"] == 12 and top["cause"] == Cause.PROPAGATED
     assert top["p_value"] < 1e-6 and top["wait_share"] > 0.9
     assert not s["is_straggler"].any()
+    assert top["verdict"] == Verdict.PROPAGATED
+    # and the "No straggler" finding says why the rank last at every collective is not named
+    text = no_straggler_evidence(24, top.to_dict())
+    assert "rank 0 was last in" in text and "propagated" in text and "not named" in text
 
 
 @pytest.mark.parametrize("seed", range(6))
 def test_balanced_run_has_no_straggler(seed: int) -> None:
     s = _run(-1, 0, "compute", seed=seed)
     assert not s["is_straggler"].any()
+    assert set(s["verdict"]) <= {Verdict.NEVER_LAST, Verdict.NOT_SIGNIFICANT, Verdict.SMALL_SHARE}
 
 
 def test_small_lateness_is_not_material() -> None:
     # always last, but only by 0.5 ms per 100 ms step: significant, yet not worth reporting
     s = _run(2, 0.5, "compute")
     assert s.iloc[0]["rank"] == 2 and s.iloc[0]["p_value"] < 0.01
-    assert not s["is_straggler"].any()
+    assert not s["is_straggler"].any() and s.iloc[0]["verdict"] == Verdict.IMMATERIAL
+    assert "too small to matter" in no_straggler_evidence(24, s.iloc[0].to_dict())
 
 
 def _steps_run(
@@ -191,7 +198,8 @@ def test_lateness_within_the_step_to_step_noise_is_not_named() -> None:
     s = _steps_run({**noisy, 3: [13.0, 13.0, 13.0]}, jitter_ms=0.0, seed=1)
     top = s.iloc[0]
     assert top["rank"] == 3 and top["units_last"] == 3 and not top["is_straggler"]
-    assert top["noise_s"] > 0.005
+    assert top["noise_s"] > 0.005 and top["verdict"] == Verdict.WITHIN_NOISE
+    assert "within the step-to-step noise" in no_straggler_evidence(6, top.to_dict())
 
 
 def test_cpu_taken_by_other_processes_is_said_not_blamed_on_the_rank() -> None:

@@ -215,9 +215,11 @@ def test_all_ranks_like_the_median_matches_a_job_without_jitter(tmp_path: Path) 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["straggler", "intermittent", "input"])
-def test_synthetic_saving_matches_the_job_without_it_256_ranks(case: str, tmp_path: Path) -> None:
-    predicted, measured = _synth_saving(tmp_path, 256, case)
+def test_synthetic_saving_matches_the_job_without_it_256_ranks(tmp_path: Path) -> None:
+    """One case at 256 ranks (every case runs at 32 above; all of them at 256 in
+    ``python benchmarks/scenarios.py --whatif``, docs/performance.md): each case generates
+    and merges two 256-rank jobs, ~40 s of the suite."""
+    predicted, measured = _synth_saving(tmp_path, 256, "straggler")
     assert predicted == pytest.approx(measured, rel=0.10)
 
 
@@ -280,9 +282,14 @@ def _compare(real_run: tuple[Path, dict[int, float]], phase: int, scenario: wi.S
     measured: the per-step MEDIAN of the measured wall time per step (:func:`_cadence`) of the
     ``phase`` steps minus that of the clean steps (the median ignores the odd step stretched by
     the machine's other load); by_clock: the same from the example's own clock (rank 0's loop);
-    predicted: the mean replayed saving of the scenario over the ``phase`` steps minus that over
-    the clean steps (a fix saves a little on clean steps too: rank 1's jitter, the normal
-    DataLoader time)."""
+    predicted: the per-step MEDIAN of the replayed saving of the scenario over the ``phase``
+    steps minus that over the clean steps (a fix saves a little on clean steps too: rank 1's
+    jitter, the normal DataLoader time). Medians on both sides: one estimator for the measured
+    and the predicted difference. With a mean on the predicted side, one clean step in which
+    the loaded machine descheduled rank 1 for tens of ms (a saving of 5-7 ms where the median
+    clean step's is 0.2 ms, measured under a busy loop) moved the prediction by several ms
+    while the measured median ignored that step: 15.4 ms predicted vs 20.5 ms measured in a
+    busy-loop CI run."""
     from rankscope.analysis.store import open_store
 
     run, clock = real_run
@@ -299,7 +306,7 @@ def _compare(real_run: tuple[Path, dict[int, float]], phase: int, scenario: wi.S
         "measured": float(measured[on].median() - measured[off].median()),
         "by_clock": float(np.median([clock[s] for s in on]) - np.median([clock[s] for s in off]))
         * 1e9,
-        "predicted": float(saving[on].mean() - saving[off].mean()),
+        "predicted": float(saving[on].median() - saving[off].median()),
         "table": wi.scenarios(model, stragglers=[STRAGGLER_RANK]),
     }
     print(
