@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 SYNCHRONIZING_OPS = frozenset(
     {"allreduce", "allgather", "reducescatter", "alltoall", "sendrecv", "barrier"}
 )
+#: Key prefix of a send / recv whose peer is unknown: no other rank can produce its key.
+UNKNOWN_PEER_PREFIX = "p2p?|"
 #: Columns of one rank's communication table as produced by the merge's per-rank task.
 RANK_COMM_COLUMNS = (
     "event", "op", "group", "seq", "bytes", "step", "start", "end", "gpu", "peer"
@@ -91,7 +93,7 @@ def rank_keys(comm: pd.DataFrame, rank: int) -> pd.Series:
             known,
             "p2p|" + pair + "|p=" + step + "|k=" + k,
             # unknown peer: a key no other rank can produce (a collective of this rank alone)
-            f"p2p?|r={rank}|o=" + sub["op"] + "|p=" + step + "|k=" + k,
+            f"{UNKNOWN_PEER_PREFIX}r={rank}|o=" + sub["op"] + "|p=" + step + "|k=" + k,
         )
         frame = frame[~p2p]
     has_seq = frame["seq"] >= 0
@@ -157,6 +159,18 @@ def match(per_rank: dict[int, pd.DataFrame]) -> pd.DataFrame:
         allc["seq"] = allc.groupby("coll")["seq"].transform("max")
     allc["bytes"] = allc.groupby("coll")["bytes"].transform("max")
     return allc.loc[:, columns].sort_values(["coll", "rank"], kind="stable").reset_index(drop=True)
+
+
+def without_peer(colls: pd.DataFrame) -> int:
+    """Send/recv rows of :func:`match`'s table whose peer is unknown (their key names none).
+
+    The other send/recv rows that stay alone named a peer whose counterpart is in no trace (a
+    rank not traced, an op outside the profiled window): the store keeps the count of the first
+    kind (``schema.P2P_WITHOUT_PEER_ATTR``) so that the findings can say which is which.
+    """
+    if colls.empty:
+        return 0
+    return int(colls["key"].str.startswith(UNKNOWN_PEER_PREFIX).sum())
 
 
 def renumber(colls: pd.DataFrame) -> pd.DataFrame:
