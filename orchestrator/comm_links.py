@@ -190,24 +190,28 @@ def expand_coalesced(
     l_ts, l_lane = _launches(comm, columns)
     free = (link < 0) & np.isin(comm["op"].to_numpy(object), list(PEER_OPS)) & (l_ts >= 0)
     batch_of = np.full(len(enqueue), -1, dtype=np.int64)  # comm row of the op's batch kernel
+    lo, hi = np.iinfo(np.int64).min, np.iinfo(np.int64).max
     for lane in np.unique(columns["lane"][works]).tolist():
         w_ts = np.sort(columns["ts"][works[columns["lane"][works] == lane]])
-        bounds = e_end[linked & (e_lane == lane)]  # a linked op ends the batch before it
-        for j, start in enumerate(w_ts.tolist()):
-            after = max(
-                int(w_ts[j - 1]) if j else np.iinfo(np.int64).min,
-                int(bounds[bounds <= start].max(initial=np.iinfo(np.int64).min)),
-            )
-            ops = pending[
-                (e_lane[pending] == lane) & (e_start[pending] > after) & (e_start[pending] < start)
-            ]
-            stop = int(w_ts[j + 1]) if j + 1 < len(w_ts) else np.iinfo(np.int64).max
-            cand = np.flatnonzero(free & (l_lane == lane) & (l_ts >= start) & (l_ts < stop))
-            if not len(ops) or not len(cand):
-                continue
-            kernel = int(cand[np.argmin(l_ts[cand])])
-            free[kernel] = False
-            batch_of[ops] = kernel
+        # a batch's ops come after the previous Work and after any op that launched its own kernel
+        bounds = np.sort(e_end[linked & (e_lane == lane)])
+        k = np.searchsorted(bounds, w_ts, side="right") - 1
+        after = np.maximum(
+            np.where(k >= 0, bounds[np.maximum(k, 0)] if len(bounds) else lo, lo),
+            np.concatenate([[lo], w_ts[:-1]]),
+        )
+        stop = np.concatenate([w_ts[1:], [hi]])
+        ops = pending[e_lane[pending] == lane]
+        ops = ops[np.argsort(e_start[ops], kind="stable")]
+        first = np.searchsorted(e_start[ops], after, side="right")
+        last = np.searchsorted(e_start[ops], w_ts, side="left")
+        kernels = np.flatnonzero(free & (l_lane == lane))
+        kernels = kernels[np.argsort(l_ts[kernels], kind="stable")]
+        c = np.searchsorted(l_ts[kernels], w_ts, side="left")  # first launch in the Work or after
+        has = (last > first) & (c < len(kernels))
+        has[has] &= l_ts[kernels[c[has]]] < stop[has]
+        for j in np.flatnonzero(has).tolist():
+            batch_of[ops[first[j] : last[j]]] = kernels[c[j]]
     without = int(np.count_nonzero(batch_of[pending] < 0))
     members = pending[batch_of[pending] >= 0]
     if not len(members):

@@ -594,14 +594,15 @@ class _Accumulator:
             np.int64,
             n,
         )
-        for i in np.flatnonzero(
-            (kind == EventKind.KERNEL_COMM)
-            | (kind == EventKind.COMM_CPU)
-            | (kind == EventKind.COMM_ENQUEUE)
-        ).tolist():
+        is_enqueue = kind == EventKind.COMM_ENQUEUE
+        comm_kind = (kind == EventKind.KERNEL_COMM) | (kind == EventKind.COMM_CPU)
+        for i, enqueue in zip(
+            np.flatnonzero(comm_kind | is_enqueue).tolist(),
+            is_enqueue[comm_kind | is_enqueue].tolist(),
+            strict=True,
+        ):
             ev = xs[i]
             a = ev.args
-            enqueue = kind[i] == EventKind.COMM_ENQUEUE
             if enqueue and (ev.name != RECORD_PARAM_COMMS or a is None or not a.collective):
                 continue  # other enqueue ops (c10d::*, nccl:*) name nothing the kernel lacks
             op = collective_op(ev.name, a.collective if a is not None else None)
