@@ -21,7 +21,7 @@ pairs"):
 3. **Coalesced batches** (:func:`expand_coalesced`): the send/recv ``record_param_comms`` ops of
    a thread that launched no kernel are the batch of the next ``nccl:coalesced`` Work on that
    thread (those after the previous batch or linked op); the first comm kernel launched from the
-   thread at or after that Work started is the batch's kernel. Its row becomes one row per op
+   thread at or after that Work started (and before the thread's next one) is the batch's kernel. Its row becomes one row per op
    (op, peer, group, Seq and bytes of the op; start and end of the kernel: NCCL runs the batch as
    one kernel, so no op's own end is known). A batch without such a kernel, and a send/recv op
    that is neither linked nor in a batch, is counted (:class:`LinkCounts`) and left out: it is
