@@ -233,12 +233,25 @@ def no_bottleneck_evidence(pairs: int) -> str:
     )
 
 
-def unpaired_evidence(unmatched: int) -> str:
-    """Why a job with send/recv ops gets no pipeline analysis: their peers are unknown."""
-    return (
-        f"{unmatched} send/recv op(s) without a known peer (traces recorded without "
-        "`rankscope run`'s peer annotations): not paired, no pipeline analysis."
-    )
+def unpaired_evidence(unmatched: int, without_peer: int | None = None, pairs: int = 0) -> str:
+    """Which send/recv ops were not paired and why, never guessed (docs/analysis.md,
+    "Point-to-point pairs"): ``without_peer`` of the ``unmatched`` ones had no peer named by the
+    trace (``Dst Rank`` / ``Src Rank``) or by ``rankscope run``'s annotation; the others named a
+    peer whose side is in no trace. ``without_peer`` None (a store older than the count): all
+    are said to be without a known peer. ``pairs``: 0 means there is no pipeline analysis."""
+    no_peer = unmatched if without_peer is None else min(without_peer, unmatched)
+    other = unmatched - no_peer
+    parts = []
+    if no_peer:
+        parts.append(
+            f"{no_peer} send/recv op(s) without a known peer (no Dst/Src Rank in the trace, no "
+            "`rankscope run` peer annotation)"
+        )
+    if other:
+        what = "whose peer's side is in no trace (not traced, or outside the profiled window)"
+        parts.append(f"{other} {what}" if no_peer else f"{other} send/recv op(s) {what}")
+    tail = "not paired, no pipeline analysis." if not pairs else "not paired."
+    return f"{' and '.join(parts)}: {tail}"
 
 
 def input_problems_evidence(count: int, first: str) -> str:
@@ -550,7 +563,11 @@ def _straggler_findings(a: Analysis) -> list[Finding]:
 def _pipeline_findings(a: Analysis) -> list[Finding]:
     """The bottleneck stages, or why there is none, or why there is no pipeline analysis; nothing
     for a job without send/recv ops."""
+    from rankscope.analysis.schema import P2P_WITHOUT_PEER_ATTR
+
     pairs, unmatched = point_to_point(a)
+    recorded = a.meta.get(P2P_WITHOUT_PEER_ATTR)
+    without_peer = int(recorded) if recorded is not None else None
     if not pairs:
         if not unmatched:
             return []
@@ -560,7 +577,7 @@ def _pipeline_findings(a: Analysis) -> list[Finding]:
                 severity=Severity.NOTE,
                 rank=None,
                 headline="Point-to-point not paired",
-                evidence=unpaired_evidence(unmatched),
+                evidence=unpaired_evidence(unmatched, without_peer),
                 figures={"unmatched": unmatched},
             )
         ]
@@ -591,18 +608,22 @@ def _pipeline_findings(a: Analysis) -> list[Finding]:
                 figures=figures,
             )
         )
-    if out:
-        return out
-    return [
-        Finding(
-            kind=FindingKind.NO_PIPELINE_BOTTLENECK,
-            severity=Severity.OK,
-            rank=None,
-            headline="No pipeline bottleneck",
-            evidence=no_bottleneck_evidence(pairs),
-            figures={"pairs": pairs},
-        )
-    ]
+    if not out:
+        out = [
+            Finding(
+                kind=FindingKind.NO_PIPELINE_BOTTLENECK,
+                severity=Severity.OK,
+                rank=None,
+                headline="No pipeline bottleneck",
+                evidence=no_bottleneck_evidence(pairs),
+                figures={"pairs": pairs},
+            )
+        ]
+    if unmatched:  # said once, after the verdict it qualifies (one pipeline finding per verdict)
+        last = out[-1]
+        evidence = f"{last.evidence} {unpaired_evidence(unmatched, without_peer, pairs)}"
+        out[-1] = dataclasses.replace(last, evidence=evidence)
+    return out
 
 
 def _input_findings(a: Analysis) -> list[Finding]:

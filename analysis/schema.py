@@ -111,6 +111,10 @@ LANE_COLUMNS: dict[str, str] = {
 #: Point-to-point ops: a collective of these is a matched (send, recv) PAIR, or one rank's op alone
 #: when the peer is unknown. Their waits are the pipeline's schedule (bubbles), not stragglers.
 P2P_OPS = frozenset({"send", "recv"})
+#: Root attribute of the store: how many send/recv ops had no known peer at all (neither the
+#: trace's ``Dst Rank`` / ``Src Rank`` nor the runtime's annotation). The other one-rank send/recv
+#: collectives named a peer whose side of the transfer is in no trace. Absent in older stores.
+P2P_WITHOUT_PEER_ATTR = "p2p_without_peer"
 
 #: Columns of ``Store.collectives()``: LONG form, one row per (collective, rank).
 COLLECTIVE_COLUMNS: dict[str, str] = {

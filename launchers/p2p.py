@@ -1,12 +1,17 @@
 """Peer annotations for point-to-point ops, so the merge can pair each send with its recv.
 
-Kineto traces name no peer for a send or recv (gloo ops carry no args; NCCL's
-``record_param_comms`` has the group, not the peer), so without help the merge cannot tell which
-recv on rank 2 belongs to which send on rank 1. The rank runtime therefore wraps
+gloo's send / recv ops carry no args, and NCCL traces of PyTorch before ``Dst Rank`` /
+``Src Rank`` name the group of a send, not its peer, so from those traces alone the merge cannot
+tell which recv on rank 2 belongs to which send on rank 1. The rank runtime therefore wraps
 ``torch.distributed.isend`` / ``irecv`` — which ``send``, ``recv`` and ``batch_isend_irecv`` call —
 in a ``record_function`` named :data:`~rankscope.launchers.rundir.P2P_ANNOTATION_FORMAT` with the
 peer's global rank. Only while the profiler records: outside windows the wrapper costs one C call
 (~0.1 µs) on top of the op.
+
+Recent NCCL traces do name the peer (``Dst Rank`` on a send's ``record_param_comms`` and kernel,
+``Src Rank`` on a recv's, global ranks): the merge then uses the trace's and keeps this
+annotation as the fallback; where both name a peer and differ, the trace's wins and the
+disagreement is counted (``orchestrator/comm_links.py``, docs/analysis.md "Point-to-point pairs").
 
 A recv from any source (``src=None``) is not annotated: its peer is known only once it completes.
 """

@@ -48,9 +48,11 @@ from rankscope.analysis.schema import EventKind, LaneKind
 from rankscope.orchestrator.vocabulary import (
     GPU_CATS,
     GPU_KINDS,
+    RECORD_PARAM_COMMS,
     classify,
     collective_op,
     message_bytes,
+    p2p_peer,
 )
 
 if TYPE_CHECKING:
@@ -91,6 +93,9 @@ class KArgs(msgspec.Struct, gc=False):
     collective: Any = msgspec.field(default=None, name="Collective name")
     pg_name: Any = msgspec.field(default=None, name="Process Group Name")
     seq: Any = msgspec.field(default=None, name="Seq")
+    # send / recv: the peer's global rank (vocabulary.p2p_peer)
+    dst_rank: Any = msgspec.field(default=None, name="Dst Rank")
+    src_rank: Any = msgspec.field(default=None, name="Src Rank")
     in_nelems: Any = msgspec.field(default=None, name="In msg nelems")
     out_nelems: Any = msgspec.field(default=None, name="Out msg nelems")
     dtype: Any = None
@@ -174,7 +179,8 @@ class FileTrace:
     """the string table the name/cat codes index (the rank's so far when it was shared)"""
     lanes: pd.DataFrame
     comm: pd.DataFrame
-    """communication events: event (row), op, group, seq (-1 unknown), bytes (-1 unknown), lane"""
+    """communication events: event (row), op, group, seq (-1 unknown), bytes (-1 unknown),
+    peer (global rank from ``Dst Rank`` / ``Src Rank``, -1 unknown), lane"""
     dropped: dict[str, int] = field(default_factory=dict)
     """events left out and why (negative / missing duration ...)"""
     memory: dict[str, np.ndarray] | None = None
@@ -185,6 +191,9 @@ class FileTrace:
     """memory events left out and why (``memory.skip_reason``)"""
     device_memory: dict[int, int] = field(default_factory=dict)
     """GPU index → total bytes (``deviceProperties``)"""
+    enqueue: pd.DataFrame | None = None
+    """the ``record_param_comms`` ops that name a collective, columns as :attr:`comm`: the
+    metadata of the NCCL kernels they launch (``rank_columns``; Seq is not copied to kernels)"""
 
 
 def text_pieces(path: Path) -> Iterator[bytes]:
@@ -475,7 +484,7 @@ class _Accumulator:
         self.kinds: dict[int, int] = {}
         self.thread_names: dict[tuple[str, str], list[str]] = {}
         self.parts: dict[str, list[np.ndarray]] = {}
-        self.comm_rows: list[tuple[int, str, str, int, int]] = []
+        self.comm_rows: list[tuple[int, str, str, int, int, int, bool]] = []
         self.count = 0
         self.dropped = 0
         self.out_of_range = 0
@@ -585,18 +594,27 @@ class _Accumulator:
             np.int64,
             n,
         )
-        for i in np.flatnonzero(
-            (kind == EventKind.KERNEL_COMM) | (kind == EventKind.COMM_CPU)
-        ).tolist():
+        is_enqueue = kind == EventKind.COMM_ENQUEUE
+        comm_kind = (kind == EventKind.KERNEL_COMM) | (kind == EventKind.COMM_CPU)
+        for i, enqueue in zip(
+            np.flatnonzero(comm_kind | is_enqueue).tolist(),
+            is_enqueue[comm_kind | is_enqueue].tolist(),
+            strict=True,
+        ):
             ev = xs[i]
             a = ev.args
+            if enqueue and (ev.name != RECORD_PARAM_COMMS or a is None or not a.collective):
+                continue  # other enqueue ops (c10d::*, nccl:*) name nothing the kernel lacks
             op = collective_op(ev.name, a.collective if a is not None else None)
+            peer = -1
+            if a is not None:
+                op, peer = p2p_peer(op, a.dst_rank, a.src_rank)
             group = str(a.pg_name) if a is not None and a.pg_name is not None else ""
             seq = -1
             if a is not None and isinstance(a.seq, int | str) and str(a.seq).isdigit():
                 seq = int(a.seq)
             size = message_bytes(a.in_nelems, a.dtype) if a is not None else -1
-            self.comm_rows.append((self.count + i, op, group, seq, size))
+            self.comm_rows.append((self.count + i, op, group, seq, size, peer, enqueue))
         shapes, dtypes = self._shape_codes(xs)
         for key, arr in (("ts", ts), ("dur", dur), ("name", name), ("cat", cat), ("kind", kind),
                          ("lane", lane), ("corr", corr), ("shapes", shapes),
@@ -767,13 +785,18 @@ class _Accumulator:
                 label = " / ".join(self.thread_names.get((pid, tid), [])) or f"thread {tid}"
                 rows.append((i, int(LaneKind.THREAD), pid, tid, label))
         lanes = pd.DataFrame(rows, columns=["lane", "kind", "pid", "tid", "name"])
-        comm = pd.DataFrame(self.comm_rows, columns=["event", "op", "group", "seq", "bytes"])
-        if len(comm):
+        rows = pd.DataFrame(
+            self.comm_rows, columns=["event", "op", "group", "seq", "bytes", "peer", "enqueue"]
+        )
+        if len(rows):
             if inverse is not None:
-                comm["event"] = inverse[comm["event"].to_numpy(np.int64)]
-            comm["lane"] = cols["lane"][comm["event"].to_numpy(np.int64)]
+                rows["event"] = inverse[rows["event"].to_numpy(np.int64)]
+            rows["lane"] = cols["lane"][rows["event"].to_numpy(np.int64)]
         else:
-            comm["lane"] = np.zeros(0, np.int32)
+            rows["lane"] = np.zeros(0, np.int32)
+        on_cpu = rows.pop("enqueue").to_numpy(bool)
+        comm = rows[~on_cpu].reset_index(drop=True)
+        enqueue = rows[on_cpu].reset_index(drop=True)
         info = top.distributedInfo or {}
         world = info.get("world_size")
         rank = info.get("rank")
@@ -800,6 +823,7 @@ class _Accumulator:
             memory=memory,
             memory_skipped=dict(self.memory_skipped),
             device_memory=device_total_memory(top.deviceProperties),
+            enqueue=enqueue,
         )
 
 

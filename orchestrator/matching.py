@@ -3,25 +3,33 @@
 Inputs are the per-rank communication events found by the reader (NCCL kernels on GPU streams,
 ``gloo:*`` ops on ``pt_gloo_runloop`` threads). A collective is identified across ranks by a key:
 
-* ``(group, seq)`` when the trace carries a sequence number (``Seq`` in the NCCL kernel /
-  ``record_param_comms`` args of recent PyTorch) — exact;
-* else ``(group, op, step, k)``: the k-th op of that kind in profiler step ``step`` of that group
-  (``k`` counts per rank in time order). Counting inside a step keeps one missing event from
-  shifting every later match. ``group`` is the process-group name when the trace says it, else
-  ``gloo`` for gloo ops, else ``stream#i`` (the i-th communication stream of the rank, in order of
-  first use — stream ids differ across ranks, their order does not).
+* ``(group, seq)`` when the trace carries a sequence number (``Seq`` in the
+  ``record_param_comms`` args of recent PyTorch, Mar 2026; Kineto does not copy it to the
+  kernel, which takes it from the ``record_param_comms`` that launched it —
+  ``orchestrator/comm_links.py``) — exact, even when a rank's trace lacks some of the group's ops;
+* else ``(group, op, step, k)``: the group's call order, the k-th op of that kind in profiler step
+  ``step`` of that group (``k`` counts per rank in time order; every rank of a group calls its
+  collectives in one order). Counting inside a step keeps one missing event from shifting every
+  later match. ``group`` is the ``Process Group Name`` when the trace (kernel or its
+  ``record_param_comms``) says it, else ``gloo`` for gloo ops, else ``stream#i`` (the i-th
+  communication stream of the rank, in order of first use — stream ids differ across ranks,
+  their order does not).
 
 Send/recv kernels of NCCL (``SendRecv``, used by all-to-all) are matched the same way; this is
 what all-to-all in DLRM-style models produces: every rank runs the same grouped send/recv.
 
 Point-to-point ops (``send`` / ``recv``, :data:`~rankscope.analysis.schema.P2P_OPS`) are not
 collectives of their group: in a pipeline rank 1 receives from 0 and sends to 2, so neither a
-sequence number nor "the k-th recv" lines them up across ranks. They are paired instead: the
-k-th send from s to d in a profiler step is the k-th recv on d from s in that step (both sides
-issue in program order), key ``(s, d, step, k)``. The peer comes from the rank runtime's
-annotation (``peer`` column, see ``rank_columns._p2p_peers``); without it (traces not recorded by
-``rankscope run``) each send / recv stays a collective of one rank: unmatched rather than
-wrongly matched.
+sequence number nor "the k-th recv" lines them up across ranks (the ``Seq`` PyTorch passed for
+a send was the group's next collective number, the same for every p2p op between two
+collectives; whether recent builds use a p2p counter is not confirmed, so it is not used). They are paired instead: the k-th send from s to d in a profiler step is the k-th
+recv on d from s in that step (both sides issue in program order; the ops of a
+``batch_isend_irecv`` in the order they were issued), key ``(s, d, step, k)``. The peer (``peer``
+column, a global rank) is the trace's own ``Dst Rank`` / ``Src Rank`` where it has them, else the
+rank runtime's annotation (``launchers/p2p.py``; ``orchestrator/comm_links.py`` says which wins).
+Without either each send / recv stays a collective of one rank (key prefix
+:data:`UNKNOWN_PEER_PREFIX`, counted by :func:`without_peer`): unmatched rather than wrongly
+matched; so does an op whose peer's counterpart is in no trace.
 """
 
 from __future__ import annotations
@@ -36,6 +44,8 @@ if TYPE_CHECKING:
 SYNCHRONIZING_OPS = frozenset(
     {"allreduce", "allgather", "reducescatter", "alltoall", "sendrecv", "barrier"}
 )
+#: Key prefix of a send / recv whose peer is unknown: no other rank can produce its key.
+UNKNOWN_PEER_PREFIX = "p2p?|"
 #: Columns of one rank's communication table as produced by the merge's per-rank task.
 RANK_COMM_COLUMNS = (
     "event", "op", "group", "seq", "bytes", "step", "start", "end", "gpu", "peer"
@@ -91,7 +101,7 @@ def rank_keys(comm: pd.DataFrame, rank: int) -> pd.Series:
             known,
             "p2p|" + pair + "|p=" + step + "|k=" + k,
             # unknown peer: a key no other rank can produce (a collective of this rank alone)
-            f"p2p?|r={rank}|o=" + sub["op"] + "|p=" + step + "|k=" + k,
+            f"{UNKNOWN_PEER_PREFIX}r={rank}|o=" + sub["op"] + "|p=" + step + "|k=" + k,
         )
         frame = frame[~p2p]
     has_seq = frame["seq"] >= 0
@@ -157,6 +167,18 @@ def match(per_rank: dict[int, pd.DataFrame]) -> pd.DataFrame:
         allc["seq"] = allc.groupby("coll")["seq"].transform("max")
     allc["bytes"] = allc.groupby("coll")["bytes"].transform("max")
     return allc.loc[:, columns].sort_values(["coll", "rank"], kind="stable").reset_index(drop=True)
+
+
+def without_peer(colls: pd.DataFrame) -> int:
+    """Send/recv rows of :func:`match`'s table whose peer is unknown (their key names none).
+
+    The other send/recv rows that stay alone named a peer whose counterpart is in no trace (a
+    rank not traced, an op outside the profiled window): the store keeps the count of the first
+    kind (``schema.P2P_WITHOUT_PEER_ATTR``) so that the findings can say which is which.
+    """
+    if colls.empty:
+        return 0
+    return int(colls["key"].str.startswith(UNKNOWN_PEER_PREFIX).sum())
 
 
 def renumber(colls: pd.DataFrame) -> pd.DataFrame:

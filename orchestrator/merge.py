@@ -180,9 +180,10 @@ def _merge_locked(
     import pandas as pd
     from rankscope import __version__
     from rankscope.analysis.scheduler import AUTO, ClusterSpec, choose, run_each
+    from rankscope.analysis.schema import P2P_WITHOUT_PEER_ATTR
     from rankscope.analysis.store import StoreWriter
     from rankscope.orchestrator import clock as clk
-    from rankscope.orchestrator.matching import match, renumber
+    from rankscope.orchestrator.matching import match, renumber, without_peer
     from rankscope.orchestrator.rank_columns import parse_source
 
     sources, run, problems = discover(inputs)
@@ -323,6 +324,7 @@ def _merge_locked(
                     steps_frames.append(st)
             writer.set_attr("world_size", world)
             writer.set_attr("reference_rank", ref)
+            writer.set_attr(P2P_WITHOUT_PEER_ATTR, without_peer(colls))
             writer.write_tables(
                 {
                     "collectives": colls_aligned if not colls_aligned.empty else _empty_colls(),

@@ -21,6 +21,7 @@ from rankscope.orchestrator.vocabulary import GPU_KINDS
 if TYPE_CHECKING:
     import numpy as np
     import pandas as pd
+    from rankscope.orchestrator.comm_links import LinkCounts
     from rankscope.orchestrator.decode import FileTrace
 
 #: Annotations looked back through for one that is still open (p2p calls nest at most this deep).
@@ -98,6 +99,7 @@ def parse_source(source: RankSource) -> RankResult:
     lane_rows: list[dict[str, Any]] = []
     cols: dict[str, list[np.ndarray]] = {}
     comms = []
+    enqueues = []
     offset = 0
     mems: dict[str, list[np.ndarray]] = {}
     device_memory: dict[int, int] = {}
@@ -132,6 +134,11 @@ def parse_source(source: RankSource) -> RankResult:
         comm["event"] = comm["event"].to_numpy(np.int64) + offset
         comm["lane"] = lmap[comm["lane"].to_numpy(np.int64)] if len(comm) else comm["lane"]
         comms.append(comm)
+        if ft.enqueue is not None and len(ft.enqueue):
+            enq = ft.enqueue.copy()
+            enq["event"] = enq["event"].to_numpy(np.int64) + offset
+            enq["lane"] = lmap[enq["lane"].to_numpy(np.int64)]
+            enqueues.append(enq)
         offset += len(c["ts"])
     # The one sort of the rank's events (files were read unsorted; stable, see sort_by_ts).
     columns, inverse = sort_by_ts({k: np.concatenate(v) for k, v in cols.items()})
@@ -140,10 +147,14 @@ def parse_source(source: RankSource) -> RankResult:
     comm_all = pd.concat(comms, ignore_index=True) if comms else pd.DataFrame()
     if len(comm_all):
         comm_all["event"] = inverse[comm_all["event"].to_numpy(np.int64)]
+    enqueue_all = pd.concat(enqueues, ignore_index=True) if enqueues else None
+    if enqueue_all is not None:
+        enqueue_all["event"] = inverse[enqueue_all["event"].to_numpy(np.int64)]
     steps = _steps(columns, strings_list)
     columns["step"] = _step_column(columns, steps)
     lanes = pd.DataFrame(lane_rows, columns=["lane", "kind", "pid", "tid", "name"])
-    comm_table = _comm_table(comm_all, columns, strings_list)
+    comm_table, counts = _comm_table(comm_all, columns, strings_list, enqueue_all)
+    problems.extend(Problem(source.label, hint, note) for note in counts.notes())
     memory = None
     if mems:
         memory, _ = sort_by_ts({k: np.concatenate(v) for k, v in mems.items()})
@@ -210,33 +221,66 @@ def _step_column(columns: dict[str, np.ndarray], steps: pd.DataFrame) -> np.ndar
 
 
 def _comm_table(
-    comm: pd.DataFrame, columns: dict[str, np.ndarray], strings: list[str]
-) -> pd.DataFrame:
-    """One rank's comm events with groups normalised, step, start and end (raw ns), and peer.
+    comm: pd.DataFrame,
+    columns: dict[str, np.ndarray],
+    strings: list[str],
+    enqueue: pd.DataFrame | None = None,
+) -> tuple[pd.DataFrame, LinkCounts]:
+    """One rank's comm events with groups normalised, step, start and end (raw ns), and peer,
+    and what could not be settled (``comm_links``: counted, never guessed).
 
-    ``peer``: global rank of the other side of a send / recv, from the rank runtime's
-    annotation around the call (:func:`_p2p_peers`); -1 for collectives and unknown peers.
+    ``enqueue``: the rank's ``record_param_comms`` ops (``decode.FileTrace.enqueue``): Seq, group
+    and peer of the NCCL kernels they launch, and the send/recv ops of coalesced batches.
+    ``peer``: global rank of the other side of a send / recv — the trace's ``Dst Rank`` /
+    ``Src Rank`` where it has them, else the rank runtime's annotation around the call
+    (:func:`_p2p_peers`); -1 for collectives and unknown peers.
     """
     import numpy as np
     import pandas as pd
+    from rankscope.orchestrator.comm_links import (
+        LinkCounts,
+        expand_coalesced,
+        fill_from_enqueue,
+        link_enqueue,
+        prefer_trace,
+    )
     from rankscope.orchestrator.matching import RANK_COMM_COLUMNS, normalise_groups
 
+    counts = LinkCounts()
     if comm.empty:
         empty = pd.DataFrame({c: np.array([], dtype=np.int64) for c in RANK_COMM_COLUMNS})
         empty["gpu"] = empty["gpu"].astype(bool)
-        return empty
-    ev = comm["event"].to_numpy(np.int64)
+        return empty, counts
     comm = comm.copy()
+    if "peer" not in comm:
+        comm["peer"] = np.full(len(comm), -1, dtype=np.int64)
+    ev = comm["event"].to_numpy(np.int64)
+    ops, peers = comm["op"].to_numpy(object), comm["peer"].to_numpy(np.int64)
+    ops, peers, disagree = prefer_trace(ops, peers, *_p2p_peers(ops, ev, columns, strings))
+    comm["op"], comm["peer"] = ops, peers
+    counts.disagreements += int(disagree.sum())
+    if enqueue is not None and len(enqueue):
+        enqueue = enqueue.copy()
+        e_ops, e_peers = enqueue["op"].to_numpy(object), enqueue["peer"].to_numpy(np.int64)
+        e_ev = enqueue["event"].to_numpy(np.int64)
+        e_ops, e_peers, e_disagree = prefer_trace(
+            e_ops, e_peers, *_p2p_peers(e_ops, e_ev, columns, strings)
+        )
+        enqueue["op"], enqueue["peer"] = e_ops, e_peers
+        link = link_enqueue(comm, enqueue, columns)
+        fill_from_enqueue(comm, enqueue, link)
+        linked = np.zeros(len(enqueue), dtype=bool)
+        linked[link[link >= 0]] = True
+        counts.disagreements += int((e_disagree & ~linked).sum())  # linked: counted as kernels
+        comm, counts.without_kernel = expand_coalesced(comm, enqueue, link, columns, strings)
+        ev = comm["event"].to_numpy(np.int64)
     comm["step"] = columns["step"][ev]
     comm["start"] = columns["ts"][ev]
     comm["end"] = columns["ts"][ev] + columns["dur"][ev]
     is_cpu = pd.Series(columns["kind"][ev] == EventKind.COMM_CPU, index=comm.index)
     comm["group"] = normalise_groups(comm, is_cpu, comm["lane"])
     comm["gpu"] = ~is_cpu
-    ops, peers = _p2p_peers(comm["op"].to_numpy(object), ev, columns, strings)
-    comm["op"] = ops
-    comm["peer"] = peers
-    return comm.loc[:, list(RANK_COMM_COLUMNS)].reset_index(drop=True)
+    return comm.loc[:, list(RANK_COMM_COLUMNS)].reset_index(drop=True), counts
 
 
 #: Annotations looked back through for one that is still open (p2p calls nest at most this deep).

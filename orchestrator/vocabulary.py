@@ -49,6 +49,14 @@ OP_ALIASES = {
     "send": "send",
     "recv": "recv",
 }
+#: The CPU op that carries an NCCL call's metadata (``saveNcclMeta`` args: group, Seq, peer).
+RECORD_PARAM_COMMS = "record_param_comms"
+#: The Work record_function of a ``batch_isend_irecv`` (or other coalesced) batch on NCCL: its
+#: kernel is launched inside it, after the batch's ``record_param_comms`` ops, none of which
+#: holds the launch (docs/analysis.md, "Point-to-point pairs").
+NCCL_COALESCED = "nccl:coalesced"
+#: Ops whose peer a trace or an annotation may name (a ``SendRecv`` kernel is either direction).
+PEER_OPS = frozenset({"send", "recv", "sendrecv"})
 #: bytes per element of record_param_comms ``dtype``.
 DTYPE_BYTES = {
     "Float": 4, "Half": 2, "BFloat16": 2, "Double": 8, "Int": 4, "Long": 8,
@@ -105,3 +113,31 @@ def message_bytes(nelems: Any, dtype: Any) -> int:
     if not isinstance(nelems, int):
         return -1
     return nelems * DTYPE_BYTES.get(str(dtype), 1 if dtype is None else UNKNOWN_DTYPE_BYTES)
+
+
+def _global_rank(value: Any) -> int:
+    """A rank arg (int, or digits as text) as an int; -1 when absent or not a rank."""
+    if type(value) is int and value >= 0:
+        return value
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    return -1
+
+
+def p2p_peer(op: str, dst_rank: Any, src_rank: Any) -> tuple[str, int]:
+    """(op, peer) of a comm event from its ``Dst Rank`` / ``Src Rank`` args; peer -1 when unknown.
+
+    PyTorch writes ``Dst Rank`` on a send and ``Src Rank`` on a recv: the peer's GLOBAL rank
+    (``ProcessGroupRanks[Rank]``; ``Rank`` itself is the peer's rank in the group, unused here).
+    Kineto copies both onto the NCCL kernel even where it copies no ``Collective name``, so a
+    ``SendRecv`` kernel (op ``sendrecv``) with exactly one of them takes that direction. Other
+    ops (collectives) keep their op and get no peer.
+    """
+    dst, src = _global_rank(dst_rank), _global_rank(src_rank)
+    if op == "send":
+        return op, dst
+    if op == "recv":
+        return op, src
+    if op == "sendrecv" and (dst >= 0) != (src >= 0):
+        return ("send", dst) if dst >= 0 else ("recv", src)
+    return op, -1
