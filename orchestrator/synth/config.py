@@ -237,6 +237,10 @@ class SynthConfig:
         """Layers on pipeline ``stage`` (``layers / pp`` unless ``stage_layers`` says)."""
         return dict(self.stage_layers).get(stage, self.layers // self.pp)
 
+    def stage_buckets(self, stage: int) -> list[int]:
+        """Bytes of the DP gradient buckets of ``stage`` (``buckets``, at most one per layer)."""
+        return self.bucket_sizes()[: min(self.buckets, self.layers_of_stage(stage))]
+
     def _validate_parallel(self) -> None:
         for name in (
             "tp",
@@ -278,11 +282,6 @@ class SynthConfig:
             )
         if self.layers % self.pp:
             raise UsageError(f"--layers: {self.layers} layers do not split over {self.pp} stages")
-        if self.buckets > self.layers // self.pp:
-            raise UsageError(
-                f"--buckets: at most one per layer of a stage ({self.layers // self.pp}), "
-                f"got {self.buckets}"
-            )
         for stage, layers in self.stage_layers:
             if not 0 <= stage < self.pp:
                 raise UsageError(f"--stage-layers: stage {stage} not in 0..{self.pp - 1}")
