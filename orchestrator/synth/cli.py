@@ -207,4 +207,10 @@ def main(args: argparse.Namespace) -> int:
         f"wrote {config.ranks} rank traces ({config.steps} steps, {summary['events']:,} events, "
         f"{summary['bytes'] / 1e6:.1f} MB) and {TRUTH_FILE} to {out} in {seconds:.1f} s"
     )
+    if "mean_step_ns" in summary:
+        print(
+            f"step {summary['mean_step_ns'] / 1e6:.2f} ms (mean); without the faults "
+            f"{(summary['mean_step_ns'] - summary['saving_ns']) / 1e6:.2f} ms "
+            f"(saving {summary['saving_ns'] / 1e6:.2f} ms, {summary['saving_pct']:.1f} %)"
+        )
     return 0
