@@ -12,14 +12,17 @@ from typing import TYPE_CHECKING
 
 from rankscope.orchestrator.synth.config import NCCL_VERSION
 from rankscope.orchestrator.synth.parallel import STREAMS
-from rankscope.orchestrator.synth.render import _device_properties, _json_str
+from rankscope.orchestrator.synth.render import (
+    AUTOGRAD_TID_OFFSET,
+    _device_properties,
+    _json_str,
+    metadata_events,
+)
 from rankscope.orchestrator.synth.truth import _host_name, clock_params, host_clock
 
 if TYPE_CHECKING:
     from rankscope.orchestrator.synth.parallel import ParallelJob
 
-#: Thread id offset of the autograd thread from the main thread's (pid).
-AUTOGRAD_TID_OFFSET = 61
 #: One X event in Kineto's layout (the streaming reader cuts at these block boundaries).
 EVENT = (
     '\n  {{\n    "ph": "X", "cat": "{cat}", "name": {name}, "pid": {pid}, "tid": {tid},\n'
@@ -102,26 +105,8 @@ def render_parallel_rank(job: ParallelJob, rank: int, base_ns: int) -> tuple[byt
     first = min(rs)
     last = max(re_)
     first_ts = _stamp(first)
-    meta = []
-
-    def m(name: str, p: int, tid: int, key: str, value: str) -> None:
-        meta.append(
-            f'\n  {{\n    "name": "{name}", "ph": "M", "ts": {first_ts}, "pid": {p}, "tid": {tid},\n'
-            f'    "args": {{\n      "{key}": {value}\n    }}\n  }},'
-        )
-
-    m("process_name", pid, 0, "name", '"python3"')
-    m("process_labels", pid, 0, "labels", '"CPU"')
-    m("process_sort_index", pid, 0, "sort_index", str(pid))
-    m("process_name", device, 0, "name", '"python3"')
-    m("process_labels", device, 0, "labels", f'"GPU {device}"')
-    m("process_sort_index", device, 0, "sort_index", str(0x1000000 + device))
-    for tid, label in ((pid, "python3"), (pid + AUTOGRAD_TID_OFFSET, "pt_autograd_0")):
-        m("thread_name", pid, tid, "name", f'"thread {tid} ({label})"')
-        m("thread_sort_index", pid, tid, "sort_index", str(tid))
-    for lane in sorted(used | {"compute"}, key=lambda x: STREAMS[x]):
-        m("thread_name", device, STREAMS[lane], "name", f'"stream {STREAMS[lane]} "')
-        m("thread_sort_index", device, STREAMS[lane], "sort_index", str(STREAMS[lane]))
+    streams = [STREAMS[lane] for lane in sorted(used | {"compute"}, key=lambda x: STREAMS[x])]
+    meta = metadata_events(pid, device, first_ts, streams)
     span = last - first
     trace_span = (
         f'\n  {{\n    "ph": "X", "cat": "Trace", "ts": {first_ts}, "dur": {_stamp(span)},\n'
@@ -147,5 +132,5 @@ def render_parallel_rank(job: ParallelJob, rank: int, base_ns: int) -> tuple[byt
         f'\n  "traceName": "/tmp/traces/{host}_{pid}.pt.trace.json",'
         f'\n  "displayTimeUnit": "ms",\n  "baseTimeNanoseconds": {base_ns}\n}}'
     )
-    text = head + "".join(meta) + trace_span + "".join(pieces) + tail
+    text = head + meta + trace_span + "".join(pieces) + tail
     return text.encode(), count + 3

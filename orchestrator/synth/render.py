@@ -92,10 +92,14 @@ def _formats(job: Job, rank: int) -> list[str]:
     return out
 
 
-def _metadata(job: Job, rank: int, ts: str) -> str:
-    c = job.config
-    pid = int(job.pids[rank])
-    device = rank % c.ranks_per_host
+#: The autograd thread's id: the main thread's + this (as Kineto numbers them in the traces
+#: this generator imitates).
+AUTOGRAD_TID_OFFSET = 61
+
+
+def metadata_events(pid: int, device: int, ts: str, streams: list[int]) -> str:
+    """The ``ph: "M"`` events naming a rank's process, its GPU, its two threads (main,
+    autograd) and its GPU ``streams``, as Kineto writes them (shared by both generators)."""
     parts = []
 
     def meta(name: str, p: int | str, tid: int | str, key: str, value: str) -> None:
@@ -110,13 +114,18 @@ def _metadata(job: Job, rank: int, ts: str) -> str:
     meta("process_name", device, 0, "name", '"python3"')
     meta("process_labels", device, 0, "labels", f'"GPU {device}"')
     meta("process_sort_index", device, 0, "sort_index", str(0x1000000 + device))
-    for tid, label in ((pid, "python3"), (pid + 61, "pt_autograd_0")):
+    for tid, label in ((pid, "python3"), (pid + AUTOGRAD_TID_OFFSET, "pt_autograd_0")):
         meta("thread_name", pid, tid, "name", f'"thread {tid} ({label})"')
         meta("thread_sort_index", pid, tid, "sort_index", str(tid))
-    for stream in (COMPUTE_STREAM, NCCL_STREAM):
+    for stream in streams:
         meta("thread_name", device, stream, "name", f'"stream {stream} "')
         meta("thread_sort_index", device, stream, "sort_index", str(stream))
     return "".join(parts)
+
+
+def _metadata(job: Job, rank: int, ts: str) -> str:
+    pid = int(job.pids[rank])
+    return metadata_events(pid, rank % job.config.ranks_per_host, ts, [COMPUTE_STREAM, NCCL_STREAM])
 
 
 def render_rank(job: Job, rank: int, base_ns: int) -> tuple[bytes, int]:
