@@ -7,14 +7,17 @@ Three stages (DESIGN, "Clock alignment"), all pure functions on numpy / pandas:
    (Theil-Sen slope, robust to a bad phase). The true offset lies within ±RTT_min/2 of a
    round's estimate: that is the hard bound.
 2. **Collectives**: matched synchronizing collectives (allreduce & co.) end nearly together on all
-   ranks. The residual offset of each rank is the median over collectives of
-   ``(consensus end) - (rank's end)``. With runtime samples it refines them only when its standard
-   error (residual scatter / sqrt(n)) is below the runtime bound, and is clipped into the bound.
-   Without samples it is the whole estimate (foreign traces); without either, the raw clock.
-   Its uncertainty is the smaller of the end-time evidence (``end_agreement``) and the distance
-   to the edge of the causality interval (``feasible_offsets``), into which it is clipped. A rank
-   without runtime facts on the reference's host keeps 0 (``same-host``) while causality allows
-   it, and such ranks anchor the consensus of the others (docs/format.md, "/clock").
+   ranks. With runtime samples, GPU collectives refine them (per rank, the median over
+   collectives of ``(consensus end) - (rank's end)``, :func:`collective_offsets`) only when its
+   standard error (residual scatter / sqrt(n)) is below the runtime bound, clipped into it.
+   Without samples (foreign traces) whole clocks are fitted — one unknown per clock domain, else
+   per host, a rank that breaks causality with its host mates alone — over the graph that
+   collectives spanning several clocks and paired sends/receives make: end agreement along the
+   best-bounded path from the reference, a drift where the data show one, clipped into the
+   causality interval; sends/receives alone give the interval's middle
+   (``orchestrator/clock_graph.py``). A rank without runtime facts on the reference's host keeps
+   0 (``same-host``) while causality allows it (docs/format.md, "/clock"); without either, the
+   raw clock.
 3. **Causality**: no rank can finish a synchronizing collective before its last participant
    started it. Violations are counted before and after; the remaining ones are repaired with the
    smallest per-rank shifts satisfying every constraint ``a_q - a_r <= end_r - start_q``
@@ -27,8 +30,8 @@ The transform of rank r (all ns, int64 except the drift term)::
 
 ``offset_ns`` includes the repair shift; ``raw`` is recovered by inverting it (docs/format.md).
 
-Why one module of ~530 lines: one analysis (clock alignment in three stages and the causality
-repair).
+Why one module of ~540 lines: one analysis (clock alignment in three stages and the causality
+repair); the graph fit of whole clocks is its own module (``clock_graph.py``).
 """
 
 from __future__ import annotations
@@ -46,11 +49,9 @@ if TYPE_CHECKING:
 MIN_DRIFT_SPAN_S = 0.05
 #: Iterations of the consensus/offset alternation of the collective fit.
 CONSENSUS_ITERATIONS = 5
-#: Below this many collectives shared with the reference, the uncertainty of a collective fit
-#: takes the largest deviation of the end-time differences (too few for a robust spread).
-FEW_COLLECTIVES = 20
-#: With more, it takes this many robust standard deviations (1.4826·MAD) of them.
-SPREAD_FACTOR = 3.0
+#: Causality constraints of collectives of one size are built together while their matrices
+#: hold at most this many elements (memory, ~8 bytes each); larger ones one by one.
+BATCH_ELEMENTS = 1 << 22
 
 
 @dataclass(frozen=True)
@@ -244,27 +245,44 @@ def _constraints(colls: pd.DataFrame, ranks: list[int]) -> tuple[np.ndarray, int
     the returned sentinel (also on the diagonal).
     """
     import numpy as np
+    import pandas as pd
 
-    idx = {r: i for i, r in enumerate(ranks)}
     n = len(ranks)
     inf = np.iinfo(np.int64).max // 4
     w = np.full((n, n), inf, dtype=np.int64)
+    if colls.empty:
+        return w, inf
+    # Plain arrays sorted by (coll, rank index): a pandas group per collective cost ~1 ms each
+    # (13 s for the 13,600 collectives of a 32-rank TP x PP x DP job).
+    ri = pd.Index(ranks).get_indexer(colls["rank"].to_numpy())
+    keep = ri >= 0
+    c = colls["coll"].to_numpy()[keep]
+    rr_all, e_all = ri[keep], colls["end"].to_numpy(np.int64)[keep]
+    s_all = colls["start"].to_numpy(np.int64)[keep]
+    order = np.lexsort((rr_all, c))
+    c, rr_all, e_all, s_all = c[order], rr_all[order], e_all[order], s_all[order]
+    cuts = np.flatnonzero(c[1:] != c[:-1]) + 1
+    first = np.concatenate(([0], cuts))
+    size = np.diff(np.concatenate((first, [len(c)])))
     every = np.arange(n)
-    for _, g in colls.groupby("coll"):
-        g = g[g["rank"].isin(idx)]
-        rr = g["rank"].map(idx).to_numpy()
-        order = np.argsort(rr, kind="stable")
-        rr = rr[order]
-        e = g["end"].to_numpy(np.int64)[order]
-        s = g["start"].to_numpy(np.int64)[order]
-        cand = e[:, None] - s[None, :]  # [r, q]
-        if len(rr) == n and np.array_equal(rr, every):  # every rank once: the whole matrix
-            np.minimum(w, cand, out=w)
-        elif len(np.unique(rr)) == len(rr):  # each rank once: one block
-            block = np.ix_(rr, rr)
-            w[block] = np.minimum(w[block], cand)
-        else:  # a rank twice in one collective: repeated indices need the unbuffered form
-            np.minimum.at(w, (rr[:, None].repeat(len(rr), 1), rr[None, :].repeat(len(rr), 0)), cand)
+    for k in np.unique(size):
+        starts = first[size == k]
+        if k * k * len(starts) <= BATCH_ELEMENTS:  # small collectives of one size: at once
+            rows = starts[:, None] + np.arange(k)[None, :]
+            rr, e, s = rr_all[rows], e_all[rows], s_all[rows]
+            cand = e[:, :, None] - s[:, None, :]  # [c, r, q]
+            np.minimum.at(w, (rr[:, :, None].repeat(k, 2), rr[:, None, :].repeat(k, 1)), cand)
+            continue
+        for i0 in starts:
+            rr, e, s = rr_all[i0 : i0 + k], e_all[i0 : i0 + k], s_all[i0 : i0 + k]
+            cand = e[:, None] - s[None, :]  # [r, q]
+            if k == n and np.array_equal(rr, every):  # every rank once: the whole matrix
+                np.minimum(w, cand, out=w)
+            elif len(np.unique(rr)) == k:  # each rank once: one block
+                block = np.ix_(rr, rr)
+                w[block] = np.minimum(w[block], cand)
+            else:  # a rank twice in one collective: repeated indices need the unbuffered form
+                np.minimum.at(w, (rr[:, None].repeat(k, 1), rr[None, :].repeat(k, 0)), cand)
     np.fill_diagonal(w, inf)
     return w, inf
 
@@ -324,43 +342,6 @@ def feasible_offsets(
     return out
 
 
-def end_agreement(
-    ends: pd.DataFrame, ref_rank: int, estimate: dict[int, float]
-) -> dict[int, float]:
-    """Per rank, how far (ns) the end times shared with the reference allow ``estimate`` to be off.
-
-    For each collective shared with the reference, ``end_ref - end_r`` is one measurement of the
-    rank's offset (ns). The bound is the distance of the estimate from their median plus their
-    spread: the largest deviation from the median below ``FEW_COLLECTIVES`` measurements,
-    ``SPREAD_FACTOR`` robust standard deviations (1.4826·MAD) above. Pairwise with the reference
-    (not with the consensus) so that the reference's own end jitter counts too. Ranks sharing
-    no collective with the reference are absent.
-    """
-    import numpy as np
-
-    if ends.empty:
-        return {}
-    e = ends[["coll", "rank", "end"]]
-    ref = e[e["rank"] == ref_rank].drop_duplicates("coll").set_index("coll")["end"]
-    out: dict[int, float] = {}
-    for r, g in e[e["rank"] != ref_rank].groupby("rank"):
-        g = g[g["coll"].isin(ref.index)]
-        if g.empty or int(r) not in estimate:
-            continue
-        diff = (ref.loc[g["coll"]].to_numpy(np.int64) - g["end"].to_numpy(np.int64)).astype(
-            np.float64
-        )
-        center = float(np.median(diff))
-        dev = np.abs(diff - center)
-        spread = (
-            float(dev.max())
-            if len(diff) < FEW_COLLECTIVES
-            else SPREAD_FACTOR * 1.4826 * float(np.median(dev))
-        )
-        out[int(r)] = abs(center - estimate[int(r)]) + spread
-    return out
-
-
 @dataclass(frozen=True)
 class ClockInput:
     """What is known about one rank's clock before alignment."""
@@ -383,6 +364,8 @@ def align(
     """
     import numpy as np
     import pandas as pd
+    from rankscope.analysis.schema import P2P_OPS
+    from rankscope.orchestrator import clock_graph as cg
     from rankscope.orchestrator.matching import SYNCHRONIZING_OPS
 
     by_rank = {i.rank: i for i in inputs}
@@ -439,62 +422,61 @@ def align(
     raw_violations = count_violations(sync)
     # Stage 2: collectives refine (inside the runtime bound) or estimate alone.
     spread: dict[int, float] = {}
-    agreement: dict[int, float] = {}
     feasible: dict[int, tuple[float, float]] = {}
-    if not sync.empty:
-        saved = (dict(offset), dict(method))
+    p2p = colls[colls["op"].isin(P2P_OPS)] if not colls.empty else colls
+    if not p2p.empty:
+        p2p = p2p[p2p.groupby("coll")["rank"].transform("nunique") == 2]
+    if not sync.empty or not p2p.empty:
+        saved = (dict(offset), dict(method), dict(drift), dict(t_ref))
         pre = transform(sync, {})
         before_fit = sum(count_violations(pre).values())
-        # Causality bounds each offset (relative to the runtime-corrected clocks) whatever the
-        # estimator says; a collectives estimate is clipped into them. Same-host ranks for which
-        # 0 is feasible keep the reference's clock and anchor the fit of the others.
-        feasible = feasible_offsets(pre, ranks, ref_rank)
+        # Same-host ranks for which 0 is feasible (causality, relative to the runtime-corrected
+        # clocks) keep the reference's clock.
+        feasible = feasible_offsets(pre, ranks, ref_rank) if not sync.empty else {}
         anchors = frozenset(
             r
             for r, (lo, hi) in feasible.items()
             if method[r] == ClockMethod.SAME_HOST and lo <= 0.0 <= hi
         )
-        coff, spread, _count = collective_offsets(pre, ref_rank, anchors)
-        gpu = pre[pre["gpu"].astype(bool)] if "gpu" in pre else pre.iloc[:0]
+        sampled = any(method[r] == ClockMethod.RUNTIME for r in ranks)
+        gpu = pre[pre["gpu"].astype(bool)] if sampled and "gpu" in pre else pre.iloc[:0]
         goff, gspread, gcount = collective_offsets(gpu, ref_rank) if len(gpu) else ({}, {}, {})
-        if ref_rank not in coff and coff:
-            # The reference shares no collective: anchor on the lowest rank that does.
-            anchor = min(coff)
-            coff = {r: v - coff[anchor] for r, v in coff.items()}
-        for r, (lo, hi) in feasible.items():
-            if r in coff and method[r] != ClockMethod.RUNTIME:
-                coff[r] = float(np.clip(coff[r], lo, hi))
-        agreement = end_agreement(pre, ref_rank, coff)
-        for r, v in coff.items():
-            if method[r] == ClockMethod.REFERENCE:
+        for r in ranks:
+            # Refine a runtime fit only with GPU collectives (NCCL kernels end within µs of each
+            # other), and only when they are more precise than the runtime bound (standard error
+            # spread/sqrt(n) below it). Host-side gloo ops are never used here: their end stamps
+            # wait for a thread to be scheduled, scattering by up to ms with a per-rank bias
+            # that no scatter statistic reveals (measured on one clock:
+            # cpu_gloo_4rank_straggler). The refined value stays inside the runtime bound.
+            if method[r] != ClockMethod.RUNTIME or r not in goff or ref_rank not in goff:
                 continue
-            if r in anchors:
-                continue  # 0 is consistent with causality: the host clock stands.
-            if method[r] == ClockMethod.RUNTIME:
-                # Refine only with GPU collectives (NCCL kernels end within µs of each other),
-                # and only when they are more precise than the runtime bound (standard error
-                # spread/sqrt(n) below it). Host-side gloo ops are never used here: their end
-                # stamps wait for a thread to be scheduled, scattering by up to ms with a
-                # per-rank bias that no scatter statistic reveals (measured on one clock:
-                # cpu_gloo_4rank_straggler). The refined value stays inside the runtime bound.
-                if r not in goff or ref_rank not in goff:
-                    continue
-                stderr = gspread.get(r, np.inf) / np.sqrt(max(gcount.get(r, 1), 1))
-                if stderr < bound[r]:
-                    offset[r] += float(np.clip(goff[r], -bound[r], bound[r]))
-                    method[r] = ClockMethod.RUNTIME_COLLECTIVES
-                    spread[r] = gspread[r]
-            else:
-                offset[r] += v
-                method[r] = ClockMethod.COLLECTIVES
-                spread[r] = _collective_uncertainty(
-                    v, agreement.get(r), feasible.get(r), SPREAD_FACTOR * spread.get(r, -1.0)
-                )
+            stderr = gspread.get(r, np.inf) / np.sqrt(max(gcount.get(r, 1), 1))
+            if stderr < bound[r]:
+                offset[r] += float(np.clip(goff[r], -bound[r], bound[r]))
+                method[r] = ClockMethod.RUNTIME_COLLECTIVES
+                spread[r] = gspread[r]
+        # Ranks without runtime facts: whole clocks (domain, else host) over the graph that
+        # collectives and sends/receives make (orchestrator/clock_graph.py).
+        unknown = {
+            r: by_rank[r].domain or ("" if method[r] == ClockMethod.SAME_HOST else by_rank[r].host)
+            for r in ranks
+            if method[r] in (ClockMethod.RAW, ClockMethod.SAME_HOST) and r not in anchors
+        }
+        if unknown:
+            groups = cg.clock_groups(unknown, set(ranks) - set(unknown))
+            groups = cg.split_inconsistent(pre, groups)
+            root_bound = max((bound[r] for r in ranks if groups[r] == cg.ROOT), default=0.0)
+            fits = cg.fit_groups(pre, transform(p2p, {}), groups, max(root_bound, 0.0))
+            for r in unknown:
+                if (f := fits.get(groups[r])) is not None:
+                    offset[r] += f.offset_ns
+                    drift[r], t_ref[r] = f.drift_ppb, f.t_ref_ns
+                    method[r], spread[r] = ClockMethod.COLLECTIVES, f.uncertainty_ns
         if sum(count_violations(transform(sync, {})).values()) > before_fit:
             # The matched events do not behave like synchronizing collectives (e.g. point-to-
             # point traffic of a few ranks out of a larger job): their fit would make things
             # worse than the clocks we had, so it is not used.
-            offset, method = saved
+            offset, method, drift, t_ref = saved
             spread = {}
     for r in ranks:
         if method[r] == ClockMethod.SAME_HOST and r not in feasible:
@@ -542,26 +524,6 @@ def align(
         )
     clock = pd.DataFrame(rows)
     return clock, transform(colls, {}) if not colls.empty else colls
-
-
-def _collective_uncertainty(
-    estimate: float,
-    agreement: float | None,
-    feasible: tuple[float, float] | None,
-    fallback: float,
-) -> float:
-    """Half-width (ns) of the bound on a collectives-only offset ``estimate`` (ns).
-
-    The end-time evidence (``end_agreement``; ``fallback`` when the rank shares no collective
-    with the reference), capped by the causality interval's farther edge from the estimate (a hard
-    bound). -1 when nothing is known.
-    """
-    unc = agreement if agreement is not None else fallback
-    if feasible is not None:
-        lo, hi = feasible
-        hard = max(estimate - lo, hi - estimate, 0.0)
-        unc = hard if unc < 0 else min(unc, hard)
-    return max(unc, 1.0) if unc >= 0 else -1.0
 
 
 def summary_line(clock: pd.DataFrame) -> str:
