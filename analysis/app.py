@@ -161,8 +161,9 @@ def selection_text(ranks: list[int], window: tuple[int, int] | None, origin_ns: 
     if len(ranks) > len(shown):
         text += f" (the first {len(shown)} of the {len(ranks)} selected)"
     if window is not None:
-        lo, hi = ((w - origin_ns) / 1e6 for w in window)
-        text += f" · {lo:,.3f}–{hi:,.3f} ms"
+        from rankscope.analysis.time_axis import format_range
+
+        text += f" · {format_range(window[0] - origin_ns, window[1] - origin_ns)}"
     return text
 
 
@@ -224,7 +225,8 @@ def build_app(
         )
 
     hint = pn.pane.Markdown(
-        "Wheel: zoom time · drag: pan · box: zoom. Short events appear as you zoom in. "
+        "Wheel: zoom time · drag: pan · box: zoom. Events too short to draw one by one are "
+        "bars as high as the lane is busy with them per bin; zooming in draws them. "
         "Red = waiting for the last rank, cyan = transfer; ▼ = last rank to arrive.",
         styles={"font-size": "11px", "color": "#555"},
     )

@@ -12,7 +12,8 @@ bin spans several pixels (the title gives the resolution).
 
 The Panel app (``analysis/app.py``) adds box selection (ranks × a time span → their per-lane
 timeline) and a click read-out (:func:`pixel_text`). Units: x is **ms since the first profiled
-step** (``Overview.grid.origin_ns``), the timeline's axis in the app.
+step** (``Overview.grid.origin_ns``), the timeline's axis in the app, written in the unit that
+fits the visible span (:mod:`rankscope.analysis.time_axis`).
 """
 
 from __future__ import annotations
@@ -138,11 +139,12 @@ def _legend() -> list[Any]:
 
 
 def _title(ov: Overview, r: Raster, n: int) -> str:
-    col_us = r.bins_per_column * ov.grid.bin_ns / 1e3
+    from rankscope.analysis.time_axis import format_short
+
     res = (
-        f"1 px = {col_us:,.1f} µs"
+        f"1 px = {format_short(r.bins_per_column * ov.grid.bin_ns)}"
         if r.bins_per_column >= 1
-        else (f"1 bin = {ov.grid.bin_ns / 1e3:,.1f} µs (finest)")
+        else (f"1 bin = {format_short(ov.grid.bin_ns)} (finest)")
     )
     rows = f" × ≤ {r.ranks_per_row} ranks" if r.ranks_per_row > 1 else ""
     return f"{n:,} ranks · each pixel: share of its time · {res}{rows}"
@@ -162,6 +164,7 @@ def overview_image(
     legend, y labels and title. ``layout``: the image rows (:func:`layout_for`) when already
     built (the zoomable plot builds them once)."""
     import holoviews as hv
+    from rankscope.analysis.time_axis import time_axis
     from rankscope.analysis.timeline import XLABEL_FIRST_STEP, use_bokeh, x_only_tools
 
     use_bokeh()
@@ -193,7 +196,7 @@ def overview_image(
             xlim=(x0, x1),
             invert_yaxis=True,
             # wheel, pan and box zoom act on time (every rank stays shown), reported soon
-            hooks=[x_only_tools, report_zoom_soon],
+            hooks=[x_only_tools, time_axis, report_zoom_soon],
             title=_title(ov, r, n),
             legend_position="bottom",
             legend_cols=4,
@@ -290,10 +293,12 @@ def overview_plot(
 
 def pixel_text(plot: OverviewPlot, x_ms: float, y: float) -> str:
     """What the overview shows at a click: the rank(s) of that pixel row and the share of each
-    category in the pixel's time span (the same aggregation as the image on screen)."""
+    category in the pixel's time span (the same aggregation as the image on screen; the span in
+    the unit that fits its width)."""
     import math
 
     import numpy as np
+    from rankscope.analysis.time_axis import format_range
 
     ov, order, layout = plot.overview, plot.order, plot.layout
     k = min(max(math.floor(y), 0), layout.n_rows - 1)
@@ -308,8 +313,8 @@ def pixel_text(plot: OverviewPlot, x_ms: float, y: float) -> str:
     col = int(np.clip(np.searchsorted(r.x_edges_ns, t, side="right") - 1, 0, len(r.x_edges_ns) - 2))
     a, b = int(layout.lo[k]), int(layout.hi[k])
     ranks = [int(ov.ranks[i]) for i in order[a:b]]
-    lo = (int(r.x_edges_ns[col]) - plot.origin_ns) / NS_PER_MS
-    hi = (int(r.x_edges_ns[col + 1]) - plot.origin_ns) / NS_PER_MS
+    lo = int(r.x_edges_ns[col]) - plot.origin_ns
+    hi = int(r.x_edges_ns[col + 1]) - plot.origin_ns
     who = (
         f"rank {ranks[0]} ({ov.hosts[order[a]]})"
         if len(ranks) == 1
@@ -321,4 +326,4 @@ def pixel_text(plot: OverviewPlot, x_ms: float, y: float) -> str:
         for c in Category
         if shares[int(c)] >= 0.005
     ]
-    return f"**{who}**, {lo:,.3f}–{hi:,.3f} ms: " + ", ".join(parts)
+    return f"**{who}**, {format_range(lo, hi)}: " + ", ".join(parts)

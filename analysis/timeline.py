@@ -8,35 +8,58 @@ The rank that arrived last at a collective gets a triangle at its arrival, and s
 (when an :class:`~rankscope.analysis.pipeline.Analysis` is given) get a shaded row and a label.
 
 Scaling without datashader: the plot is a ``DynamicMap`` driven by the x range. On every zoom it
-reads only the events overlapping the visible window (``Store.events(window=...)``) and drops the
-ones shorter than half a pixel (``window / (2 * width)``), keeping at most ``max_events`` (the longest),
-so a wide view of a long run draws a few thousand rectangles and a zoomed view shows everything.
+reads only the events overlapping the visible window (``Store.events(window=...)``) and draws the
+ones at least half a pixel long (``window / (2 * width)``), at most ``max_events`` (the longest).
+Nothing else is dropped: the events not drawn are aggregated into the **lane coverage**
+(:mod:`rankscope.analysis.lane_coverage`): per bin of :data:`~rankscope.analysis.lane_coverage.BIN_PX`
+pixels, a bar as high as the share of the bin the lane was busy with them (their union), stacked
+by category (compute, communication, memory, other). A stream busy 97 % of the time is a 97 %
+bar in a wide view, and its kernels appear one by one as you zoom in. Collective wait/transfer
+parts shorter than half a pixel are left to the coverage too (their kernels' communication).
 
 With memory events (``--profile-memory``) each rank gets one more row, its memory lane: the
 allocator's allocated (solid) and reserved (dashed) bytes over time as curves, scaled to the
 rank's own highest value (hover the row label for it), aggregated per pixel to its minimum and
 maximum so no peak disappears in a wide view.
 
-Units: the x axis is **milliseconds since the run's first event** (float64 cannot hold epoch
-nanoseconds exactly; Bokeh works in float64); hover shows start and duration in **µs**. Store
-times are int64 ns on the aligned clock.
-
-Why one module of ~660 lines: the per-pixel data reduction and the HoloViews elements built from
-it change together.
+Units: x values are **ms since an origin** (float64 cannot hold epoch nanoseconds exactly;
+Bokeh works in float64), *written* in the unit that fits the visible span (ns … min, h:mm:ss;
+:mod:`rankscope.analysis.time_axis`), the hover's start times in the same unit and durations in
+their own. Store times are int64 ns on the aligned clock. The data (rows, rectangles, coverage)
+are pure functions in ``timeline_frames.py`` and ``lane_coverage.py``; this module draws them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from rankscope.analysis.schema import EventKind, LaneKind
+from rankscope.analysis.schema import EventKind
+from rankscope.analysis.time_axis import time_axis, unit_for_span
+from rankscope.analysis.timeline_frames import DEFAULT_MAX_EVENTS as DEFAULT_MAX_EVENTS
+from rankscope.analysis.timeline_frames import DEFAULT_WIDTH as DEFAULT_WIDTH
+from rankscope.analysis.timeline_frames import FRAME_COLUMNS as FRAME_COLUMNS
+from rankscope.analysis.timeline_frames import MEMORY_LANE as MEMORY_LANE
+from rankscope.analysis.timeline_frames import NS_PER_MS as NS_PER_MS
+from rankscope.analysis.timeline_frames import NS_PER_US as NS_PER_US
+from rankscope.analysis.timeline_frames import ROW_PAD as ROW_PAD
+from rankscope.analysis.timeline_frames import Extent as Extent
+from rankscope.analysis.timeline_frames import Row as Row
+from rankscope.analysis.timeline_frames import collective_frame as collective_frame
+from rankscope.analysis.timeline_frames import lane_label as lane_label
+from rankscope.analysis.timeline_frames import memory_paths as memory_paths
+from rankscope.analysis.timeline_frames import ms_window as ms_window
+from rankscope.analysis.timeline_frames import present_kinds as present_kinds
+from rankscope.analysis.timeline_frames import step_window as step_window
+from rankscope.analysis.timeline_frames import store_extent as store_extent
+from rankscope.analysis.timeline_frames import timeline_frame as timeline_frame
+from rankscope.analysis.timeline_frames import timeline_rows as timeline_rows
 
 if TYPE_CHECKING:
     import holoviews as hv
     import pandas as pd
+    from rankscope.analysis.lane_coverage import LaneCategory
     from rankscope.analysis.pipeline import Analysis
     from rankscope.analysis.store import Store
 
@@ -64,331 +87,15 @@ TRANSFER_COLOR = "#17BECF"
 LAST_COLOR = "#7F0000"
 #: Background of a straggler rank's rows.
 STRAGGLER_SHADE = "#FBE3E3"
-#: Default plot width, px; also the pixel count used to decimate.
-DEFAULT_WIDTH = 1100
 #: Height of one (rank, lane) row, px.
 ROW_PX = 26
-#: At most this many event rectangles per render (the longest are kept).
-DEFAULT_MAX_EVENTS = 20_000
-#: Vertical padding of a rectangle inside its row (row height is 1).
-ROW_PAD = 0.08
-#: Longest lane label (characters) before it is shortened.
-LABEL_CHARS = 22
-#: Event columns the timeline reads.
-READ_COLUMNS = ("ts", "dur", "name", "kind", "lane", "step", "coll")
-#: Columns of :func:`timeline_frame` (x0/x1 in ms since ``origin_ns``; y0/y1 in row units).
-FRAME_COLUMNS = (
-    "x0",
-    "y0",
-    "x1",
-    "y1",
-    "name",
-    "rank",
-    "lane_name",
-    "kind_name",
-    "start_us",
-    "dur_us",
-    "step",
-)
-NS_PER_MS = 1_000_000
-NS_PER_US = 1_000
 #: X label of the default axis (origin: the first event of the ranks shown).
-XLABEL_FIRST_EVENT = "time since the first event (ms, aligned clock)"
+XLABEL_FIRST_EVENT = "time since the first event (aligned clock)"
 #: X label when the origin is the run's first profiled step (the app, next to the overview).
-XLABEL_FIRST_STEP = "time since the first profiled step (ms, aligned clock)"
-#: ``Row.lane`` of a rank's memory lane (not a lane of ``Store.lanes``).
-MEMORY_LANE = -1
+XLABEL_FIRST_STEP = "time since the first profiled step (aligned clock)"
 #: Colours of the memory curves.
 ALLOCATED_COLOR = "#2E86C1"
 RESERVED_COLOR = "#7F8C8D"
-
-
-@dataclass(frozen=True)
-class Row:
-    """One timeline row: a lane of a rank."""
-
-    rank: int
-    """Rank of the row."""
-    lane: int
-    """Lane id within the rank (``Store.lanes(rank)`` row)."""
-    label: str
-    """Y-axis label ("r2 python3")."""
-
-
-@dataclass(frozen=True)
-class Extent:
-    """What the whole timeline spans, on the aligned clock."""
-
-    start_ns: int
-    """Earliest event start, ns (the x-axis origin)."""
-    end_ns: int
-    """Latest event end, ns."""
-
-
-def lane_label(rank: int, kind: int, name: str) -> str:
-    """Short y label: ``r0 python3`` for a thread (the part in parentheses), ``r0 stream 7``."""
-    import re
-
-    text = str(name)
-    names = re.findall(r"\(([^()]*)\)", text) if int(kind) == LaneKind.THREAD else []
-    if names:
-        text = "/".join(dict.fromkeys(names))
-    elif text.startswith("thread "):
-        text = text[len("thread ") :]
-    if len(text) > LABEL_CHARS:
-        text = text[: LABEL_CHARS - 1] + "…"
-    return f"r{rank} {text}"
-
-
-def timeline_rows(store: Store, ranks: Sequence[int] | None = None) -> list[Row]:
-    """One row per (rank, lane) of ``ranks`` (all ranks when None), rank then lane order.
-
-    Two threads of a rank with the same name (two ``python3`` threads) get their tid appended.
-    """
-    from collections import Counter
-
-    rows = []
-    for rank in ranks if ranks is not None else store.ranks:
-        lanes = store.lanes(rank)
-        labels = [
-            lane_label(int(rank), int(kind), str(name))
-            for kind, name in zip(lanes["kind"], lanes["name"], strict=True)
-        ]
-        seen = Counter(labels)
-        for lane, label, tid in zip(lanes["lane"], labels, lanes["tid"], strict=True):
-            text = f"{label} [{tid}]" if seen[label] > 1 else label
-            rows.append(Row(int(rank), int(lane), text))
-        if int(store.rank_meta(rank).get("memory_events", 0) or 0) > 0:
-            rows.append(Row(int(rank), MEMORY_LANE, f"r{rank} memory"))
-    return rows
-
-
-def memory_paths(
-    store: Store,
-    rows: Sequence[Row],
-    window: tuple[int, int],
-    origin_ns: int,
-    width: int = DEFAULT_WIDTH,
-) -> tuple[list[Any], list[Any]]:
-    """(allocated, reserved) curves of the memory lanes in ``rows`` over ``window``: one
-    ``(x ms, y row units)`` array pair per (rank, device), each scaled to the rank's highest
-    value to fill its row; the last event before the window starts the curve (the counter
-    holds). More than ``2 * width`` points become each pixel's minimum and maximum, in time
-    order (every peak stays visible)."""
-    import numpy as np
-
-    allocated: list[Any] = []
-    reserved: list[Any] = []
-    for i, row in enumerate(rows):
-        if row.lane != MEMORY_LANE:
-            continue
-        mem = store.memory(row.rank)
-        if not len(mem):
-            continue
-        scale = float(max(mem["total_allocated"].max(), mem["total_reserved"].max(), 1))
-        for _, d in mem.groupby(["device_type", "device_id"], sort=True):
-            ts = d["ts"].to_numpy(np.int64)
-            lo = max(int(np.searchsorted(ts, window[0], side="right")) - 1, 0)
-            hi = int(np.searchsorted(ts, window[1], side="left"))
-            if hi <= lo:
-                continue
-            sel = d.iloc[lo:hi]
-            x = (sel["ts"].to_numpy(np.int64) - origin_ns) / NS_PER_MS
-            for col, out in (("total_allocated", allocated), ("total_reserved", reserved)):
-                v = sel[col].to_numpy(np.float64)
-                idx = _pixel_extremes(x, v, 2 * width)
-                y = i + 1 - ROW_PAD - v[idx] / scale * (1 - 2 * ROW_PAD)
-                out.append((x[idx], y))
-    return allocated, reserved
-
-
-def _pixel_extremes(x: Any, v: Any, pixels: int) -> Any:
-    """Indices of the minimum and maximum of ``v`` in each of ``pixels`` x bins, time order
-    (all indices when there are no more points than that)."""
-    import numpy as np
-
-    if len(x) <= pixels:
-        return np.arange(len(x))
-    span = max(float(x[-1] - x[0]), 1e-12)
-    b = np.minimum(((x - x[0]) / span * pixels).astype(np.int64), pixels - 1)
-    order = np.lexsort((v, b))  # by bin, then value: first of a bin is its min, last its max
-    starts = np.flatnonzero(np.r_[True, b[order][1:] != b[order][:-1]])
-    ends = np.r_[starts[1:], len(order)] - 1
-    return np.unique(np.r_[order[starts], order[ends], 0, len(x) - 1])
-
-
-def store_extent(store: Store, ranks: Sequence[int] | None = None) -> Extent:
-    """First event start and last event end (ns) over ``ranks``."""
-    starts, ends = [], []
-    for rank in ranks if ranks is not None else store.ranks:
-        ev = store.events(rank, columns=["ts", "dur"])
-        if len(ev):
-            starts.append(int(ev["ts"].iloc[0]))
-            ends.append(int((ev["ts"] + ev["dur"]).max()))
-    if not starts:
-        return Extent(0, 1)
-    return Extent(min(starts), max(max(ends), min(starts) + 1))
-
-
-def ms_window(origin_ns: int, x0_ms: float, x1_ms: float) -> tuple[int, int]:
-    """The aligned-ns window of an x range (ms since ``origin_ns``, either order); the end is
-    one ns past the last instant so that the range's own end is inside."""
-    lo, hi = sorted((x0_ms, x1_ms))
-    return origin_ns + int(lo * NS_PER_MS), origin_ns + int(hi * NS_PER_MS) + 1
-
-
-def present_kinds(store: Store, ranks: Sequence[int] | None = None) -> list[EventKind]:
-    """The event kinds ``ranks`` (all when None) have, in ``EventKind`` order."""
-    present: set[int] = set()
-    for rank in ranks if ranks is not None else store.ranks:
-        present.update(int(k) for k in set(store.events(rank, columns=["kind"])["kind"]))
-    return [k for k in EventKind if int(k) in present]
-
-
-def step_window(store: Store, first: int, last: int | None = None) -> tuple[int, int]:
-    """``(start_ns, end_ns)`` covering ProfilerSteps ``first``..``last`` on every rank.
-
-    Raises ``KeyError`` naming the steps the store has when none of them is present.
-    """
-    last = first if last is None else last
-    steps = store.steps()
-    sel = steps[(steps["step"] >= first) & (steps["step"] <= last)]
-    if len(sel) == 0:
-        have = sorted({int(s) for s in steps["step"]})
-        raise KeyError(f"steps {first}..{last} are not in the store (steps: {have})")
-    return int(sel["start"].min()), int(sel["end"].max())
-
-
-def timeline_frame(
-    store: Store,
-    window: tuple[int, int],
-    *,
-    origin_ns: int,
-    ranks: Sequence[int] | None = None,
-    kinds: Sequence[EventKind] | None = None,
-    min_dur_ns: int = 0,
-    max_events: int = DEFAULT_MAX_EVENTS,
-) -> tuple[pd.DataFrame, int]:
-    """Rectangles of the events overlapping ``window`` (ns), and how many were left out.
-
-    Events shorter than ``min_dur_ns`` are left out (sub-pixel at the current zoom), then all but
-    the ``max_events`` longest. Rows are ordered longest first so short events draw on top of the
-    ranges that contain them. Columns: :data:`FRAME_COLUMNS` plus ``kind`` (int) and ``coll``.
-    """
-    import numpy as np
-    import pandas as pd
-
-    rows = timeline_rows(store, ranks)
-    row_of = {(r.rank, r.lane): i for i, r in enumerate(rows)}
-    label_of = {(r.rank, r.lane): r.label.split(" ", 1)[1] for r in rows}
-    wanted = None if kinds is None else np.array([int(k) for k in kinds], dtype=np.int8)
-    parts = []
-    hidden = 0
-    for rank in sorted({r.rank for r in rows}):
-        ev = store.events(rank, columns=list(READ_COLUMNS), window=window)
-        if wanted is not None:
-            ev = ev[np.isin(ev["kind"].to_numpy(), wanted)]
-        keep = ev["dur"].to_numpy() >= min_dur_ns
-        hidden += int((~keep).sum())
-        ev = ev[keep]
-        if len(ev) == 0:
-            continue
-        y = np.array([row_of[(rank, int(lane))] for lane in ev["lane"]], dtype=np.float64)
-        parts.append(
-            pd.DataFrame(
-                {
-                    "x0": (ev["ts"].to_numpy() - origin_ns) / NS_PER_MS,
-                    "y0": y + ROW_PAD,
-                    "x1": (ev["ts"].to_numpy() + ev["dur"].to_numpy() - origin_ns) / NS_PER_MS,
-                    "y1": y + 1 - ROW_PAD,
-                    "name": ev["name"].astype(str).to_numpy(),
-                    "rank": rank,
-                    "lane_name": [label_of[(rank, int(lane))] for lane in ev["lane"]],
-                    "kind_name": [EventKind(int(k)).name.lower() for k in ev["kind"]],
-                    "start_us": (ev["ts"].to_numpy() - origin_ns) / NS_PER_US,
-                    "dur_us": ev["dur"].to_numpy() / NS_PER_US,
-                    "step": ev["step"].to_numpy(),
-                    "kind": ev["kind"].to_numpy(),
-                    "coll": ev["coll"].to_numpy(),
-                }
-            )
-        )
-    if not parts:
-        return pd.DataFrame({c: [] for c in (*FRAME_COLUMNS, "kind", "coll")}), hidden
-    frame = pd.concat(parts, ignore_index=True)
-    frame["_dur"] = frame["x1"] - frame["x0"]
-    frame = frame.sort_values("_dur", ascending=False, kind="stable")
-    if len(frame) > max_events:
-        hidden += len(frame) - max_events
-        frame = frame.iloc[:max_events]
-    return frame.drop(columns="_dur").reset_index(drop=True), hidden
-
-
-def collective_frame(
-    waits: pd.DataFrame,
-    store: Store,
-    rows: Sequence[Row],
-    window: tuple[int, int],
-    origin_ns: int,
-) -> pd.DataFrame:
-    """Wait and transfer rectangles of the collectives overlapping ``window`` on ``rows``.
-
-    One row per (collective, rank, part) with ``part`` "wait" or "transfer"; each sits on the lane
-    of the rank's collective event. Times from ``waits`` (collectives.WAIT_COLUMNS, ns).
-    """
-    import numpy as np
-    import pandas as pd
-
-    row_of = {(r.rank, r.lane): i for i, r in enumerate(rows)}
-    ranks = sorted({r.rank for r in rows})
-    w = waits[
-        waits["rank"].isin(ranks) & (waits["arrival"] < window[1]) & (waits["end"] > window[0])
-    ]
-    colls = store.collectives()
-    event_of = colls.set_index(["coll", "rank"])["event"]
-    out = []
-    for rank, group in w.groupby("rank", sort=True):
-        lanes = store.events(int(rank), columns=["lane"])["lane"].to_numpy()
-        events = event_of.reindex(list(zip(group["coll"], group["rank"], strict=True))).to_numpy()
-        ok = (events >= 0) & (events < len(lanes))
-        g = group[ok]
-        lane = lanes[events[ok].astype(np.int64)]
-        y = np.array([row_of.get((int(rank), int(ln)), -1) for ln in lane], dtype=np.float64)
-        g, y = g[y >= 0], y[y >= 0]
-        if len(g) == 0:
-            continue
-        split = g["arrival"].to_numpy() + g["wait_ns"].to_numpy()
-        for part, a, b in (
-            ("wait", g["arrival"].to_numpy(), split),
-            ("transfer", split, g["end"].to_numpy()),
-        ):
-            out.append(
-                pd.DataFrame(
-                    {
-                        "x0": (a - origin_ns) / NS_PER_MS,
-                        "y0": y + ROW_PAD,
-                        "x1": (b - origin_ns) / NS_PER_MS,
-                        "y1": y + 1 - ROW_PAD,
-                        "name": g["op"].astype(str).to_numpy(),
-                        "rank": int(rank),
-                        "coll": g["coll"].to_numpy(),
-                        "part": part,
-                        "start_us": (g["arrival"].to_numpy() - origin_ns) / NS_PER_US,
-                        "dur_us": g["dur_ns"].to_numpy() / NS_PER_US,
-                        "wait_us": g["wait_ns"].to_numpy() / NS_PER_US,
-                        "transfer_us": g["transfer_ns"].to_numpy() / NS_PER_US,
-                        "last_rank": g["last_rank"].to_numpy(),
-                        "is_last": g["is_last"].to_numpy(),
-                    }
-                )
-            )
-    cols = [
-        *("x0", "y0", "x1", "y1", "name", "rank", "coll", "part", "start_us", "dur_us"),
-        *("wait_us", "transfer_us", "last_rank", "is_last"),
-    ]
-    if not out:
-        return pd.DataFrame({c: [] for c in cols})
-    return pd.concat(out, ignore_index=True)[cols]
 
 
 def _event_tooltips() -> list[tuple[str, str]]:
@@ -398,8 +105,8 @@ def _event_tooltips() -> list[tuple[str, str]]:
         ("lane", "@lane_name"),
         ("kind", "@kind_name"),
         ("step", "@step"),
-        ("start (µs)", "@start_us{0,0.000}"),
-        ("duration (µs)", "@dur_us{0,0.000}"),
+        ("start", "@start"),
+        ("duration", "@duration"),
     ]
 
 
@@ -408,12 +115,28 @@ def _coll_tooltips() -> list[tuple[str, str]]:
         ("collective", "@name #@coll"),
         ("rank", "@rank"),
         ("part", "@part"),
-        ("start (µs)", "@start_us{0,0.000}"),
-        ("duration (µs)", "@dur_us{0,0.000}"),
-        ("wait (µs)", "@wait_us{0,0.000}"),
-        ("transfer (µs)", "@transfer_us{0,0.000}"),
+        ("start", "@start"),
+        ("duration", "@duration"),
+        ("wait", "@wait"),
+        ("transfer", "@transfer"),
         ("last to arrive", "rank @last_rank"),
     ]
+
+
+def _coverage_tooltips() -> list[tuple[str, str]]:
+    return [
+        ("lane", "@lane_name"),
+        ("rank", "@rank"),
+        ("bin", "@when"),
+        ("busy", "@busy of the bin"),
+        ("this colour", "@share"),
+        ("events", "@events not drawn one by one"),
+    ]
+
+
+def coverage_label(cat: LaneCategory) -> str:
+    """Legend label of a coverage layer ("coverage: compute")."""
+    return f"coverage: {cat.name.lower()}"
 
 
 def timeline_overlay(
@@ -434,17 +157,27 @@ def timeline_overlay(
 
     Layers, bottom to top: straggler row shading (when ``stragglers``), one ``Rectangles`` per
     kind of ``kinds`` (default: the kinds in the window; the DynamicMap passes a fixed list so the
-    overlay keeps its shape across zooms, empty layers included), and unless
+    overlay keeps its shape across zooms, empty layers included), the lane coverage (one layer
+    per category of those kinds, :func:`coverage_label`), memory curves, and unless
     ``with_collectives`` is False: collective wait, collective transfer, last-arrival triangles.
-    Events shorter than half a pixel (``(end - start) / (2 * width)`` ns) are left out; the
-    title says how many.
+    Events shorter than half a pixel (``(end - start) / (2 * width)`` ns) or past ``max_events``
+    are not drawn one by one but as coverage per bin of ``BIN_PX`` pixels; the title says how
+    many of each.
     """
     import holoviews as hv
+    from rankscope.analysis.lane_coverage import (
+        CATEGORY_COLORS,
+        CATEGORY_OF_KIND,
+        bin_edges,
+        bins_for,
+        coverage_rects,
+        lane_coverage,
+    )
 
     use_bokeh()
     rows = timeline_rows(store, ranks)
     min_dur = max(0, (window[1] - window[0]) // max(2 * width, 1))  # half a pixel
-    frame, hidden = timeline_frame(
+    frame, left_out = timeline_frame(
         store,
         window,
         origin_ns=origin_ns,
@@ -453,7 +186,7 @@ def timeline_overlay(
         min_dur_ns=min_dur,
         max_events=max_events,
     )
-    vdims = ["name", "rank", "lane_name", "kind_name", "start_us", "dur_us", "step"]
+    vdims = ["name", "rank", "lane_name", "kind_name", "start", "duration", "step"]
     kdims = ["x0", "y0", "x1", "y1"]
     x_lo, x_hi = (window[0] - origin_ns) / NS_PER_MS, (window[1] - origin_ns) / NS_PER_MS
     layers: list[Any] = []
@@ -483,6 +216,28 @@ def timeline_overlay(
                 tools=[_hover(_event_tooltips())],
             )
         )
+    edges = bin_edges(window, bins_for(window, width))
+    unit = unit_for_span(window[1] - window[0])
+    row_of = {(r.rank, r.lane): (i, r.label) for i, r in enumerate(rows)}
+    bars = coverage_rects(lane_coverage(left_out, edges), row_of, origin_ns, ROW_PAD, unit)
+    kinds_in = shown if kinds is not None else [EventKind(int(k)) for k in set(left_out["kind"])]
+    cvdims = ["rank", "lane_name", "when", "busy", "share", "events"]
+    for cat, bar in bars.items():
+        if cat not in {CATEGORY_OF_KIND[k] for k in {*kinds_in, *shown}}:
+            continue
+        layers.append(
+            hv.Rectangles(
+                bar[kdims + cvdims] if len(bar) else [],
+                kdims=kdims,
+                vdims=cvdims,
+                label=coverage_label(cat),
+            ).opts(
+                color=CATEGORY_COLORS[cat],
+                line_alpha=0,
+                alpha=0.8,
+                tools=[_hover(_coverage_tooltips())],
+            )
+        )
     if waits is None:
         from rankscope.analysis.collectives import collective_waits
 
@@ -498,11 +253,11 @@ def timeline_overlay(
                     color=color, line_width=1.5, line_dash=dash, tools=[]
                 )
             )
-    coll = collective_frame(waits, store, rows, window, origin_ns)
+    status = _status(len(frame), len(left_out), int(edges[1] - edges[0]))
     if not with_collectives:
-        return _finish(layers, rows, stragglers, frame, hidden, width, (x_lo, x_hi), xlabel)
-    cvd = ["name", "rank", "coll", "part", "start_us", "dur_us", "wait_us", "transfer_us"]
-    cvd.append("last_rank")
+        return _finish(layers, rows, stragglers, status, width, (x_lo, x_hi), xlabel)
+    coll = collective_frame(waits, store, rows, window, origin_ns, min_dur_ns=min_dur)
+    cvd = ["name", "rank", "coll", "part", "start", "duration", "wait", "transfer", "last_rank"]
     for part, color, label in (
         ("wait", WAIT_COLOR, "collective: wait"),
         ("transfer", TRANSFER_COLOR, "collective: transfer"),
@@ -522,15 +277,27 @@ def timeline_overlay(
             label="last to arrive",
         ).opts(color=LAST_COLOR, marker="inverted_triangle", size=9, tools=[])
     )
-    return _finish(layers, rows, stragglers, frame, hidden, width, (x_lo, x_hi), xlabel)
+    return _finish(layers, rows, stragglers, status, width, (x_lo, x_hi), xlabel)
+
+
+def _status(drawn: int, left_out: int, bin_ns: int) -> str:
+    """The title: how many events are drawn one by one and how many as coverage, per what bin
+    ("1,362 of 350,944 events drawn, 349,582 as coverage per 1.2 ms bin")."""
+    from rankscope.analysis.time_axis import format_short
+
+    if not left_out:
+        return f"{drawn:,} events"
+    return (
+        f"{drawn:,} of {drawn + left_out:,} events drawn, {left_out:,} as coverage per "
+        f"{format_short(bin_ns)} bin"
+    )
 
 
 def _finish(
     layers: list[Any],
     rows: Sequence[Row],
     stragglers: Sequence[int],
-    frame: pd.DataFrame,
-    hidden: int,
+    title: str,
     width: int,
     xlim: tuple[float, float],
     xlabel: str = XLABEL_FIRST_EVENT,
@@ -543,9 +310,6 @@ def _finish(
         (i + 0.5, r.label + ("  ⚑ straggler" if r.rank in straggling else ""))
         for i, r in enumerate(rows)
     ]
-    title = f"{len(frame):,} events"
-    if hidden:
-        title = f"{len(frame):,} of {len(frame) + hidden:,} events drawn (zoom in for the rest)"
     overlay = hv.Overlay(layers).opts(
         backend="bokeh",
         **dict(
@@ -556,7 +320,7 @@ def _finish(
             yticks=ticks,
             ylim=(0, len(rows)),
             invert_yaxis=True,
-            hooks=[x_only_tools],
+            hooks=[x_only_tools, time_axis],
             xlim=xlim,
             title=title,
             legend_position="bottom",

@@ -36,6 +36,10 @@ SERVER_WAIT_S = 180
 RENDER_WAIT_S = 120
 #: The overview's title says this (its plot is found by it).
 OVERVIEW_MARK = "each pixel: share of its time"
+#: A click's read-out: the rank, its host, the pixel's span (in the unit of its width), shares.
+TAP_TEXT = r"rank (\d+) \(node\d+\), [\d.,]+–[\d.,]+ (?:ns|µs|ms|s|min): ([a-z /()%\d,.]+)"
+#: ms in one unit of the read-outs.
+MS_PER = {"ns": 1e-6, "µs": 1e-3, "ms": 1.0, "s": 1e3, "min": 6e4}
 
 pytestmark = [
     pytest.mark.browser,
@@ -174,7 +178,7 @@ async def _session(url: str, shots: Path) -> dict[str, Any]:
         # a click on the top row reads out its pixel
         await page.click(ov["left"] + 0.5 * ov["width"], ov["top"] + 0.5 * row)
         tapped = await page.wait_for(
-            PROBE_JS, lambda v: "rank " in v["text"] and " ms: " in v["text"], RENDER_WAIT_S
+            PROBE_JS, lambda v: re.search(TAP_TEXT, v["text"]) is not None, RENDER_WAIT_S
         )
         out["tap_text"] = tapped["text"]
         await page.wait_painted(RENDER_WAIT_S, min_plots=2)  # the overview and the lanes
@@ -209,11 +213,13 @@ def test_overview_shows_the_late_ranks_and_selection_opens_their_lanes(
     assert m and sorted(int(x) for x in m.group(1).split(",")) == sorted(STRAGGLERS)
     assert set(STRAGGLERS) in got["button_lanes"], got["button_lanes"]
     # the drag opened the two rows it covered, over the time span it covered
-    m = re.search(r"Lanes below: ranks (\d+), (\d+) · ([\d.,]+)–([\d.,]+) ms", got["drag_text"])
+    m = re.search(
+        r"Lanes below: ranks (\d+), (\d+) · ([\d.,]+)–([\d.,]+) (ns|µs|ms|s|min)", got["drag_text"]
+    )
     assert m, got["drag_text"][:500]
     picked = {int(m.group(1)), int(m.group(2))}
     assert picked.isdisjoint(STRAGGLERS)
-    lo, hi = (float(m.group(i).replace(",", "")) for i in (3, 4))
+    lo, hi = (float(m.group(i).replace(",", "")) * MS_PER[m.group(5)] for i in (3, 4))
     span = ov["x_end"] - ov["x_start"]
     assert abs(lo - got["drag_x"][0]) < 0.02 * span and abs(hi - got["drag_x"][1]) < 0.02 * span
     tl = got["timeline"]
@@ -221,7 +227,7 @@ def test_overview_shows_the_late_ranks_and_selection_opens_their_lanes(
     lanes = {int(re.match(r"r(\d+) ", label).group(1)) for label in tl["labels"]}  # type: ignore[union-attr]
     assert lanes == picked, tl["labels"]
     # the click read out the top row's pixel
-    m = re.search(r"rank (\d+) \(node\d+\), [\d.,]+–[\d.,]+ ms: ([a-z /()%\d,.]+)", got["tap_text"])
+    m = re.search(TAP_TEXT, got["tap_text"])
     assert m and int(m.group(1)) in STRAGGLERS, got["tap_text"][:500]
     keep = os.environ.get("RANKSCOPE_SCREENSHOT")
     if keep:

@@ -21,8 +21,12 @@ from rankscope.analysis.timeline import (
     timeline_rows,
 )
 
-#: Overlay layers that are not events of the store.
+#: Overlay layers that are not events of the store (and the lane coverage's, "coverage: …").
 EXTRA = {"collective: wait", "collective: transfer", "last to arrive", "straggler rank"}
+
+
+def _is_event_layer(label: str) -> bool:
+    return label not in EXTRA and not label.startswith("coverage: ")
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +54,7 @@ def cpu_analysis(stores: dict[str, Path]) -> Analysis:
 
 
 def _events(overlay: hv.Overlay) -> int:
-    return sum(len(el) for el in overlay if el.label not in EXTRA)
+    return sum(len(el) for el in overlay if _is_event_layer(el.label))
 
 
 def _layer(overlay: hv.Overlay, label: str) -> hv.Element:
@@ -124,7 +128,7 @@ def test_max_events_keeps_the_longest(cpu: Store) -> None:
     shortest_kept = min(
         float((el.dframe()["x1"] - el.dframe()["x0"]).min())
         for el in ov
-        if el.label not in EXTRA and len(el)
+        if _is_event_layer(el.label) and len(el)
     )
     assert shortest_kept * NS_PER_MS >= np.sort(durs)[-50] - 1
 
@@ -190,8 +194,60 @@ def test_renders_to_bokeh(which: str, request: pytest.FixtureRequest) -> None:
     hovers = [t for t in fig.tools if isinstance(t, HoverTool)]
     assert hovers, "hover tooltips are attached"
     tips = {name for h in hovers for name, _ in h.tooltips}
-    assert {"name", "rank", "start (µs)", "duration (µs)"} <= tips
+    assert {"name", "rank", "start", "duration"} <= tips
     assert fig.yaxis[0].major_label_overrides, "rows are labelled rank + lane"
+    # time written in the unit of the visible span, by the browser at every zoom
+    assert type(fig.xaxis[0].formatter).__name__ == "CustomJSTickFormatter"
+    assert fig.xaxis[0].formatter.args["xr"] is fig.x_range
+    assert type(fig.xaxis[0].ticker).__name__ == "CompositeTicker"
+    assert "(ms" not in fig.xaxis[0].axis_label
+
+
+def test_no_event_is_dropped_from_the_wide_view(gpu: Store) -> None:
+    """A 200-px view of the whole GPU run: each event is drawn or in the lane coverage, once."""
+    from rankscope.analysis.lane_coverage import bin_edges, lane_coverage
+    from rankscope.analysis.timeline import timeline_frame
+
+    ext = store_extent(gpu)
+    window = (ext.start_ns, ext.end_ns)
+    total = sum(len(gpu.events(r, columns=["ts"], window=window)) for r in gpu.ranks)
+    frame, left_out = timeline_frame(
+        gpu, window, origin_ns=ext.start_ns, min_dur_ns=(window[1] - window[0]) // 400
+    )
+    assert len(frame) > 0 and len(left_out) > 0
+    assert len(frame) + len(left_out) == total
+    cov = lane_coverage(left_out, bin_edges(window, 100))
+    assert int(cov["events"].sum()) == len(left_out)
+    ov = timeline_overlay(gpu, window, origin_ns=ext.start_ns, width=200)
+    title = ov.opts.get().kwargs["title"]
+    assert title.startswith(f"{len(frame):,} of {total:,} events drawn, {len(left_out):,} as ")
+    assert "coverage per" in title
+    bars = sum(len(el) for el in ov if el.label.startswith("coverage: "))
+    assert bars > 0, "what is not drawn one by one is drawn as coverage"
+
+
+def test_a_busy_lane_is_as_busy_in_its_coverage(gpu: Store) -> None:
+    """Nothing drawn one by one (max_events=0): each lane's coverage over the run is the union
+    of its events (sorted and merged here by hand), the busiest GPU stream included."""
+    from rankscope.analysis.lane_coverage import bin_edges, lane_coverage
+    from rankscope.analysis.timeline import timeline_frame
+
+    ext = store_extent(gpu)
+    window = (ext.start_ns, ext.end_ns)
+    frame, left_out = timeline_frame(gpu, window, origin_ns=ext.start_ns, ranks=[0], max_events=0)
+    assert len(frame) == 0
+    cov = lane_coverage(left_out, bin_edges(window, 300))
+    busiest = 0.0
+    for lane, ev in gpu.events(0, columns=["ts", "dur", "lane"]).groupby("lane"):
+        union, end = 0, -(2**62)
+        for t, d in sorted(zip(ev["ts"].tolist(), ev["dur"].tolist(), strict=True)):
+            lo, hi = max(t, end), t + d
+            union += max(hi - lo, 0)
+            end = max(end, hi)
+        got = int(cov.loc[cov["lane"] == lane, "busy_ns"].sum())
+        assert got == union, lane
+        busiest = max(busiest, union / (window[1] - window[0]))
+    assert busiest > 0.3, "a busy stream"
 
 
 def test_app_controls_drive_the_timeline(cpu: Store, cpu_analysis: Analysis) -> None:
@@ -220,7 +276,11 @@ def test_app_controls_drive_the_timeline(cpu: Store, cpu_analysis: Analysis) -> 
     assert {int(r) for el in one if el.label not in EXTRA for r in el.dframe()["rank"]} == {2}
     kinds_w.value = ["comm cpu"]
     only = plot._pane.object[()]
-    assert [el.label for el in only if el.label not in EXTRA] == ["comm cpu"]
+    assert [el.label for el in only if _is_event_layer(el.label)] == ["comm cpu"]
+    # the coverage layers are those of the kinds chosen
+    assert [el.label for el in only if el.label.startswith("coverage: ")] == [
+        "coverage: communication"
+    ]
     ranks_w.value = []
     assert isinstance(plot._pane, pn.pane.Markdown)
     assert "Select at least one rank" in plot._pane.object
