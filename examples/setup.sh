@@ -2,7 +2,7 @@
 # Install rankscope and everything it needs into a Python virtual environment (idempotent).
 #
 #   bash examples/setup.sh          runtime: torch (CPU wheel when there is no GPU), rankscope
-#   bash examples/setup.sh --dev    + test tools, faketime, Chromium
+#   bash examples/setup.sh --dev    + test tools, faketime, Chromium, Node.js (a browser formatter test)
 #
 # Where: the active virtual environment ($VIRTUAL_ENV) when there is one, else ./.venv (created
 # here). Never the interpreter's own site-packages: a package that happens to be installed there
@@ -32,7 +32,7 @@ pip_install() {
 
 if [ "$DEV" = 1 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   need=()
-  for p in faketime chromium chromium-driver; do
+  for p in faketime chromium chromium-driver nodejs; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || need+=("$p")
   done
   if [ ${#need[@]} -gt 0 ]; then

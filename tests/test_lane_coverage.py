@@ -206,8 +206,11 @@ def test_tick_labels_and_hover_text() -> None:
 def test_browser_formatter_writes_what_python_writes() -> None:
     """The axis' CustomJSTickFormatter (run in Node) gives :func:`tick_labels` for every unit."""
     node = shutil.which("node") or shutil.which("nodejs")
-    if node is None:
-        pytest.skip("no Node.js to run the formatter's JavaScript")
+    # a failure, never a skip: the suite must test this everywhere (examples/setup.sh --dev
+    # installs Debian's nodejs)
+    assert node is not None, (
+        "no Node.js on PATH: bash examples/setup.sh --dev (apt-get install nodejs)"
+    )
     cases = [
         ([0.0, 0.0002, 0.0004], 0.001),
         ([0.0, 0.05, 0.1], 0.3),
