@@ -129,7 +129,10 @@ def like_peers(model: Model, lay: pd.DataFrame, ranks: Sequence[int]) -> np.ndar
 
 def no_imbalance(model: Model, lay: pd.DataFrame) -> np.ndarray:
     """Weights with every segment of every rank (:func:`segments`) at its peer group's median
-    over peers AND steps: every microbatch at the typical work ("no data imbalance")."""
+    over peers AND steps, where it was heavier: no piece of work above its typical size ("no
+    data imbalance"; never slower, as :func:`like_peers`: raising the light pieces too would
+    add the noise of a median of few draws to every piece, and a pipeline pays for the heavy
+    ones)."""
     import pandas as pd
 
     seg = segments(model)
@@ -137,7 +140,7 @@ def no_imbalance(model: Model, lay: pd.DataFrame) -> np.ndarray:
     med = work.groupby(["g", "seg"])["work"].median()
     seg["g"] = seg["rank"].map(lay.set_index("rank")["peers"])
     target = med.reindex(index_of(seg[["g", "seg"]])).to_numpy(float)
-    return _scale_segments(model, seg, pd.Series(target, index=seg.index), True, False)
+    return _scale_segments(model, seg, pd.Series(target, index=seg.index), True, True)
 
 
 def scale_stages(model: Model, lay: pd.DataFrame, factors: Mapping[tuple[int, int], float]) -> Any:
@@ -152,8 +155,12 @@ def scale_stages(model: Model, lay: pd.DataFrame, factors: Mapping[tuple[int, in
     f = np.ones(len(e))
     for (stage, s), value in factors.items():
         f[(g == stage) & (step == s)] = value
-    own = model.own_mask()
-    return np.where(own, np.round(w * f).astype(np.int64), w)
+    # a stage with more layers has more of their collectives too: its ranks' transfers
+    # scale with their work
+    from rankscope.analysis.whatif import TRANSFER
+
+    scaled = model.own_mask() | ((e["kind"] == TRANSFER).to_numpy() & (w > 0))
+    return np.where(scaled, np.round(w * f).astype(np.int64), w)
 
 
 def index_of(frame: pd.DataFrame) -> Any:
