@@ -150,6 +150,17 @@ def _whatif(
     clocks: dict[int, pd.DataFrame],
     stragglers: list[int],
     bottlenecks: list[int],
+) -> pd.DataFrame:
+    """The what-if table of a flat job (:func:`_whatif_and_root` without a layered model)."""
+    return _whatif_and_root(steps, colls, clocks, stragglers, bottlenecks)[0]
+
+
+def _whatif_and_root(
+    steps: pd.DataFrame,
+    colls: pd.DataFrame,
+    clocks: dict[int, pd.DataFrame],
+    stragglers: list[int],
+    bottlenecks: list[int],
     layered: Callable[[Any], Any] | None = None,
 ) -> tuple[pd.DataFrame, Any]:
     """The what-if table (whatif.SCENARIO_COLUMNS) from the rank tasks' clocks, and for a
@@ -387,7 +398,7 @@ def analyze(
             lay = rootcause.layout(ranks, groups, model)
             return rootcause.root_causes(model, lay, breakdown, colls, groups)
 
-    out.whatif, out.rootcause = _whatif(
+    out.whatif, out.rootcause = _whatif_and_root(
         steps, colls, clocks, out.straggler_ranks(), out.bottleneck_ranks(), layered
     )
     return out
