@@ -52,6 +52,8 @@ class FindingKind(enum.StrEnum):
     LOW_MEMORY_HEADROOM = "low_memory_headroom"
     NO_MEMORY_EVENTS = "no_memory_events"
     WHAT_IF = "what_if"
+    STAGE_IMBALANCE = "stage_imbalance"
+    DATA_IMBALANCE = "data_imbalance"
     SDPA_MATH_FALLBACK = "sdpa_math_fallback"
 
 
@@ -309,8 +311,10 @@ def headroom_evidence(figures: Mapping[str, float]) -> str:
 def what_if_headline(scenario: str, rank: int) -> str:
     """'if rank 2 ran like the median rank' for a scenario that fixes one rank; else the
     scenario's name ('all ranks like the median rank', 'no input stall')."""
-    from rankscope.analysis.whatif import RANK_SCENARIOS
+    from rankscope.analysis.whatif import PEER_LIKE, RANK_SCENARIOS
 
+    if scenario == PEER_LIKE and rank >= 0:
+        return f"if rank {rank} ran like its peers"
     if scenario in RANK_SCENARIOS and rank >= 0:
         return f"if rank {rank} ran like the median rank"
     return scenario
@@ -510,7 +514,12 @@ def point_to_point(a: Analysis) -> tuple[int, int]:
 
 def _straggler_findings(a: Analysis) -> list[Finding]:
     """One finding per straggler, most significant first (masked ones after: that is the order of
-    ``a.stragglers``), or the one "no straggler" finding."""
+    ``a.stragglers``), or the one "no straggler" finding; for a layered job (``a.rootcause``)
+    the slow workers, stage and data imbalances of :mod:`rankscope.analysis.rootcause`."""
+    if getattr(a, "rootcause", None) is not None:
+        from rankscope.analysis.rootcause_findings import rootcause_findings
+
+        return rootcause_findings(a.rootcause)
     s = a.stragglers
     rows = s[s["is_straggler"]] if len(s) else s
     out = []

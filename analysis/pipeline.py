@@ -96,6 +96,10 @@ class Analysis:
     overview: Overview | None = None
     """Every rank's time per category in bins of one grid, for the rank × time overview
     (overview.Overview); None without profiled steps."""
+    rootcause: Any = None
+    """For a layered job (collectives of sub-groups: tensor / data / pipeline parallel), the
+    slow workers, stage and data imbalances judged against each rank's peers
+    (rootcause.RootCause; their verdicts replace the flat stragglers'); None for flat jobs."""
 
     def whole(self) -> pd.DataFrame:
         """The whole-run breakdown row of each rank."""
@@ -104,7 +108,9 @@ class Analysis:
         return self.breakdown[self.breakdown["step"] == WHOLE_RUN_STEP].reset_index(drop=True)
 
     def straggler_ranks(self) -> list[int]:
-        """Ranks reported as stragglers, most significant first."""
+        """Ranks reported as stragglers, most significant first (a layered job's slow workers)."""
+        if self.rootcause is not None:
+            return list(self.rootcause.straggler_ranks())
         s = self.stragglers
         return [int(r) for r in s.loc[s["is_straggler"], "rank"]] if len(s) else []
 
@@ -145,23 +151,46 @@ def _whatif(
     stragglers: list[int],
     bottlenecks: list[int],
 ) -> pd.DataFrame:
-    """The what-if table (whatif.SCENARIO_COLUMNS) from the rank tasks' clocks; empty where the
-    replay has nothing to replay across ranks (one rank, no steps, no collectives) or its graph
-    cannot be built (analyze never fails for it: the block is then left out)."""
+    """The what-if table of a flat job (:func:`_whatif_and_root` without a layered model)."""
+    return _whatif_and_root(steps, colls, clocks, stragglers, bottlenecks)[0]
+
+
+def _whatif_and_root(
+    steps: pd.DataFrame,
+    colls: pd.DataFrame,
+    clocks: dict[int, pd.DataFrame],
+    stragglers: list[int],
+    bottlenecks: list[int],
+    layered: Callable[[Any], Any] | None = None,
+) -> tuple[pd.DataFrame, Any]:
+    """The what-if table (whatif.SCENARIO_COLUMNS) from the rank tasks' clocks, and for a
+    layered job ``layered(model)`` (rootcause.RootCause: its slow workers are fixed like their
+    peers, its job-wide scenarios close the table); the table is empty where the replay has
+    nothing to replay across ranks (one rank, no steps, no collectives) or its graph cannot be
+    built (analyze never fails for it: the block is then left out)."""
     import logging
 
+    import pandas as pd
     from rankscope.analysis import whatif
 
     stepped = steps[steps["step"] >= 0] if len(steps) else steps
     if stepped["rank"].nunique() < 2 or not len(colls):
-        return _no_whatif()
+        return _no_whatif(), None
     try:
         model = whatif.build(stepped, colls, clocks)
+        root = layered(model) if layered is not None else None
+        if root is not None:
+            stragglers = []
         fixes = [r for r in bottlenecks if r not in stragglers]
-        return whatif.scenarios(model, stragglers, fixes)
+        table = whatif.scenarios(model, stragglers, fixes)
+        if root is not None and len(root.whatif):
+            mine = root.whatif
+            ranked = mine[mine["rank"] >= 0]
+            table = pd.concat([ranked, table, mine[mine["rank"] < 0]], ignore_index=True)
+        return table, root
     except (ValueError, KeyError, IndexError) as exc:  # a graph the model cannot take
         logging.getLogger(__name__).warning("what-if left out: %s", exc)
-        return _no_whatif()
+        return _no_whatif(), None
 
 
 def rank_task(
@@ -245,6 +274,7 @@ def analyze(
     import pandas as pd
     from rankscope.analysis import breakdown as bd
     from rankscope.analysis import memory as mem
+    from rankscope.analysis import rootcause
     from rankscope.analysis.bottleneck import pipeline_stages
     from rankscope.analysis.collectives import collective_waits, wait_totals
     from rankscope.analysis.ops import across_ranks
@@ -360,7 +390,17 @@ def analyze(
     clocks = {int(r["rank"]): r["whatif_clock"] for r in results if r["whatif_clock"] is not None}
     if grid is not None:
         out.overview = assemble([r["overview"] for r in results], grid, out.hosts)
-    out.whatif = _whatif(steps, colls, clocks, out.straggler_ranks(), out.bottleneck_ranks())
+    layered = None
+    if rootcause.applies(colls):
+        groups = {int(r): m.get("process_groups") for r, m in rank_metas.items()}
+
+        def layered(model: Any) -> Any:
+            lay = rootcause.layout(ranks, groups, model)
+            return rootcause.root_causes(model, lay, breakdown, colls, groups)
+
+    out.whatif, out.rootcause = _whatif_and_root(
+        steps, colls, clocks, out.straggler_ranks(), out.bottleneck_ranks(), layered
+    )
     return out
 
 

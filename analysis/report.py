@@ -1251,7 +1251,15 @@ def render_html(a: Analysis, *, all_ranks: bool = False) -> str:
     # straggler") as the terminal prints it
     strag_html = "".join(
         _finding_html(f, "whatif" if f.kind == FindingKind.WHAT_IF else "")
-        for f in _with_their_what_if(found, {FindingKind.STRAGGLER, FindingKind.NO_STRAGGLER})
+        for f in _with_their_what_if(
+            found,
+            {
+                FindingKind.STRAGGLER,
+                FindingKind.NO_STRAGGLER,
+                FindingKind.STAGE_IMBALANCE,
+                FindingKind.DATA_IMBALANCE,
+            },
+        )
     )
     if strag:
         st_rows = [

@@ -147,6 +147,13 @@ BOTTLENECK_LIKE_MEDIAN = "bottleneck like the median rank"
 ALL_LIKE_MEDIAN = "all ranks like the median rank"
 COMM_OVERLAPPED = "communication fully overlapped"
 NO_INPUT_STALL = "no input stall"
+#: Layered jobs (:mod:`rankscope.analysis.rootcause`): a slow worker like the other ranks of
+#: its stage; the imbalanced stage's own work scaled to the other stages'; every stage's to the
+#: mean stage's (total conserved); every own-work edge at its peers' median (no data imbalance).
+PEER_LIKE = "straggler like its peers"
+STAGE_LIKE_OTHERS = "imbalanced stage like the other stages"
+STAGES_BALANCED = "stages balanced"
+NO_DATA_IMBALANCE = "no data imbalance"
 #: A stable key per built-in scenario (summary.json ``what_if.scenarios[].kind``): readers select
 #: on these, never on the names, whose wording may improve; user scenarios have ``custom``.
 SCENARIO_KEYS: dict[str, str] = {
@@ -155,9 +162,13 @@ SCENARIO_KEYS: dict[str, str] = {
     ALL_LIKE_MEDIAN: "all_like_median",
     COMM_OVERLAPPED: "communication_overlapped",
     NO_INPUT_STALL: "no_input_stall",
+    PEER_LIKE: "straggler_like_peers",
+    STAGE_LIKE_OTHERS: "stage_like_others",
+    STAGES_BALANCED: "stages_balanced",
+    NO_DATA_IMBALANCE: "no_data_imbalance",
 }
 #: The scenarios that fix one named rank (``rank`` >= 0).
-RANK_SCENARIOS = (STRAGGLER_LIKE_MEDIAN, BOTTLENECK_LIKE_MEDIAN)
+RANK_SCENARIOS = (STRAGGLER_LIKE_MEDIAN, BOTTLENECK_LIKE_MEDIAN, PEER_LIKE)
 
 
 @dataclasses.dataclass
@@ -397,6 +408,10 @@ def build(
             np.int64
         ) + np.repeat(lo, count)
         ok = arr_pos_all[ej] < x[xi]
+        # an end only resumes a rank that was blocked before it: with no exposed communication
+        # in (p, e] the rank computed up to that end (an overlapped gradient reduce-scatter on
+        # its own stream) and the WORK edge already gives x; a fix must not hold x behind it
+        ok &= ex_e[ej] > exposed[p[xi]]
         xi, ej = xi[ok], ej[ok]
         # late resume: blocked in (p, x] (exposed communication) — a gloo op's recorded end can
         # trail the moment the main thread resumed: the first end after x of an op the rank

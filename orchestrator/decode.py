@@ -191,6 +191,9 @@ class FileTrace:
     """memory events left out and why (``memory.skip_reason``)"""
     device_memory: dict[int, int] = field(default_factory=dict)
     """GPU index → total bytes (``deviceProperties``)"""
+    process_groups: list[dict[str, Any]] = field(default_factory=list)
+    """the groups the rank is in (``distributedInfo.pg_config``): ``name``, ``desc`` and global
+    ``ranks`` of each, as :func:`process_groups` reads them"""
     enqueue: pd.DataFrame | None = None
     """the ``record_param_comms`` ops that name a collective, columns as :attr:`comm`: the
     metadata of the NCCL kernels they launch (``rank_columns``; Seq is not copied to kernels)"""
@@ -824,7 +827,38 @@ class _Accumulator:
             memory_skipped=dict(self.memory_skipped),
             device_memory=device_total_memory(top.deviceProperties),
             enqueue=enqueue,
+            process_groups=process_groups(info.get("pg_config")),
         )
+
+
+#: Most process groups kept per rank from ``pg_config`` (Megatron creates a few per rank; a
+#: hostile trace could list millions).
+MAX_PROCESS_GROUPS = 4096
+
+
+def process_groups(pg_config: Any) -> list[dict[str, Any]]:
+    """``distributedInfo.pg_config`` as ``[{"name", "desc", "ranks"}]``: entries without a name or
+    with ranks that are not a list of non-negative ints are left out (never guessed)."""
+    out: list[dict[str, Any]] = []
+    if not isinstance(pg_config, list):
+        return out
+    for item in pg_config[:MAX_PROCESS_GROUPS]:
+        if not isinstance(item, dict) or item.get("pg_name") is None:
+            continue
+        ranks = item.get("ranks")
+        if not isinstance(ranks, list) or not all(
+            type(r) is int and 0 <= r <= _INT64_HI for r in ranks
+        ):
+            continue
+        desc = item.get("pg_desc")
+        out.append(
+            {
+                "name": str(item["pg_name"]),
+                "desc": "" if desc is None else str(desc),
+                "ranks": ranks,
+            }
+        )
+    return out
 
 
 def sort_by_ts(columns: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], np.ndarray]:

@@ -512,6 +512,8 @@ def _write_rank(writer: Any, rank: int, result: RankResult, events: dict[str, np
     for key in ("device", "versions", "local_rank", "pid", "windows"):
         if key in meta:
             attrs[key] = meta[key]
+    if result.process_groups:
+        attrs["process_groups"] = result.process_groups
     if result.device_memory:
         attrs["device_memory"] = {str(k): v for k, v in sorted(result.device_memory.items())}
     writer.write_rank(rank, events, result.lanes, attrs)

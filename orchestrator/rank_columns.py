@@ -53,6 +53,9 @@ class RankResult:
     ts raw ns, op/scope codes into ``strings``, sorted by ts"""
     device_memory: dict[int, int] | None = None
     """GPU index → total bytes, from the traces' ``deviceProperties``"""
+    process_groups: list[dict[str, Any]] | None = None
+    """the groups the rank is in (``decode.FileTrace.process_groups``; the first window's that
+    lists any), None when no trace lists them"""
 
 
 def parse_source(source: RankSource) -> RankResult:
@@ -176,6 +179,7 @@ def parse_source(source: RankSource) -> RankResult:
         t_first=int(columns["ts"][0]),
         memory=memory,
         device_memory=device_memory,
+        process_groups=next((ft.process_groups for _, ft in parts if ft.process_groups), None),
     )
 
 
