@@ -37,9 +37,10 @@ peers' (ns). Three classes (:class:`RootClass`), each with general rules (docs/a
 Each named slow worker comes with the **path** its delay took (:func:`wait_path`): the ops
 where it arrived last and the ranks that waited there, then where those ranks arrived last.
 
-Why a module of its own: one model (peers, excess, replayed fixes) for jobs the flat rules do
-not fit; flat jobs (every multi-rank collective spans all ranks) never reach it
-(:func:`applies`).
+Why one module of ~550 lines: one model (peers, excess, replayed fixes) for jobs the flat rules
+do not fit, its three class tests read together; flat jobs (every multi-rank collective spans
+all ranks) never reach it (:func:`applies`). The weights it replays are in
+:mod:`rankscope.analysis.peer_weights`, the wording in :mod:`rankscope.analysis.rootcause_findings`.
 """
 
 from __future__ import annotations

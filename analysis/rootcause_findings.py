@@ -92,17 +92,23 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.1f}"
 
 
+def _signed_ms(seconds: float) -> str:
+    """``+1.2`` / ``-0.3`` ms, and ``0.0`` (never ``+-0.0``) for what rounds to nothing."""
+    text = f"{seconds * 1e3:+.1f}"
+    return "0.0" if text in ("+0.0", "-0.0") else text
+
+
 def straggler_evidence(rc: RootCause, row: Mapping[str, Any]) -> str:
     """The evidence sentence of one slow worker (a row of ``RootCause.ranks``), in ms."""
     rank = int(row["rank"])
     where = rc.coords(rank)
     text = (
-        f"rank {rank}{f' ({where})' if where else ''} did the most own work of its "
-        f"{int(row['peers'])} peers (the ranks of its stage) in {int(row['times_slowest'])} of "
+        f"rank {rank}{f' ({where})' if where else ''} did the most own work of the "
+        f"{int(row['peers'])} ranks of its stage (its peers) in {int(row['times_slowest'])} of "
         f"{int(row['steps'])} steps (p = {float(row['p_value']):.2g}): "
-        f"+{_ms(row['typical_s'])} ms per step over their median (compute "
-        f"+{_ms(row['compute_extra_s'])}, input +{_ms(row['input_extra_s'])}, host "
-        f"+{_ms(row['host_extra_s'])} ms; step-to-step noise {_ms(row['noise_s'])} ms s.d.)"
+        f"{_signed_ms(row['typical_s'])} ms per step over their median (compute "
+        f"{_signed_ms(row['compute_extra_s'])}, input {_signed_ms(row['input_extra_s'])}, host "
+        f"{_signed_ms(row['host_extra_s'])} ms; step-to-step noise {_ms(row['noise_s'])} ms s.d.)"
     )
     path = str(row.get("path", ""))
     return text + (f"; its delay: {path}" if path else "")

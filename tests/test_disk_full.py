@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from needs import unavailable
 from rankscope.errors import OutputError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,7 +37,7 @@ def _run(cmd: list[str]) -> subprocess.CompletedProcess[str]:
 def tiny_fs(tmp_path: Path) -> Iterator[Mount]:
     """``mount(size_bytes)`` → a fresh tmpfs of that size (unmounted in teardown)."""
     if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
+        unavailable("mounting a tmpfs needs root")
     mounted: list[Path] = []
 
     def mount(size: int) -> Path:
@@ -44,7 +45,7 @@ def tiny_fs(tmp_path: Path) -> Iterator[Mount]:
         where.mkdir()
         done = _run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)])
         if done.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs: {done.stderr.strip()}")
+            unavailable(f"cannot mount a tmpfs: {done.stderr.strip()}")
         mounted.append(where)
         return where
 

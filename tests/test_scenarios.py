@@ -169,7 +169,8 @@ LAYOUTS: dict[int, tuple[int, int, int, int, int, tuple[int, int]]] = {
 LAYERED_CASES = [(8, n) for n in LAYERED] + [(32, n) for n in LAYERED if n != "balanced"]
 #: Cases whose what-if misses the counterfactual by more than the tolerance (the class is
 #: right): 32 ranks, data imbalance: 26.5 % vs 30.1 % (the replay keeps slack of the measured
-#: run's send/recv order that the counterfactual's even microbatches do not have; open).
+#: run's send/recv order that the counterfactual's even microbatches do not have; issue 24
+#: stays open for it). What holds there is tested: a saving, and never more than the truth.
 WHAT_IF_SHORT = {(32, "data-imbalance")}
 #: The what-if saving is within this fraction of the counterfactual's (issue 24).
 WHAT_IF_TOLERANCE = 0.10
@@ -254,8 +255,9 @@ def test_layered_jobs_get_the_true_class_and_a_what_if_near_the_counterfactual(
     }[fault["class"]]
     pct = _saving(found, scenario)
     if (ranks, name) in WHAT_IF_SHORT:
-        pytest.xfail(f"what-if {pct:.1f} % vs counterfactual {truth_pct:.1f} % (open)")
-    assert abs(pct - truth_pct) <= WHAT_IF_TOLERANCE * truth_pct, (pct, truth_pct)
+        assert 0 < pct <= (1 + WHAT_IF_TOLERANCE) * truth_pct, (pct, truth_pct)
+    else:
+        assert abs(pct - truth_pct) <= WHAT_IF_TOLERANCE * truth_pct, (pct, truth_pct)
     if fault["class"] == "slow_worker":
         row = found.ranks.set_index("rank").loc[fault["ranks"][0]]
         assert row["cause"] == fault["cause"] and row["path"], row.to_dict()
