@@ -235,10 +235,12 @@ STRAGGLER_RANK, STRAGGLER_MS, INPUT_MS = 1, 20, 10
 
 
 @pytest.fixture(scope="module")
-def real_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int, float]]:
+def real_run(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Path, dict[int, dict[int, float]]]:
     """ONE ``rankscope run`` of examples/train_ddp.py (2 ranks, 45 profiled steps) whose steps
-    interleave the straggler, the slow input and neither; its run directory and rank 0's wall
-    time per step (the example's own clock, ``--step-times``), by step.
+    interleave the straggler, the slow input and neither; its run directory and each rank's
+    wall time per step (the example's own clock, ``--step-times``), by rank and step.
 
     Interleaving the steps of one run, rather than comparing a run with a clean twin, makes the
     measured side robust: the machine's load drifts between runs (the twin difference of the
@@ -263,8 +265,11 @@ def real_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int, 
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     (run,) = [p for p in root.iterdir() if p.is_dir() and "-whatif-" in p.name]
-    step_s = json.loads(Path(str(times).format(rank=0)).read_text())["step_s"]
-    return run, dict(enumerate(step_s))
+    clocks = {}
+    for rank in range(2):
+        step_s = json.loads(Path(str(times).format(rank=rank)).read_text())["step_s"]
+        clocks[rank] = dict(enumerate(step_s))
+    return run, clocks
 
 
 def _cadence(model: wi.Model, times: np.ndarray | None = None) -> Any:
@@ -276,13 +281,14 @@ def _cadence(model: wi.Model, times: np.ndarray | None = None) -> Any:
     return wi.step_times(model, times).set_index("step")["end_ns"].diff().dropna()
 
 
-def _compare(real_run: tuple[Path, dict[int, float]], phase: int, scenario: wi.Scenario) -> dict:
+def _compare(
+    real_run: tuple[Path, dict[int, dict[int, float]]], phase: int, scenario: wi.Scenario
+) -> dict:
     """Predicted vs measured saving of the steps of ``phase`` over the clean steps, ns.
 
     measured: the per-step MEDIAN of the measured wall time per step (:func:`_cadence`) of the
     ``phase`` steps minus that of the clean steps (the median ignores the odd step stretched by
-    the machine's other load); by_clock: the same from the example's own clock (rank 0's loop);
-    predicted: the per-step MEDIAN of the replayed saving of the scenario over the ``phase``
+    the machine's other load); predicted: the per-step MEDIAN of the replayed saving of the scenario over the ``phase``
     steps minus that over the clean steps (a fix saves a little on clean steps too: rank 1's
     jitter, the normal DataLoader time). Medians on both sides: one estimator for the measured
     and the predicted difference. With a mean on the predicted side, one clean step in which
@@ -292,9 +298,10 @@ def _compare(real_run: tuple[Path, dict[int, float]], phase: int, scenario: wi.S
     busy-loop CI run."""
     from rankscope.analysis.store import open_store
 
-    run, clock = real_run
+    run, clocks = real_run
     with open_store(run) as store:
         model = wi.model_of_store(store)
+        steps = store.steps()
     assert len(wi.step_times(model)) == PROFILED
     measured = _cadence(model)
     saving = _cadence(model, wi.replay(model)) - _cadence(
@@ -304,19 +311,32 @@ def _compare(real_run: tuple[Path, dict[int, float]], phase: int, scenario: wi.S
     off = measured.index[measured.index % PERIOD == CLEAN_PHASE]
     out = {
         "measured": float(measured[on].median() - measured[off].median()),
-        "by_clock": float(np.median([clock[s] for s in on]) - np.median([clock[s] for s in off]))
-        * 1e9,
         "predicted": float(saving[on].median() - saving[off].median()),
         "table": wi.scenarios(model, stragglers=[STRAGGLER_RANK]),
     }
     print(
-        f"{scenario.name}: measured {out['measured'] / 1e6:.2f} ms, by the example's clock "
-        f"{out['by_clock'] / 1e6:.2f} ms, predicted {out['predicted'] / 1e6:.2f} ms"
+        f"{scenario.name}: measured {out['measured'] / 1e6:.2f} ms, "
+        f"predicted {out['predicted'] / 1e6:.2f} ms"
     )
-    # the store's steps and the example's own clock see the same difference (rank 0's loop, not
-    # the last rank's end: they differ by a few ms under load)
-    assert out["measured"] == pytest.approx(out["by_clock"], abs=max(0.2 * out["by_clock"], 3e6))
+    _store_sees_each_rank_s_clock(steps, clocks, on, off)
     return out
+
+
+def _store_sees_each_rank_s_clock(
+    steps: Any, clocks: dict[int, dict[int, float]], on: Any, off: Any
+) -> None:
+    """The store records what each rank's own loop measured: per rank, the difference of its
+    ProfilerStep spans between the ``on`` and ``off`` steps (medians) is the one its own clock
+    saw (``--step-times``). Rank against the same rank: the job's cadence (the last rank's end)
+    and rank 0's loop legitimately differ by several ms on a loaded machine (16.8 vs 12.6 ms in
+    a CI run under a busy loop and other tests): the rank that wakes last from a wait pays the
+    machine's wake-up latency."""
+    for rank, clock in clocks.items():
+        mine = steps[steps["rank"] == rank].set_index("step")
+        span = (mine["end"] - mine["start"]).astype(float)
+        stored = float(span[on].median() - span[off].median())
+        own = float(np.median([clock[s] for s in on]) - np.median([clock[s] for s in off])) * 1e9
+        assert stored == pytest.approx(own, abs=max(0.2 * abs(own), 3e6)), (rank, stored, own)
 
 
 @pytest.mark.slow
@@ -357,11 +377,13 @@ PIPE_PERIOD, SLOW_PHASE, PIPE_CLEAN_PHASE = 2, 1, 0
 
 
 @pytest.fixture(scope="module")
-def pipeline_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int, float]]:
+def pipeline_run(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Path, dict[int, dict[int, float]]]:
     """ONE ``rankscope run`` of examples/train_pipeline.py (4 stages, 45 profiled steps) whose
     steps alternate a slow stage 1 (``--slow-steps 2:1``, a wait: the effect is not eaten by 4
-    ranks sharing 2 cores) and none; its run directory and rank 0's wall time per step (the
-    example's own clock, ``--step-times``), by step."""
+    ranks sharing 2 cores) and none; its run directory and each rank's wall time per step (the
+    example's own clock, ``--step-times``), by rank and step."""
     import subprocess
     import sys
 
@@ -381,8 +403,11 @@ def pipeline_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[i
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     (run,) = [p for p in root.iterdir() if p.is_dir() and "-whatif-pp-" in p.name]
-    step_s = json.loads(Path(str(times).format(rank=0)).read_text())["step_s"]
-    return run, dict(enumerate(step_s))
+    clocks = {}
+    for rank in range(PIPE_RANKS):
+        step_s = json.loads(Path(str(times).format(rank=rank)).read_text())["step_s"]
+        clocks[rank] = dict(enumerate(step_s))
+    return run, clocks
 
 
 @pytest.mark.slow
@@ -399,7 +424,7 @@ def test_real_run_pipeline_bottleneck_saving_within_25_percent(pipeline_run: tup
     from rankscope.analysis.pipeline import analyze
     from rankscope.analysis.store import open_store
 
-    run, clock = pipeline_run
+    run, clocks = pipeline_run
     a = analyze(run)
     assert a.bottleneck_ranks() == [SLOW_STAGE], a.pipeline.to_string()
     # what the user sees: the stage's row (its mean over all steps, half of them slow)
@@ -407,6 +432,7 @@ def test_real_run_pipeline_bottleneck_saving_within_25_percent(pipeline_run: tup
     assert row["scenario"] in wi.RANK_SCENARIOS and row["saving_ns"] > 0, a.whatif.to_string()
     with open_store(run) as store:
         model = wi.model_of_store(store)
+        steps = store.steps()
     assert len(wi.step_times(model)) == PROFILED
     fix = wi.Scenario(row["scenario"], wi._fix(SLOW_STAGE), SLOW_STAGE)
     measured = _cadence(model)
@@ -417,19 +443,16 @@ def test_real_run_pipeline_bottleneck_saving_within_25_percent(pipeline_run: tup
     off = measured.index[measured.index % PIPE_PERIOD == PIPE_CLEAN_PHASE]
     got = {
         "measured": float(measured[on].median() - measured[off].median()),
-        "by_clock": float(np.median([clock[s] for s in on]) - np.median([clock[s] for s in off]))
-        * 1e9,
         "predicted": float(saving[on].median() - saving[off].median()),
         "predicted_mean": float(saving[on].mean() - saving[off].mean()),
     }
     print(
         f"pipeline stage {SLOW_STAGE} like the median rank: measured "
-        f"{got['measured'] / 1e6:.2f} ms, by the example's clock {got['by_clock'] / 1e6:.2f} ms, "
-        f"predicted {got['predicted'] / 1e6:.2f} ms "
+        f"{got['measured'] / 1e6:.2f} ms, predicted {got['predicted'] / 1e6:.2f} ms "
         f"({(got['predicted'] / got['measured'] - 1) * 100:+.1f} %; by the means "
         f"{got['predicted_mean'] / 1e6:.2f} ms)"
     )
     delay = PIPE_MICRO_BATCHES * SLOW_MS * 1e6
-    assert got["measured"] == pytest.approx(got["by_clock"], abs=max(0.2 * got["by_clock"], 3e6))
+    _store_sees_each_rank_s_clock(steps, clocks, on, off)
     assert got["measured"] > 0.5 * delay, got
     assert got["predicted"] == pytest.approx(got["measured"], rel=0.25), got
