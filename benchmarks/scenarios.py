@@ -14,7 +14,7 @@ A figure-printing script, never a test; docs/performance.md records its output.
 
 ``--whatif`` runs instead the what-if accuracy cases of ``tests/test_whatif.py`` (``CASES``: a job
 and its clean twin, same seed) at ``--ranks`` and prints each predicted saving beside the
-measured one (the suite runs every case at 32 ranks and one at 256).
+measured one (the suite runs every case at 32 ranks; 256 ranks only here: two 256-rank jobs a case).
 
 ``--hta`` loads the 8-rank balanced set with ``HolisticTraceAnalysis==0.5.0`` in its own venv
 (benchmarks/merge_vs_hta.py ``--setup-hta`` creates it) and compares HTA's per-rank compute time

@@ -214,15 +214,6 @@ def test_all_ranks_like_the_median_matches_a_job_without_jitter(tmp_path: Path) 
     assert predicted == pytest.approx(measured, rel=0.10)
 
 
-@pytest.mark.slow
-def test_synthetic_saving_matches_the_job_without_it_256_ranks(tmp_path: Path) -> None:
-    """One case at 256 ranks (every case runs at 32 above; all of them at 256 in
-    ``python benchmarks/scenarios.py --whatif``, docs/performance.md): each case generates
-    and merges two 256-rank jobs, ~40 s of the suite."""
-    predicted, measured = _synth_saving(tmp_path, 256, "straggler")
-    assert predicted == pytest.approx(measured, rel=0.10)
-
-
 # -- real runs (torchrun, 2 ranks, gloo) -----------------------------------------------------
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
