@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import errno
 import functools
 import json
 import os
@@ -173,7 +174,13 @@ class _GuardedFile:
         return self._raw.read(size) or b""
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        return self._raw.seek(offset, whence)
+        try:
+            return self._raw.seek(offset, whence)
+        except (OverflowError, ValueError) as exc:
+            # After a dropped write HDF5 may read its own metadata back as garbage and seek to
+            # an undefined address (2**64 - 1: seen in a CI run when the disk filled mid-rank).
+            # An I/O error to HDF5, so the writer reports the first failure, kept in ``error``.
+            raise OSError(errno.EIO, f"seek to {offset}: {exc}") from exc
 
     def tell(self) -> int:
         return self._raw.tell()

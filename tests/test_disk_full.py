@@ -330,3 +330,17 @@ def test_run_disk_full(tiny_fs: Mount) -> None:
     ), output[-3000:]
     leftovers = [p for p in _listing(fs) if Path(p).name.startswith(".")]
     assert leftovers == [], leftovers
+
+
+def test_a_seek_to_an_undefined_address_is_an_io_error(tmp_path: Path) -> None:
+    """After a dropped write HDF5 can read garbage back and seek to 2**64 - 1 (a CI run where
+    the disk filled mid-rank): that must be an OSError, which the writer turns into its one
+    disk-full line, not an OverflowError escaping as a traceback."""
+    from rankscope.analysis.store import _GuardedFile
+
+    f = _GuardedFile(tmp_path / "x.h5")
+    try:
+        with pytest.raises(OSError, match="seek to 18446744073709551615"):
+            f.seek(2**64 - 1)
+    finally:
+        f.close()
