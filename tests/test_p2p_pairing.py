@@ -1,7 +1,7 @@
 """Send/recv pairs and collectives matched from what the profiler itself records for NCCL work.
 
 The traces are written here, event by event, in the JSON shape PyTorch's profiler writes for
-NCCL (docs: ../shared/reference/parallel-layouts-and-hangs.md, section B): each call is a
+NCCL (torch ``torch/csrc/profiler/util.cpp`` ``saveNcclMeta``; docs/analysis.md): each call is a
 ``record_param_comms`` CPU op (``Collective name``, ``Process Group Name`` / ``Description`` /
 ``Ranks``, ``Rank``, ``Dst Rank`` on a send / ``Src Rank`` on a recv, ``Seq`` when recent), its
 Work record_function (``nccl:send 0->1``), a ``cudaLaunchKernel`` inside it and an ac2g flow to
