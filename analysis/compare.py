@@ -32,8 +32,11 @@ means (every rank of every step, each step one observation); the mean is what a 
 costs (the run's time is the sum of its steps), and an outlier step widens the test's standard
 error as much as it moves the mean. Unlike a rank test it has real power at 3 steps a side (a
 doubling of the step time in 10 % step noise: median p ≈ 0.001). Holm over the gate's family at
-``alpha``. With fewer than :data:`MIN_SAMPLES` steps on a side no test is possible: the gate
-then decides on the threshold alone and says so (:class:`GateRule`).
+the gate's own level (``GateConfig.alpha``, 0.01: it is asked on every commit). Steps of one run
+share its conditions, so runs of the same job differ by more than their steps suggest; the
+machine's measured run-to-run noise (``GateConfig.run_noise``, :func:`run_noise`) enters the
+test's variance. With fewer than :data:`MIN_SAMPLES` steps on a side no test is possible: the
+gate then decides on the threshold alone and says so (:class:`GateRule`).
 
 Why one module of ~1100 lines: the rank-sum test, its exact distribution, Holm's correction, the
 gate's t test and the comparison tables that use them belong together.
@@ -142,6 +145,10 @@ class CompareConfig:
     """Above this many steps in all, the normal approximation of the U distribution is used."""
 
 
+#: The gate's default false-alarm level (GateConfig.alpha).
+GATE_ALPHA = 0.01
+
+
 @dataclasses.dataclass(frozen=True)
 class GateConfig:
     """When ``rankscope compare`` fails a CI job (exit 1)."""
@@ -152,6 +159,16 @@ class GateConfig:
     thresholds: dict[str, float] = dataclasses.field(default_factory=dict)
     """Per-KPI thresholds (Kpi value -> fraction), overriding ``fail_above`` for that KPI and
     adding KPIs it does not cover (time categories)."""
+    alpha: float = GATE_ALPHA
+    """False-alarm level of one gate decision (Holm over the gated KPIs). Stricter than the
+    table's 0.05 because a gate is asked on every commit: at 0.05, one commit in twenty that
+    changed nothing would fail its CI, and a gate that fails without cause gets switched off."""
+    run_noise: float = 0.0
+    """Run-to-run noise of the machine, as a fraction of the KPI's mean (0.12 = 12 %): the
+    standard deviation of a run's mean step time across runs of the same job, beyond what the
+    run's own step-to-step noise explains (:func:`run_noise`; ``benchmarks/compare_noise.py``
+    measures it). Steps of one run share its conditions — which rank lost its core, the node,
+    its temperature — so one run per side cannot show this part; 0 assumes there is none."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -373,15 +390,22 @@ def mann_whitney_min_p(n1: int, n2: int) -> float:
     return min(1.0, 2 / math.comb(n1 + n2, n1))
 
 
-def welch_exceeds(base: Any, new: Any, factor: float) -> tuple[float, float, float]:
+def welch_exceeds(
+    base: Any, new: Any, factor: float, run_noise: float = 0.0
+) -> tuple[float, float, float]:
     """One-sided Welch t test of H1 "mean(new) > factor × mean(base)" against H0 "≤": (t,
     degrees of freedom, p).
 
     ``D = mean(new) − factor·mean(base)`` is a linear contrast of the two means, so its variance
     ``s_new²/n_new + factor²·s_base²/n_base`` counts BASE's uncertainty too (a relative margin
     tested without treating BASE's mean as known); degrees of freedom by Welch–Satterthwaite.
-    Both samples without any spread: p is 0 when D > 0, else 1 (t ±inf, df NaN). Fewer than 2
-    samples on a side: all NaN (no variance to estimate)."""
+    ``run_noise`` (a fraction, GateConfig.run_noise) adds each run's own offset: a run mean
+    varies across runs by ``run_noise × mean`` beyond its steps' noise, so the variance gains
+    ``(run_noise·mean(new))² + (factor·run_noise·mean(base))²``, a part taken as known (only the
+    estimated parts enter Welch–Satterthwaite; with no step variation at all the test is a z
+    test).
+    Both samples without any spread and no run noise: p is 0 when D > 0, else 1 (t ±inf, df
+    NaN). Fewer than 2 samples on a side: all NaN (no variance to estimate)."""
     import numpy as np
 
     a = np.asarray(base, np.float64)
@@ -392,12 +416,38 @@ def welch_exceeds(base: Any, new: Any, factor: float) -> tuple[float, float, flo
     d = float(b.mean()) - factor * float(a.mean())
     va = factor * factor * float(a.var(ddof=1)) / n1
     vb = float(b.var(ddof=1)) / n2
-    se2 = va + vb
+    known = run_noise * run_noise * (float(b.mean()) ** 2 + (factor * float(a.mean())) ** 2)
+    se2 = va + vb + known
     if not se2 > 0:
         return (math.inf, math.nan, 0.0) if d > 0 else (-math.inf, math.nan, 1.0)
-    df = se2 * se2 / (va * va / (n1 - 1) + vb * vb / (n2 - 1))
     t = d / math.sqrt(se2)
+    estimated = va * va / (n1 - 1) + vb * vb / (n2 - 1)
+    if not estimated > 0:  # only the known run noise: normal tail
+        return t, math.inf, 0.5 * math.erfc(t / math.sqrt(2.0))
+    df = se2 * se2 / estimated
     return t, df, t_sf(t, df)
+
+
+def run_noise(runs: Any) -> float:
+    """The run-to-run noise of same-settings runs (GateConfig.run_noise), from each run's
+    per-step samples of one KPI (a list of arrays, ≥ 2 runs of ≥ 2 steps).
+
+    One-way random effects: a run's mean varies by ``σ_run² + σ_step²/n``; the spread of the run
+    means minus the part their steps explain (the mean within-run variance over the steps per
+    run) leaves ``σ_run²`` (0 when the steps explain it all), reported relative to the grand
+    mean. Method of moments, unbalanced runs by the harmonic mean of the step counts."""
+    import numpy as np
+
+    rs = [np.asarray(r, np.float64) for r in runs]
+    rs = [r for r in rs if len(r) >= 2]
+    if len(rs) < 2:
+        raise ValueError("run_noise needs at least 2 runs of at least 2 steps each")
+    means = np.array([r.mean() for r in rs])
+    within = float(np.mean([r.var(ddof=1) for r in rs]))
+    n = len(rs) / float(np.sum([1.0 / len(r) for r in rs]))
+    between = float(means.var(ddof=1)) - within / n
+    grand = float(means.mean())
+    return math.sqrt(between) / abs(grand) if between > 0 and grand else 0.0
 
 
 # -- the comparison --------------------------------------------------------------------------
@@ -976,7 +1026,8 @@ def gate_checks(c: Comparison, config: GateConfig) -> list[GateCheck]:
     import numpy as np
 
     limits = gate_limits(config)
-    alpha = c.config.alpha
+    alpha = config.alpha
+    noise = config.run_noise
 
     def job(k: Kpis) -> dict[str, np.ndarray]:
         s = k.samples[k.samples["rank"] == JOB_RANK].sort_values(["kpi", "step"])
@@ -996,7 +1047,11 @@ def gate_checks(c: Comparison, config: GateConfig) -> list[GateCheck]:
         # H1 "worse by more than the limit": new > (1+limit)·base, or for higher-is-better
         # new < (1−limit)·base, i.e. −new > (1−limit)·(−base)
         t, df, p = (
-            (welch_exceeds(-a, -b, 1.0 - limit) if higher else welch_exceeds(a, b, 1.0 + limit))
+            (
+                welch_exceeds(-a, -b, 1.0 - limit, noise)
+                if higher
+                else welch_exceeds(a, b, 1.0 + limit, noise)
+            )
             if tested
             else (math.nan, math.nan, math.nan)
         )
@@ -1020,10 +1075,14 @@ def gate_checks(c: Comparison, config: GateConfig) -> list[GateCheck]:
         )
     adjusted = holm([ch.p_value for ch in checks])
     family = sum(ch.rule is GateRule.WELCH for ch in checks)
-    return [_decide(ch, float(p), alpha, family) for ch, p in zip(checks, adjusted, strict=True)]
+    return [
+        _decide(ch, float(p), alpha, family, noise) for ch, p in zip(checks, adjusted, strict=True)
+    ]
 
 
-def _decide(ch: GateCheck, p_adjusted: float, alpha: float, family: int) -> GateCheck:
+def _decide(
+    ch: GateCheck, p_adjusted: float, alpha: float, family: int, run_noise: float
+) -> GateCheck:
     """``ch`` with its Holm-adjusted p, its verdict and its text (naming the rule)."""
     worse = -ch.rel_change if ch.kpi in HIGHER_IS_BETTER else ch.rel_change
     steps = f"{ch.base_steps} vs {ch.new_steps} steps"
@@ -1032,7 +1091,10 @@ def _decide(ch: GateCheck, p_adjusted: float, alpha: float, family: int) -> Gate
         failed = p_adjusted < alpha and worse > ch.threshold
         family_text = f", Holm over {family} gated KPIs" if family > 1 else ""
         flat = "" if math.isfinite(ch.t) else ", no step-to-step variation"
-        how = f"Welch t on {steps}, one-sided p={p_adjusted:.2g}{family_text}{flat}"
+        noise = (
+            f" + {100 * run_noise:g}% run-to-run noise" if run_noise > 0 else ", step noise only"
+        )
+        how = f"Welch t on {steps}{noise}, one-sided p={p_adjusted:.2g}{family_text}{flat}"
         text = (
             f"{ch.kpi} {_pct(ch.rel_change)} > {limit} ({how})"
             if failed

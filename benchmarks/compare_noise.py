@@ -12,9 +12,16 @@ over the pairs, per number of profiled steps:
 
 * **gate** — a pair where ``--fail-above 5%`` would exit 1 (the CI false alarm; target 0), with
   the rule that decided (Welch's t of "more than 5 % worse" on the per-step job means, or the
-  threshold alone when a run has fewer than 3 steps) and its one-sided p-value;
+  threshold alone when a run has fewer than 3 steps) and its one-sided p-value; with the default
+  gate (step noise only) and, with ``--run-noise PCT``, with that run-to-run noise allowed for
+  (``rankscope compare --run-noise``; measure it on *another* set of runs, so the set that is
+  counted here is not the one it was fitted on);
 * **job** — a pair with any job-level KPI called a regression or improvement in the table;
 * **any row** — a pair with any KPI row (job or rank) called one.
+
+Also printed per step count: the set's **run-to-run noise** (``rankscope.analysis.compare.run_noise``:
+the spread of the runs' mean step times beyond what their step noise explains, relative to the
+mean) — the figure to give ``--run-noise`` on this machine.
 
 The load average (1 min) is printed before each run: the test sees step-to-step noise, not a
 machine that got busier between BASE and NEW (docs/compare.md, "What the test does not see"), so
@@ -24,6 +31,7 @@ the false-alarm count means something only on an otherwise idle machine.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import subprocess
 import sys
@@ -61,43 +69,72 @@ def kept(out: Path, steps: int, pairs: int) -> list[Path]:
     return runs
 
 
-def report(runs: list[Path], steps: int) -> dict[str, int]:
-    """Compare each pair as ``rankscope compare --fail-above 5%`` does; print and count."""
-    from rankscope.analysis.compare import GateConfig, compare, gate_checks
+def report(runs: list[Path], steps: int, noise: float) -> dict[str, int]:
+    """Compare each pair as ``rankscope compare --fail-above 5%`` does (and with ``--run-noise``
+    ``noise`` when given); print and count."""
+    import numpy as np
+    from rankscope.analysis.compare import GateConfig, compare, gate_checks, run_noise
+    from rankscope.analysis.kpis import JOB_RANK
     from rankscope.analysis.pipeline import SYNCHRONOUS, ClusterSpec, analyze
 
     spec = ClusterSpec(scheduler=SYNCHRONOUS)
     pairs = len(runs) // 2
-    counts = {"gate": 0, "job": 0, "any row": 0}
+    counts = {"gate": 0, "gate with run noise": 0, "job": 0, "any row": 0}
+    analyses = [analyze(r, spec) for r in runs]
+    configs = [GateConfig(fail_above=0.05)]
+    if noise > 0:
+        configs.append(GateConfig(fail_above=0.05, run_noise=noise))
     print(f"\n{steps} profiled steps per run, {pairs} same-settings pairs\n")
-    print("| pair | load | step time Δ (mean) | gate rule | gate p | job rows called | rank rows "
-          "called | gate |")  # fmt: skip
-    print("|---|---:|---:|---|---:|---:|---:|---|")
+    print(
+        "| pair | load | step time Δ (mean) | gate p (step noise only) | gate p (+ run noise) | "
+        "job rows called | rank rows called | gate | gate with run noise |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---|---|")
+    series: list[np.ndarray] = []
     for i in range(pairs):
         a, b = runs[2 * i], runs[2 * i + 1]
         load = "/".join(
             (r / "load.txt").read_text().strip() for r in (a, b) if (r / "load.txt").exists()
         )
-        c = compare(analyze(a, spec), analyze(b, spec))
+        c = compare(analyses[2 * i], analyses[2 * i + 1])
+        for k in (c.base, c.new):
+            s = k.samples[(k.samples["kpi"] == "step_time") & (k.samples["rank"] == JOB_RANK)]
+            series.append(s.sort_values("step")["value"].to_numpy(np.float64))
         k = c.kpis
         called = k["change"].isin(["regression", "improvement"])
         job = int((called & (k["rank"] < 0)).sum())
         rank = int((called & (k["rank"] >= 0)).sum())
-        checks = gate_checks(c, GateConfig(fail_above=0.05))
-        failed = any(ch.failed for ch in checks)
-        st = next((ch for ch in checks if ch.kpi == "step_time"), None)
-        counts["gate"] += failed
+        cells, verdicts = [], []
+        for n, config in enumerate(configs):
+            checks = gate_checks(c, config)
+            failed = any(ch.failed for ch in checks)
+            counts["gate with run noise" if n else "gate"] += failed
+            st = next((ch for ch in checks if ch.kpi == "step_time"), None)
+            p = st.p_adjusted if st else math.nan
+            cells.append(f"{p:.2g}" if p == p else "-")
+            verdicts.append("FAIL" if failed else "pass")
+            delta = f"{100 * st.rel_change:+.1f}%" if st else "-"
+        if noise <= 0:
+            cells.append("-")
+            verdicts.append("-")
         counts["job"] += job > 0
         counts["any row"] += (job + rank) > 0
-        delta = f"{100 * st.rel_change:+.1f}%" if st else "-"
-        p = f"{st.p_adjusted:.2g}" if st and st.p_adjusted == st.p_adjusted else "-"
         print(
-            f"| {i + 1} | {load} | {delta} | {st.rule if st else '-'} | {p} | {job} | {rank} | "
-            f"{'FAIL' if failed else 'pass'} |"
+            f"| {i + 1} | {load} | {delta} | {cells[0]} | {cells[1]} | {job} | {rank} | "
+            f"{verdicts[0]} | {verdicts[1]} |"
         )
+    with_noise = (
+        f", gate with {100 * noise:g}% run-to-run noise {counts['gate with run noise']}"
+        if noise > 0
+        else ""
+    )
     print(
-        f"\n{steps} steps: false alarms over {pairs} same-settings pairs: gate {counts['gate']}, "
-        f"job-level {counts['job']}, any row {counts['any row']}"
+        f"\n{steps} steps: false alarms over {pairs} same-settings pairs: gate (step noise only) "
+        f"{counts['gate']}{with_noise}, job-level {counts['job']}, any row {counts['any row']}"
+    )
+    print(
+        f"{steps} steps: run-to-run noise of these {len(series)} runs (beyond their step noise): "
+        f"{100 * run_noise(series):.1f}% of the mean step time"
     )
     return counts
 
@@ -112,6 +149,12 @@ def main() -> int:
     p.add_argument("--keep", type=Path, default=None, help="keep the runs in this folder")
     p.add_argument("--reuse", type=Path, default=None, help="compare the runs --keep left here")
     p.add_argument("--record-only", action="store_true", help="record (with --keep), no compare")
+    p.add_argument(
+        "--run-noise",
+        default="0",
+        metavar="PCT",
+        help="also gate with this run-to-run noise allowed for (measured on another set)",
+    )
     args = p.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -129,8 +172,10 @@ def main() -> int:
             ]
         if args.record_only:
             return 0
+        from rankscope.analysis.compare import parse_fraction
+
         for steps, rs in runs.items():
-            report(rs, steps)
+            report(rs, steps, parse_fraction(args.run_noise))
     return 0
 
 

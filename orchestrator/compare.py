@@ -92,10 +92,24 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--config",
         type=Path,
         metavar="FILE",
-        help="TOML: fail_above, alpha, min_change and per-KPI [thresholds] (docs/compare.md)",
+        help="TOML: fail_above, alpha, gate_alpha, run_noise, min_change and per-KPI "
+        "[thresholds] (docs/compare.md)",
     )
     parser.add_argument(
         "--alpha", type=float, metavar="P", help="family-wise false-alarm rate (0.05)"
+    )
+    parser.add_argument(
+        "--gate-alpha",
+        type=float,
+        metavar="P",
+        help="the gate's false-alarm level per comparison (0.01: it is asked on every commit)",
+    )
+    parser.add_argument(
+        "--run-noise",
+        metavar="PCT",
+        help="run-to-run noise of the machine the gate allows for (e.g. 12%%: how much the mean "
+        "step time of same-settings runs varies beyond their step noise; measure it with "
+        "benchmarks/compare_noise.py); default 0: step noise only",
     )
     parser.add_argument("--min-change", metavar="PCT", help="smallest change called one (3%%)")
     parser.add_argument(
@@ -144,7 +158,7 @@ def load_config(path: Path | None) -> dict[str, Any]:
         raise InputFileError(f"{path}: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise InputFileError(f"{path}: not valid TOML ({exc})") from None
-    known = {"fail_above", "alpha", "min_change", "thresholds"}
+    known = {"fail_above", "alpha", "gate_alpha", "run_noise", "min_change", "thresholds"}
     extra = sorted(set(doc) - known)
     if extra:
         raise InputFileError(f"{path}: unknown key(s) {', '.join(extra)} (known: {sorted(known)})")
@@ -171,6 +185,20 @@ def configs(args: argparse.Namespace) -> tuple[Any, GateConfig, Any]:
     alpha = args.alpha if args.alpha is not None else doc.get("alpha", 0.05)
     if not isinstance(alpha, int | float) or not 0 < float(alpha) < 1:
         raise UsageError(f"alpha must be between 0 and 1, got {alpha!r}")
+    gate_alpha = args.gate_alpha if args.gate_alpha is not None else doc.get("gate_alpha")
+    if gate_alpha is None:
+        gate_alpha = GateConfig.alpha
+    if not isinstance(gate_alpha, int | float) or not 0 < float(gate_alpha) < 1:
+        raise UsageError(f"gate_alpha must be between 0 and 1, got {gate_alpha!r}")
+    noise = (
+        _fraction(args.run_noise, "--run-noise")
+        if args.run_noise is not None
+        else _fraction(doc["run_noise"], f"{where}: run_noise")
+        if "run_noise" in doc
+        else 0.0
+    )
+    if noise < 0:
+        raise UsageError(f"run_noise must be >= 0, got {noise:g}")
     min_change = (
         _fraction(args.min_change, "--min-change")
         if args.min_change is not None
@@ -194,7 +222,12 @@ def configs(args: argparse.Namespace) -> tuple[Any, GateConfig, Any]:
         raise UsageError(f"--samples-per-step must be > 0, got {args.samples_per_step}")
     return (
         CompareConfig(alpha=float(alpha), min_change=min_change, top_ops=args.top_ops),
-        GateConfig(fail_above=fail_above, thresholds=thresholds),
+        GateConfig(
+            fail_above=fail_above,
+            thresholds=thresholds,
+            alpha=float(gate_alpha),
+            run_noise=noise,
+        ),
         KpiConfig(
             samples_per_step=args.samples_per_step,
             sample_unit=args.sample_unit,
@@ -458,8 +491,11 @@ def to_json(
             "fail_above": gate_config.fail_above,
             "thresholds": dict(gate_config.thresholds),
             "rule": gate_rule(checks),
-            "test": "one-sided Welch t of 'worse than the threshold' on the per-step job means, "
-            "Holm over the gated KPIs at alpha; the threshold alone below 3 steps a run",
+            "alpha": gate_config.alpha,
+            "run_noise": gate_config.run_noise,
+            "test": "one-sided Welch t of 'worse than the threshold' on the per-step job means "
+            "(plus run_noise, the run-to-run noise allowed for), Holm over the gated KPIs at "
+            "alpha; the threshold alone below 3 steps a run",
             "failures": [
                 {"kpi": f.kpi, "text": f.text, **{k: _clean(v) for k, v in f.figures.items()}}
                 for f in (ch.finding for ch in checks if ch.failed)

@@ -71,10 +71,17 @@ PROBE_JS = """
 def start_chromium(profile: Any, width: int = 1400, height: int = 900) -> tuple[Any, str]:
     """Headless Chromium with DevTools on a free port; returns (process, its page's ws URL)."""
     import json
+    import os
     import subprocess
+    import tempfile
     import time
     import urllib.request
+    import weakref
 
+    # Chromium's own temp folders (org.chromium.Chromium.*, its singleton socket) go into a
+    # short folder of ours (a Unix socket path has at most 107 bytes: not tmp_path), removed
+    # with the process object, so a browser stopped by SIGKILL leaves nothing in /tmp
+    scratch = tempfile.mkdtemp(prefix="rankscope-chromium-")
     proc = subprocess.Popen(
         [
             chromium(),
@@ -88,7 +95,9 @@ def start_chromium(profile: Any, width: int = 1400, height: int = 900) -> tuple[
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         text=True,
+        env={**os.environ, "TMPDIR": scratch},
     )
+    weakref.finalize(proc, shutil.rmtree, scratch, True)
     port_file = profile / "DevToolsActivePort"
     deadline = time.monotonic() + 60
     while not port_file.exists() or not port_file.read_text().strip():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import tempfile
@@ -20,12 +21,14 @@ pytestmark = [pytest.mark.browser]
 
 
 def _chromium(*args: str) -> subprocess.CompletedProcess[str]:
-    with tempfile.TemporaryDirectory() as profile:
+    with tempfile.TemporaryDirectory() as scratch:
+        # the profile and Chromium's own temp folders (org.chromium.Chromium.*) both in here
         return subprocess.run(
-            [chromium(), *FLAGS, f"--user-data-dir={profile}", *args],
+            [chromium(), *FLAGS, f"--user-data-dir={scratch}/profile", *args],
             capture_output=True,
             text=True,
             timeout=120,
+            env={**os.environ, "TMPDIR": scratch},
         )
 
 
