@@ -47,6 +47,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from rankscope.analysis.kpis import (
@@ -448,6 +449,40 @@ def run_noise(runs: Any) -> float:
     between = float(means.var(ddof=1)) - within / n
     grand = float(means.mean())
     return math.sqrt(between) / abs(grand) if between > 0 and grand else 0.0
+
+
+def runs_exceed(base_runs: Any, new_runs: Any, factor: float) -> tuple[float, float, float, float]:
+    """One-sided t test of H1 "NEW's mean per run > factor × BASE's" from several runs a side:
+    (t, degrees of freedom, p, the run-to-run noise the runs show).
+
+    Each run is one observation (its mean per step): steps of one run share its conditions, so
+    only runs show how much a run's mean moves. Run-to-run noise is multiplicative — a run on a
+    busier core is slower by a share of its step, not by a fixed time — and the same on both
+    sides (one machine), so it is estimated as one relative variance pooled over the sides that
+    have ≥ 2 runs (``r² = Σ (m/mean − 1)² / Σ (k − 1)``, its degrees of freedom), and the
+    contrast ``mean(NEW) − factor·mean(BASE)`` has variance ``r²·(mean(NEW)²/k_NEW +
+    factor²·mean(BASE)²/k_BASE)``. One run on a side with replicates on the other is allowed
+    (the estimate comes from that side). No side with 2 runs: all NaN. Runs without any
+    spread: p 0 or 1."""
+    import numpy as np
+
+    a = np.asarray(base_runs, np.float64)
+    b = np.asarray(new_runs, np.float64)
+    ma, mb = float(a.mean()), float(b.mean())
+    ss, df = 0.0, 0
+    for side, m in ((a, ma), (b, mb)):
+        if len(side) >= 2 and m:
+            ss += float(np.sum((side / m - 1.0) ** 2))
+            df += len(side) - 1
+    if df < 1:
+        return math.nan, math.nan, math.nan, math.nan
+    r2 = ss / df
+    d = mb - factor * ma
+    se2 = r2 * (mb * mb / len(b) + factor * factor * ma * ma / len(a))
+    if not se2 > 0:
+        return (math.inf, float(df), 0.0, 0.0) if d > 0 else (-math.inf, float(df), 1.0, 0.0)
+    t = d / math.sqrt(se2)
+    return t, float(df), t_sf(t, df), math.sqrt(r2)
 
 
 # -- the comparison --------------------------------------------------------------------------
@@ -956,6 +991,9 @@ class GateRule(enum.StrEnum):
 
     WELCH = "Welch t"
     """A one-sided Welch t test of "worse than the threshold" on the per-step job means."""
+    RUNS = "t on run means"
+    """Several runs a side (``--base-runs`` / ``--new-runs``): a one-sided t test on the runs'
+    mean per step, the run-to-run noise measured from the runs themselves (:func:`runs_exceed`)."""
     THRESHOLD = "threshold alone"
     """Too few steps for any test (< MIN_SAMPLES on a side): the change of the means against
     the threshold, nothing else — said loudly in every rendering."""
@@ -986,6 +1024,11 @@ class GateCheck:
     failed: bool
     text: str
     """The verdict in one line, naming the rule."""
+    base_runs: int = 1
+    """Runs behind BASE's mean (GateRule.RUNS: the runs tested; else 1)."""
+    new_runs: int = 1
+    run_noise: float = math.nan
+    """GateRule.RUNS: the run-to-run noise the runs show (relative SD of a run's mean)."""
 
     @property
     def finding(self) -> CompareFinding:
@@ -1016,24 +1059,39 @@ def gate_limits(config: GateConfig) -> dict[str, float]:
     return limits
 
 
-def gate_checks(c: Comparison, config: GateConfig) -> list[GateCheck]:
+def _job_samples(k: Kpis) -> dict[str, Any]:
+    """KPI -> the job's per-step samples (step order) of one run's KPIs."""
+    import numpy as np
+
+    s = k.samples[k.samples["rank"] == JOB_RANK].sort_values(["kpi", "step"])
+    return {str(n): g["value"].to_numpy(np.float64) for n, g in s.groupby("kpi", sort=False)}
+
+
+def gate_checks(
+    c: Comparison,
+    config: GateConfig,
+    base_runs: Sequence[Kpis] = (),
+    new_runs: Sequence[Kpis] = (),
+) -> list[GateCheck]:
     """Every gated KPI the job has in both runs, decided (module docstring, "The gate's test").
 
     With at least MIN_SAMPLES steps a side: fails when the one-sided Welch t test of "worse by
     more than the threshold" is significant at ``alpha`` after Holm over the gate's tested KPIs
     (the mean change is then beyond the threshold). With fewer: fails when the mean change is
-    beyond the threshold (GateRule.THRESHOLD; the text says no test was possible)."""
+    beyond the threshold (GateRule.THRESHOLD; the text says no test was possible).
+
+    ``base_runs`` / ``new_runs``: further runs of BASE's and NEW's settings (replicates). With
+    them the unit is the run: a KPI with ≥ 2 runs on a side is tested on the runs' means
+    (GateRule.RUNS, :func:`runs_exceed`), the run-to-run noise measured from them
+    (``config.run_noise`` is then not used)."""
     import numpy as np
 
     limits = gate_limits(config)
     alpha = config.alpha
     noise = config.run_noise
-
-    def job(k: Kpis) -> dict[str, np.ndarray]:
-        s = k.samples[k.samples["rank"] == JOB_RANK].sort_values(["kpi", "step"])
-        return {str(n): g["value"].to_numpy(np.float64) for n, g in s.groupby("kpi", sort=False)}
-
-    sb, sn = job(c.base), job(c.new)
+    sb, sn = _job_samples(c.base), _job_samples(c.new)
+    more_b = [_job_samples(k) for k in base_runs]
+    more_n = [_job_samples(k) for k in new_runs]
     checks: list[GateCheck] = []
     for kpi in Kpi:
         limit = limits.get(str(kpi))
@@ -1041,6 +1099,11 @@ def gate_checks(c: Comparison, config: GateConfig) -> list[GateCheck]:
         if limit is None or not len(a) or not len(b):
             continue
         higher = kpi in HIGHER_IS_BETTER
+        per_a = [a, *(m[str(kpi)] for m in more_b if len(m.get(str(kpi), ())))]
+        per_b = [b, *(m[str(kpi)] for m in more_n if len(m.get(str(kpi), ())))]
+        if max(len(per_a), len(per_b)) >= 2:
+            checks.append(_runs_check(str(kpi), limit, higher, per_a, per_b))
+            continue
         ma, mb = float(np.mean(a)), float(np.mean(b))
         rel = (mb - ma) / abs(ma) if ma else (math.inf if mb > ma else 0.0)
         tested = len(a) >= MIN_SAMPLES and len(b) >= MIN_SAMPLES
@@ -1074,10 +1137,45 @@ def gate_checks(c: Comparison, config: GateConfig) -> list[GateCheck]:
             )
         )
     adjusted = holm([ch.p_value for ch in checks])
-    family = sum(ch.rule is GateRule.WELCH for ch in checks)
+    family = sum(ch.rule is not GateRule.THRESHOLD for ch in checks)
     return [
         _decide(ch, float(p), alpha, family, noise) for ch, p in zip(checks, adjusted, strict=True)
     ]
+
+
+def _runs_check(
+    kpi: str, limit: float, higher: bool, per_a: list[Any], per_b: list[Any]
+) -> GateCheck:
+    """A KPI with several runs on a side, tested on run means (GateRule.RUNS)."""
+    import numpy as np
+
+    runs_a = [float(np.mean(x)) for x in per_a]
+    runs_b = [float(np.mean(x)) for x in per_b]
+    ma, mb = float(np.mean(runs_a)), float(np.mean(runs_b))
+    # worse by more than the limit: new > (1+limit)·base, or, higher being better,
+    # −new > (1−limit)·(−base)
+    sign = -1.0 if higher else 1.0
+    factor = 1.0 - limit if higher else 1.0 + limit
+    t, df, p, seen = runs_exceed([sign * x for x in runs_a], [sign * x for x in runs_b], factor)
+    return GateCheck(
+        kpi=kpi,
+        threshold=limit,
+        base_steps=sum(len(x) for x in per_a),
+        new_steps=sum(len(x) for x in per_b),
+        base_mean=ma,
+        new_mean=mb,
+        rel_change=(mb - ma) / abs(ma) if ma else (math.inf if mb > ma else 0.0),
+        rule=GateRule.RUNS,
+        t=t,
+        df=df,
+        p_value=p,
+        p_adjusted=math.nan,
+        failed=False,
+        text="",
+        base_runs=len(runs_a),
+        new_runs=len(runs_b),
+        run_noise=seen,
+    )
 
 
 def _decide(
@@ -1087,14 +1185,22 @@ def _decide(
     worse = -ch.rel_change if ch.kpi in HIGHER_IS_BETTER else ch.rel_change
     steps = f"{ch.base_steps} vs {ch.new_steps} steps"
     limit = f"{100 * ch.threshold:g}%"
-    if ch.rule is GateRule.WELCH:
+    if ch.rule is not GateRule.THRESHOLD:
         failed = p_adjusted < alpha and worse > ch.threshold
         family_text = f", Holm over {family} gated KPIs" if family > 1 else ""
-        flat = "" if math.isfinite(ch.t) else ", no step-to-step variation"
-        noise = (
-            f" + {100 * run_noise:g}% run-to-run noise" if run_noise > 0 else ", step noise only"
-        )
-        how = f"Welch t on {steps}{noise}, one-sided p={p_adjusted:.2g}{family_text}{flat}"
+        if ch.rule is GateRule.RUNS:
+            how = (
+                f"t on run means, {ch.base_runs} vs {ch.new_runs} runs (run-to-run noise seen "
+                f"{100 * ch.run_noise:.1f}%), one-sided p={p_adjusted:.2g}{family_text}"
+            )
+        else:
+            flat = "" if math.isfinite(ch.t) else ", no step-to-step variation"
+            noise = (
+                f" + {100 * run_noise:g}% run-to-run noise"
+                if run_noise > 0
+                else ", step noise only"
+            )
+            how = f"Welch t on {steps}{noise}, one-sided p={p_adjusted:.2g}{family_text}{flat}"
         text = (
             f"{ch.kpi} {_pct(ch.rel_change)} > {limit} ({how})"
             if failed

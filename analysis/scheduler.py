@@ -22,6 +22,7 @@ import itertools
 import logging
 import os
 from collections.abc import Callable, Generator, Iterator, Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -320,7 +321,9 @@ def _stream(
             continue
         for fut in done:
             try:
-                result = fut.result()
+                result = result_of(
+                    fut, poll, None if slurm is None else partial(slurm.check, client)
+                )
             except KilledWorker as exc:
                 where = slurm.describe() if slurm is not None else ""
                 raise WorkersError(
@@ -331,6 +334,24 @@ def _stream(
             if nxt is not None:
                 running.add(client.submit(func, *nxt, pure=False))
             yield result
+
+
+def result_of(fut: Any, poll_s: float | None, check: Callable[[], None] | None) -> Any:
+    """``fut.result()``, looking at the workers (``check``, which raises once they are all
+    gone) every ``poll_s`` seconds while it waits.
+
+    A finished future is not a result in hand: the value lives on the worker that computed it
+    until it is gathered. When that worker's job is cancelled in between, Dask reschedules the
+    task and ``result()`` waits for it to be computed again — forever, when no worker is left
+    ("Couldn't gather keys … queued": a merge that did not end within 60 s of its workers'
+    scancel). Without ``check`` (local workers) it waits as Dask does."""
+    if check is None or poll_s is None:
+        return fut.result()
+    while True:
+        try:
+            return fut.result(timeout=poll_s)
+        except TimeoutError:
+            check()
 
 
 def _attempts(exc: Any) -> str:

@@ -3,6 +3,7 @@
     python benchmarks/compare_noise.py                          # 20 pairs, 4 ranks, 3 and 5 steps
     python benchmarks/compare_noise.py --pairs 10 --steps 3 --keep runs/noise
     python benchmarks/compare_noise.py --reuse runs/noise       # compare kept runs again
+    python benchmarks/compare_noise.py --runs-per-side 5        # 20 tries of 5 runs vs 5
 
 Each pair is two ``rankscope run`` of ``examples/train_ddp.py`` with identical settings, one
 after the other; every difference between them is noise — step-to-step noise inside a run, and
@@ -22,6 +23,9 @@ over the pairs, per number of profiled steps:
 Also printed per step count: the set's **run-to-run noise** (``rankscope.analysis.compare.run_noise``:
 the spread of the runs' mean step times beyond what their step noise explains, relative to the
 mean) — the figure to give ``--run-noise`` on this machine.
+
+With ``--runs-per-side K`` each try is K runs against K (``rankscope compare --base-runs
+--new-runs``): the gate tests run means, the run-to-run noise measured from the runs.
 
 The load average (1 min) is printed before each run: the test sees step-to-step noise, not a
 machine that got busier between BASE and NEW (docs/compare.md, "What the test does not see"), so
@@ -67,6 +71,40 @@ def kept(out: Path, steps: int, pairs: int) -> list[Path]:
             break
         runs.append(hit[-1])
     return runs
+
+
+def report_runs(runs: list[Path], steps: int, k: int) -> int:
+    """Each try: K runs against the next K, the gate on run means (``--base-runs`` /
+    ``--new-runs``); print and count the tries that fail."""
+    from rankscope.analysis.compare import GateConfig, compare, gate_checks
+    from rankscope.analysis.kpis import kpis
+    from rankscope.analysis.pipeline import SYNCHRONOUS, ClusterSpec, analyze
+
+    spec = ClusterSpec(scheduler=SYNCHRONOUS)
+    tries = len(runs) // (2 * k)
+    failed_tries = 0
+    print(f"\n{steps} profiled steps per run, {tries} tries of {k} vs {k} same-settings runs\n")
+    print("| try | step time Δ (mean of run means) | run-to-run noise seen | gate p | gate |")
+    print("|---|---:|---:|---:|---|")
+    for i in range(tries):
+        group = [analyze(r, spec) for r in runs[2 * k * i : 2 * k * (i + 1)]]
+        base, new = group[:k], group[k:]
+        c = compare(base[0], new[0])
+        more_b = [kpis(a) for a in base[1:]]
+        more_n = [kpis(a) for a in new[1:]]
+        checks = gate_checks(c, GateConfig(fail_above=0.05), more_b, more_n)
+        failed = any(ch.failed for ch in checks)
+        failed_tries += failed
+        st = next(ch for ch in checks if ch.kpi == "step_time")
+        print(
+            f"| {i + 1} | {100 * st.rel_change:+.1f}% | {100 * st.run_noise:.1f}% | "
+            f"{st.p_adjusted:.2g} | {'FAIL' if failed else 'pass'} |"
+        )
+    print(
+        f"\n{steps} steps: false alarms over {tries} tries of {k} vs {k} same-settings runs: "
+        f"gate on run means {failed_tries}"
+    )
+    return failed_tries
 
 
 def report(runs: list[Path], steps: int, noise: float) -> dict[str, int]:
@@ -155,6 +193,13 @@ def main() -> int:
         metavar="PCT",
         help="also gate with this run-to-run noise allowed for (measured on another set)",
     )
+    p.add_argument(
+        "--runs-per-side",
+        type=int,
+        default=1,
+        metavar="K",
+        help="K runs against K per try (the gate on run means); 1: pairs",
+    )
     args = p.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -163,19 +208,22 @@ def main() -> int:
         runs: dict[int, list[Path]] = {}
         for steps in args.steps:
             if args.reuse:
-                runs[steps] = kept(out, steps, args.pairs)
+                runs[steps] = kept(out, steps, args.pairs * args.runs_per_side)
                 continue
             # all runs first: analysing never competes with a run for the CPU
             runs[steps] = [
                 record(out, f"noise{steps}s{i:03d}", args.ranks, steps)
-                for i in range(2 * args.pairs)
+                for i in range(2 * args.pairs * args.runs_per_side)
             ]
         if args.record_only:
             return 0
         from rankscope.analysis.compare import parse_fraction
 
         for steps, rs in runs.items():
-            report(rs, steps, parse_fraction(args.run_noise))
+            if args.runs_per_side > 1:
+                report_runs(rs, steps, args.runs_per_side)
+            else:
+                report(rs, steps, parse_fraction(args.run_noise))
     return 0
 
 

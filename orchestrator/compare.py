@@ -76,6 +76,23 @@ def configure(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``rankscope compare`` (import-light)."""
     parser.add_argument("base", type=Path, help="BASE: a run directory or trace.h5")
     parser.add_argument("new", type=Path, help="NEW: a run directory or trace.h5")
+    parser.add_argument(
+        "--base-runs",
+        type=Path,
+        nargs="+",
+        default=[],
+        metavar="RUN",
+        help="more runs with BASE's settings: the gate then tests run means, seeing the "
+        "run-to-run noise (docs/compare.md)",
+    )
+    parser.add_argument(
+        "--new-runs",
+        type=Path,
+        nargs="+",
+        default=[],
+        metavar="RUN",
+        help="more runs with NEW's settings (as --base-runs)",
+    )
     parser.add_argument("--json", type=Path, metavar="FILE", help="write the comparison as JSON")
     parser.add_argument("--html", type=Path, metavar="FILE", help="write a self-contained page")
     parser.add_argument(
@@ -303,6 +320,13 @@ def gate_rule(checks: list[GateCheck]) -> str:
         )
         if rule == "Welch t":
             parts.append(f"Welch t on {steps}")
+        elif rule == "t on run means":
+            runs = ", ".join(
+                dict.fromkeys(
+                    f"{ch.base_runs} vs {ch.new_runs} runs" for ch in checks if ch.rule == rule
+                )
+            )
+            parts.append(f"t on run means, {runs}")
         else:
             parts.append(f"THRESHOLD ALONE: {steps} cannot establish significance")
     return "; ".join(parts)
@@ -766,14 +790,19 @@ def _analysis(path: Path) -> Any:
 def main(args: argparse.Namespace) -> int:
     """Entry point of ``rankscope compare``: 0, or EXIT_REGRESSION when the gate fails."""
     from rankscope.analysis.compare import compare, gate_checks
+    from rankscope.analysis.kpis import kpis
     from rankscope.launchers import rundir
     from rich.console import Console
 
     compare_config, gate_config, kpi_config = configs(args)
+    gated = gate_config.fail_above is not None or bool(gate_config.thresholds)
+    if (args.base_runs or args.new_runs) and not gated:
+        raise UsageError("--base-runs / --new-runs are for the gate: give --fail-above or --config")
     base, new = _analysis(args.base), _analysis(args.new)
     c = compare(base, new, compare_config, kpi_config)
-    gated = gate_config.fail_above is not None or bool(gate_config.thresholds)
-    checks = gate_checks(c, gate_config) if gated else None
+    more_base = [kpis(_analysis(r), kpi_config) for r in args.base_runs]
+    more_new = [kpis(_analysis(r), kpi_config) for r in args.new_runs]
+    checks = gate_checks(c, gate_config, more_base, more_new) if gated else None
     console = Console(width=None if sys.stdout.isatty() else PIPE_WIDTH)
     print_comparison(c, console, checks)
     outputs = [

@@ -98,3 +98,61 @@ def test_a_partial_kineto_export_is_not_read(tmp_path: Path) -> None:
         assert store.ranks == [0, 1, 2, 3]
         assert store.problems().empty
     assert os.path.exists(run / "ranks" / "00001" / ".export-001.json.tmp")
+
+
+class _AllWorkersGone(Exception):
+    """What the check raises in the test below (the merge's: WorkersError)."""
+
+
+def test_a_finished_result_whose_worker_died_is_not_waited_for_forever() -> None:
+    """A task finished on a worker, then the worker died before its value was gathered (its
+    Slurm job cancelled): Dask reschedules the task, and with no worker left ``result()`` would
+    wait forever. ``result_of`` looks at the workers while it waits and ends with the check's
+    error. A real Dask scheduler and one real worker process (``dask worker --no-nanny``: no
+    nanny to restart it), killed with SIGKILL."""
+    import signal
+    import time
+
+    from distributed import Client, LocalCluster
+    from rankscope.analysis.scheduler import result_of
+
+    with (
+        LocalCluster(n_workers=0, processes=True, dashboard_address=None) as cluster,
+        Client(cluster, set_as_default=False) as client,
+    ):
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "distributed.cli.dask_worker", cluster.scheduler_address,
+             "--no-nanny", "--nthreads", "1", "--no-dashboard"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            client.wait_for_workers(1, timeout=120)
+            fut = client.submit(sum, [20, 22], pure=False)
+            deadline = time.monotonic() + 120
+            while fut.status != "finished":
+                assert time.monotonic() < deadline, fut.status
+                time.sleep(0.05)
+            os.kill(worker.pid, signal.SIGKILL)
+            worker.wait(timeout=60)
+            while client.nthreads():
+                assert time.monotonic() < deadline, "the scheduler did not see the worker die"
+                time.sleep(0.05)
+            checks = []
+
+            def check() -> None:
+                checks.append(time.monotonic())
+                if len(checks) >= 2 and not client.nthreads():
+                    raise _AllWorkersGone
+
+            t0 = time.monotonic()
+            try:
+                result_of(fut, 0.5, check)
+            except _AllWorkersGone:
+                pass
+            else:
+                raise AssertionError("a value of a dead worker was returned")
+            assert len(checks) == 2 and checks[0] - t0 >= 0.4  # it waited, looking in between
+        finally:
+            if worker.poll() is None:
+                os.kill(worker.pid, signal.SIGKILL)
+                worker.wait(timeout=60)

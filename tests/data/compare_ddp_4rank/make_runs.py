@@ -5,7 +5,10 @@
 Six ``rankscope run`` of ``examples/train_ddp.py`` on 4 ranks (torch CPU, gloo), one after the
 other: ``base3``/``twin3``/``strag3`` with the default schedule (wait 1, warmup 1, active 3:
 steps 2-4 profiled) and ``base5``/``twin5``/``strag5`` with ``--active 5`` (steps 2-6);
-``strag*`` add ``--straggler-rank 3 --straggler-ms 20`` (rank 3 waits 20 ms every step). Only
+``strag*`` add ``--straggler-rank 3 --straggler-ms 20`` (rank 3 waits 20 ms every step); and
+five more runs of each at 3 steps, ``base3r1``…``base3r5`` and ``strag3r1``…``strag3r5``, one
+after the other and interleaved (base, strag, base, …) so both sides see the same machine: the
+gate on run means (``--base-runs`` / ``--new-runs``). Only
 ``run.json``, ``ranks/`` and ``load.txt`` (the 1-minute load average when the run ended) are
 kept (the tests merge a copy). Then the gate's verdicts are printed: ``strag*`` must fail
 ``--fail-above 5%``, ``twin*`` pass. The gate sees step-to-step noise, not a machine that got
@@ -33,6 +36,11 @@ RUNS = {
     "base5": (5, ()),
     "twin5": (5, ()),
     "strag5": (5, STRAGGLER),
+    **{
+        f"{kind}3r{i}": (3, STRAGGLER if kind == "strag" else ())
+        for i in range(1, 6)
+        for kind in ("base", "strag")
+    },
 }
 
 
