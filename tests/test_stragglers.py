@@ -375,6 +375,15 @@ def test_fresh_run_slow_input_is_found_with_cause_input(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_fresh_balanced_run_has_no_straggler(tmp_path: Path) -> None:
+    """No rank is named for work of its own. On a node where other processes take CPU (a CI
+    run with a busy loop on one core named rank 3: 37 ms of run-queue delay against 18 ms of
+    extra work), a starved rank may be named, but only with the system cause and the
+    run-queue delay as its evidence (Cause.CPU_CONTENTION: the issue's "CPU taken by other
+    processes")."""
+    from rankscope.analysis.stragglers import Cause
+
     run = _fresh_run(tmp_path, "balanced")
     s = _stragglers(run)
-    assert not s["is_straggler"].any(), s.head(2).to_string()
+    named = s[s["is_straggler"]]
+    assert (named["cause"] == str(Cause.CPU_CONTENTION)).all(), s.head(2).to_string()
+    assert (named["contention_s"] > named["own_extra_s"]).all(), s.head(2).to_string()
