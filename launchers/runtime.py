@@ -546,12 +546,16 @@ class RankRuntime:
             self.prof.step()
         self.meta["steps"] += 1
         self._tag_window()
+        # the next step begins now, as the trace's ProfilerStep#N does: the profiler's own work
+        # in step() (starting a window, exporting one, counting FLOPs: milliseconds under load)
+        # is not the training step's
+        self._step_mark = _thread_times(self._schedstat)
 
     def _record_step_cpu(self, recording: bool) -> None:
         """The step that ends now: its wall time, the main thread's CPU time and run-queue delay
         (``step_cpu``), when it was recorded. The first step has no start mark and is skipped."""
         mark = _thread_times(self._schedstat)
-        before, self._step_mark = self._step_mark, mark
+        before, self._step_mark = self._step_mark, None
         if not recording or before is None or mark is None:
             return
         wall, cpu, runq = (now - then for now, then in zip(mark, before, strict=True))

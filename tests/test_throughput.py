@@ -245,7 +245,12 @@ def test_real_run_throughput_and_flops(tmp_path: Path) -> None:
         assert set(cpu) == {2, 3, 4}
         for step, (wall, on_cpu, runq) in cpu.items():
             assert on_cpu > 0 and runq >= 0 and on_cpu + runq <= wall * 1.01 + 1e6
-            assert abs(wall - t[rank, step] * 1e9) <= 0.1 * wall + 2e6, (wall, t[rank, step])
+            # the same interval as the trace's ProfilerStep#N, which holds it: never longer
+            # (the profiler's own work in step(), e.g. starting a window, is not the step's:
+            # counting it made step 2 0.7 ms longer idle, 3.8 ms under load), shorter only by
+            # the runtime's few calls around step() (0.1-0.2 ms idle; more when preempted)
+            step_ns = t[rank, step] * 1e9
+            assert step_ns - (0.2 * step_ns + 3e6) <= wall <= step_ns + 1e5, (step, wall, step_ns)
     assert any("MFU: not for CPU runs" in n for n in k.notes)
     summary = json.loads((run / "report" / "summary.json").read_text())["kpis"]
     job = {e["kpi"]: e for e in summary["job"]}
