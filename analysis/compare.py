@@ -1019,11 +1019,12 @@ class GateCheck:
     df: float
     p_value: float
     """One-sided p of H0 "at most the threshold worse" (NaN under the threshold rule)."""
-    p_adjusted: float
-    """Holm over the gate's Welch-tested KPIs (NaN under the threshold rule)."""
-    failed: bool
-    text: str
-    """The verdict in one line, naming the rule."""
+    p_adjusted: float = math.nan
+    """Holm over the gate's Welch-tested KPIs (NaN under the threshold rule or until decided)."""
+    failed: bool = False
+    """The verdict (False until decided)."""
+    text: str = ""
+    """The verdict in one line, naming the rule (empty until decided)."""
     base_runs: int = 1
     """Runs behind BASE's mean (GateRule.RUNS: the runs tested; else 1)."""
     new_runs: int = 1
@@ -1105,7 +1106,7 @@ def gate_checks(
             checks.append(_runs_check(str(kpi), limit, higher, per_a, per_b))
             continue
         ma, mb = float(np.mean(a)), float(np.mean(b))
-        rel = (mb - ma) / abs(ma) if ma else (math.inf if mb > ma else 0.0)
+        rel = _rel_change(ma, mb)
         tested = len(a) >= MIN_SAMPLES and len(b) >= MIN_SAMPLES
         # H1 "worse by more than the limit": new > (1+limit)·base, or for higher-is-better
         # new < (1−limit)·base, i.e. −new > (1−limit)·(−base)
@@ -1131,9 +1132,6 @@ def gate_checks(
                 t=t,
                 df=df,
                 p_value=p,
-                p_adjusted=math.nan,
-                failed=False,
-                text="",
             )
         )
     adjusted = holm([ch.p_value for ch in checks])
@@ -1141,6 +1139,13 @@ def gate_checks(
     return [
         _decide(ch, float(p), alpha, family, noise) for ch, p in zip(checks, adjusted, strict=True)
     ]
+
+
+def _rel_change(base_mean: float, new_mean: float) -> float:
+    """NEW's mean / BASE's − 1 (signed); +inf for a rise from 0, 0 when both are 0."""
+    if base_mean:
+        return (new_mean - base_mean) / abs(base_mean)
+    return math.inf if new_mean > base_mean else 0.0
 
 
 def _runs_check(
@@ -1164,14 +1169,11 @@ def _runs_check(
         new_steps=sum(len(x) for x in per_b),
         base_mean=ma,
         new_mean=mb,
-        rel_change=(mb - ma) / abs(ma) if ma else (math.inf if mb > ma else 0.0),
+        rel_change=_rel_change(ma, mb),
         rule=GateRule.RUNS,
         t=t,
         df=df,
         p_value=p,
-        p_adjusted=math.nan,
-        failed=False,
-        text="",
         base_runs=len(runs_a),
         new_runs=len(runs_b),
         run_noise=seen,

@@ -23,7 +23,7 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rankscope.errors import InputFileError, UsageError
 
@@ -152,6 +152,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 # -- configuration ---------------------------------------------------------------------------
 
 
+_D = TypeVar("_D", float, None)
+
+
 def _fraction(value: Any, what: str) -> float:
     from rankscope.analysis.compare import parse_fraction
 
@@ -159,6 +162,16 @@ def _fraction(value: Any, what: str) -> float:
         return parse_fraction(value)
     except (TypeError, ValueError):
         raise UsageError(f"{what}: expected a percentage like 5% or 5, got {value!r}") from None
+
+
+def _setting(flag: Any, doc: dict[str, Any], key: str, where: str, default: _D) -> float | _D:
+    """A percentage setting: the flag (``--key-with-dashes``) over the config file's ``key`` over
+    ``default``; one-line errors naming where the bad value came from."""
+    if flag is not None:
+        return _fraction(flag, f"--{key.replace('_', '-')}")
+    if key in doc:
+        return _fraction(doc[key], f"{where}: {key}")
+    return default
 
 
 def load_config(path: Path | None) -> dict[str, Any]:
@@ -207,29 +220,9 @@ def configs(args: argparse.Namespace) -> tuple[Any, GateConfig, Any]:
         gate_alpha = GateConfig.alpha
     if not isinstance(gate_alpha, int | float) or not 0 < float(gate_alpha) < 1:
         raise UsageError(f"gate_alpha must be between 0 and 1, got {gate_alpha!r}")
-    noise = (
-        _fraction(args.run_noise, "--run-noise")
-        if args.run_noise is not None
-        else _fraction(doc["run_noise"], f"{where}: run_noise")
-        if "run_noise" in doc
-        else 0.0
-    )
-    if noise < 0:
-        raise UsageError(f"run_noise must be >= 0, got {noise:g}")
-    min_change = (
-        _fraction(args.min_change, "--min-change")
-        if args.min_change is not None
-        else _fraction(doc["min_change"], f"{where}: min_change")
-        if "min_change" in doc
-        else CompareConfig.min_change
-    )
-    fail_above = (
-        _fraction(args.fail_above, "--fail-above")
-        if args.fail_above is not None
-        else _fraction(doc["fail_above"], f"{where}: fail_above")
-        if "fail_above" in doc
-        else None
-    )
+    noise = _setting(args.run_noise, doc, "run_noise", where, 0.0)
+    min_change = _setting(args.min_change, doc, "min_change", where, CompareConfig.min_change)
+    fail_above = _setting(args.fail_above, doc, "fail_above", where, None)
     thresholds = {
         k: _fraction(v, f"{where}: thresholds.{k}") for k, v in doc.get("thresholds", {}).items()
     }
