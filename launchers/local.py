@@ -25,7 +25,13 @@ from rankscope.launchers.base import EXIT_INTERRUPTED, JobOutcome, Launcher
 from rankscope.launchers.output import ConsoleFilter, tee
 from rankscope.launchers.rundir import RunState
 from rankscope.launchers.spec import LauncherKind, RunSpec
-from rankscope.launchers.torchrun import rank_command, rank_env, torchrun_failures
+from rankscope.launchers.torchrun import (
+    TORCHELASTIC_DIR,
+    prune_empty_dirs,
+    rank_command,
+    rank_env,
+    torchrun_failures,
+)
 
 
 def pid_alive(pid: Any) -> bool:
@@ -69,7 +75,7 @@ class LocalLauncher(Launcher):
     def _start(self, spec: RunSpec, run_dir: Path) -> LocalJob:
         log_path = run_dir / rundir.LOGS_DIR / TORCHRUN_LOG
         proc = subprocess.Popen(
-            rank_command(spec),
+            rank_command(spec, run_dir),
             env=rank_env(spec, run_dir),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
@@ -90,6 +96,7 @@ class LocalLauncher(Launcher):
 
     def _outcome(self, job: LocalJob, code: int) -> JobOutcome:
         job.pump.join(timeout=10)
+        prune_empty_dirs(job.log_path.parent / TORCHELASTIC_DIR)  # a failed rank's error.json stays
         try:
             text = job.log_path.read_text(errors="replace")
         except OSError:

@@ -45,7 +45,7 @@ from rankscope.launchers.slurm_commands import (
     slurm_env,
     submit_merge_job,
 )
-from rankscope.launchers.slurm_node import NodePlan, flag_value, node_torchrun_args, run_node
+from rankscope.launchers.slurm_node import NodePlan, node_torchrun_args, run_node
 from rankscope.launchers.slurm_options import SlurmOptions, load_defaults
 from rankscope.launchers.slurm_records import (
     MergeState,
@@ -55,7 +55,7 @@ from rankscope.launchers.slurm_records import (
     update_slurm,
 )
 from rankscope.launchers.spec import LauncherKind, ProfilerSettings, RunSpec
-from rankscope.launchers.torchrun import rank_argv, rank_settings_env
+from rankscope.launchers.torchrun import flag_value, rank_argv, rank_settings_env
 
 #: submitit's folder (pickles, per-task stdout/stderr) inside ``RUN/logs``; ``%j`` = job id.
 SUBMITIT_FOLDER = "slurm-%j"

@@ -37,11 +37,20 @@ from rankscope.launchers import rundir
 from rankscope.launchers.output import tee
 from rankscope.launchers.rundir import RunState, utc_now
 from rankscope.launchers.slurm_records import SLURM_DIR, TASK_FORMAT, read_task_records
+from rankscope.launchers.torchrun import (
+    TORCHELASTIC_DIR,
+    flag_value,
+    log_dir_args,
+    prune_empty_dirs,
+)
 
 #: Rendezvous address published by task 0: ``{"host": ..., "port": ...}``.
 RENDEZVOUS_FORMAT = "rendezvous-{job_id}-{restart}.json"
 #: Output of each node's torchrun inside ``RUN/logs``.
 TORCHRUN_LOG_FORMAT = "torchrun-{job_id}-node{node:03d}.log"
+#: Each node task's folder for torchrun's error files, under ``logs/torchelastic/``: a node's
+#: own, so its task removes what stayed empty without touching another node's.
+ELASTIC_NODE_FORMAT = "{job_id}-node{node:03d}"
 #: Seconds a non-zero node task waits for the rendezvous file of task 0.
 RENDEZVOUS_WAIT_S = 300.0
 #: Seconds a failed node waits for the other nodes' own failure reports before srun stops them.
@@ -92,17 +101,6 @@ def node_torchrun_args(torchrun_args: list[str], gpus_per_node: int = 0) -> tupl
     if given == "gpu" and gpus_per_node:
         return out, gpus_per_node
     raise UsageError(f"--nproc-per-node {given}: give a number of ranks per node on Slurm")
-
-
-def flag_value(tokens: list[str], names: tuple[str, ...]) -> str | None:
-    """The value of the first of ``names`` in ``tokens`` (``--flag=value`` or ``--flag value``)."""
-    for i, tok in enumerate(tokens):
-        flag, has_value, value = tok.partition("=")
-        if flag in names:
-            if has_value:
-                return value
-            return tokens[i + 1] if i + 1 < len(tokens) else None
-    return None
 
 
 @dataclass(frozen=True)
@@ -185,6 +183,12 @@ def run_node(plan: NodePlan) -> dict[str, Any]:
         host, port = _publish_rendezvous(rdzv_path, job_env.hostnames[0])
     else:
         host, port = _await_rendezvous(rdzv_path, RENDEZVOUS_WAIT_S)
+    elastic_dir = (
+        run_dir
+        / rundir.LOGS_DIR
+        / TORCHELASTIC_DIR
+        / ELASTIC_NODE_FORMAT.format(job_id=job_id, node=node)
+    )
     cmd = [
         sys.executable,
         "-m",
@@ -194,6 +198,7 @@ def run_node(plan: NodePlan) -> dict[str, Any]:
         f"--rdzv-endpoint={host}:{port}",
         f"--rdzv-id=rankscope-{job_id}",
         f"--rdzv-conf=is_host={1 if node == 0 else 0}",
+        *log_dir_args(list(plan.torchrun_args), elastic_dir),
         *plan.torchrun_args,
         *plan.rank_argv,
     ]
@@ -215,6 +220,7 @@ def run_node(plan: NodePlan) -> dict[str, Any]:
     pump.start()
     code = proc.wait()
     pump.join(timeout=10)
+    prune_empty_dirs(elastic_dir)
     failures = torchrun_failures(log.read_text(errors="replace")) if code != 0 else []
     record.update(
         state=str(RunState.COMPLETED if code == 0 else RunState.FAILED),

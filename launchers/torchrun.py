@@ -7,6 +7,7 @@ end-of-run failure summary the same way.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -26,6 +27,14 @@ RANK_MODULE = "rankscope.launchers.rank"
 OMP_THREADS_ENV = "OMP_NUM_THREADS"
 TORCHRUN_OMP_THREADS = "1"
 
+#: torchrun's folder for each rank's ``error.json`` (a failed rank's traceback), under the run's
+#: ``logs/``: left to itself torchrun makes a ``/tmp/torchelastic_*`` folder per run and never
+#: removes it (1,233 of them after a day of this suite). Per Slurm node: ``node{N:03d}`` inside.
+TORCHELASTIC_DIR = "torchelastic"
+#: torchrun's own ways to name that folder: a flag the user passed, or its environment variable.
+LOG_DIR_FLAGS = ("--log-dir", "--log_dir")
+LOG_DIR_ENV = "PET_LOG_DIR"
+
 #: Heading of torchrun's summary entry for the first failure it observed.
 ROOT_CAUSE_MARKER = "Root Cause (first observed failure)"
 #: torchrun's failure summary: "rank : 2 (local_rank: 2)" then "exitcode : -9 (pid: 123)".
@@ -41,9 +50,46 @@ def rank_argv(spec: RunSpec) -> list[str]:
     return ["-m", RANK_MODULE, *module_flag, spec.script, *spec.script_args]
 
 
-def rank_command(spec: RunSpec) -> list[str]:
+def rank_command(spec: RunSpec, run_dir: Path) -> list[str]:
     """The full command line: torchrun with its flags, the rank module, script and arguments."""
-    return [sys.executable, "-m", "torch.distributed.run", *spec.torchrun_args, *rank_argv(spec)]
+    log_dir = log_dir_args(spec.torchrun_args, run_dir / rundir.LOGS_DIR / TORCHELASTIC_DIR)
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        *log_dir,
+        *spec.torchrun_args,
+        *rank_argv(spec),
+    ]
+
+
+def flag_value(tokens: list[str], names: tuple[str, ...]) -> str | None:
+    """The value of the first of ``names`` in ``tokens`` (``--flag=value`` or ``--flag value``)."""
+    for i, tok in enumerate(tokens):
+        flag, has_value, value = tok.partition("=")
+        if flag in names:
+            if has_value:
+                return value
+            return tokens[i + 1] if i + 1 < len(tokens) else None
+    return None
+
+
+def log_dir_args(torchrun_args: list[str], folder: Path) -> list[str]:
+    """``--log-dir=folder`` unless the user named torchrun's log folder (flag or environment)."""
+    if flag_value(torchrun_args, LOG_DIR_FLAGS) is not None or os.environ.get(LOG_DIR_ENV):
+        return []
+    return [f"--log-dir={folder}"]
+
+
+def prune_empty_dirs(folder: Path) -> None:
+    """Remove ``folder`` and the folders under it that hold no file (deepest first): torchrun
+    makes one per attempt and rank, and only a failed rank writes its ``error.json`` there."""
+    if not folder.is_dir():
+        return
+    below = [p for p in folder.rglob("*") if p.is_dir() and not p.is_symlink()]
+    for d in [*sorted(below, key=lambda p: len(p.parts), reverse=True), folder]:
+        with contextlib.suppress(OSError):  # not empty, or gone: either way nothing to do
+            d.rmdir()
 
 
 def rank_settings_env(spec: RunSpec, run_dir: Path) -> dict[str, str]:

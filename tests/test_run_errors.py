@@ -12,19 +12,23 @@ from pathlib import Path
 
 import pytest
 from rankscope.launchers import rundir
+from rankscope.launchers.torchrun import TORCHELASTIC_DIR
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "train_ddp.py"
 
 
-def rankscope_run(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+def rankscope_run(
+    *args: str, timeout: float = 240, tmpdir: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    temp = {"TMPDIR": str(tmpdir)} if tmpdir is not None else {}
     return subprocess.run(
         [sys.executable, "-m", "rankscope", "run", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**os.environ, "COLUMNS": "200"},
+        env={**os.environ, "COLUMNS": "200", **temp},
     )
 
 
@@ -109,12 +113,19 @@ def test_help_is_fast_to_reach_and_complete() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_raising_rank_fails_the_run_and_keeps_every_window(tmp_path: Path) -> None:
+    (tmp_path / "out").mkdir()
+    (tmp_path / "tmp").mkdir()
     proc = rankscope_run(
-        "--nproc-per-node", "2", "--out", str(tmp_path), "--no-merge", "--no-analyze",
+        "--nproc-per-node", "2", "--out", str(tmp_path / "out"), "--no-merge", "--no-analyze",
         str(EXAMPLE), "--steps", "12", "--hidden", "32", "--fail-rank", "1", "--fail-step", "7",
+        tmpdir=tmp_path / "tmp",
     )  # fmt: skip
     assert proc.returncode != 0
-    (run_dir,) = run_dirs(tmp_path)
+    (run_dir,) = run_dirs(tmp_path / "out")
+    # torchrun's error file of the failed rank is kept with the run, nothing in TMPDIR
+    (error_file,) = (run_dir / rundir.LOGS_DIR / TORCHELASTIC_DIR).glob("*/attempt_0/1/error.json")
+    assert "injected failure on rank 1 at step 7" in error_file.read_text()
+    assert not list((tmp_path / "tmp").glob("torchelastic_*"))
     run = json.loads((run_dir / rundir.RUN_JSON).read_text())
     assert run["state"] == "failed" and run["exit_code"] not in (0, None)
     first = run["failures"][0]

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from rankscope.launchers import clocksync, rundir
 from rankscope.launchers.clocksync import offset_ns, rtt_ns
+from rankscope.launchers.torchrun import TORCHELASTIC_DIR
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "train_ddp.py"
@@ -29,17 +30,22 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 def rankscope_run(
-    *args: str, cwd: Path = ROOT, timeout: float = 240
+    *args: str, cwd: Path = ROOT, timeout: float = 240, tmpdir: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """The real CLI in a subprocess (the same interpreter as the tests)."""
+    """The real CLI in a subprocess (the same interpreter as the tests); ``tmpdir``: its TMPDIR."""
+    temp = {"TMPDIR": str(tmpdir)} if tmpdir is not None else {}
     return subprocess.run(
         [sys.executable, "-m", "rankscope", "run", *args],
         cwd=cwd,
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**os.environ, "COLUMNS": "200"},
+        env={**os.environ, "COLUMNS": "200", **temp},
     )
+
+
+#: The happy run's TMPDIR (a folder of pytest's base temp).
+HAPPY_TMPDIR = "happy-tmpdir"
 
 
 def only_run_dir(out: Path) -> Path:
@@ -97,6 +103,7 @@ def happy(
         "2",
         "--hidden",
         "64",
+        tmpdir=tmp_path_factory.mktemp(HAPPY_TMPDIR, numbered=False),
     )
     return proc, only_run_dir(out)
 
@@ -116,6 +123,10 @@ def test_exit_and_run_json(happy: tuple[subprocess.CompletedProcess[str], Path])
     assert run["profiler"]["repeat"] == 2 and run["profiler"]["active"] == 3
     assert run["started_at"] and run["ended_at"] and run["failures"] == []
     assert (run_dir / rundir.LOGS_DIR / "torchrun.log").stat().st_size > 0
+    # torchrun's per-run error-file folder lives in the run and, with no error, is removed; left
+    # to torchrun it is a /tmp/torchelastic_* folder per run, never removed
+    assert not (run_dir / rundir.LOGS_DIR / TORCHELASTIC_DIR).exists()
+    assert not list((run_dir.parents[1] / HAPPY_TMPDIR).glob("torchelastic_*"))
 
 
 def test_summary_printed(happy: tuple[subprocess.CompletedProcess[str], Path]) -> None:

@@ -23,6 +23,7 @@ from rankscope.launchers import rundir
 from rankscope.launchers.slurm_node import node_torchrun_args
 from rankscope.launchers.slurm_options import SlurmOptions, load_defaults, slurm_options_from_args
 from rankscope.launchers.slurm_records import task_states
+from rankscope.launchers.torchrun import TORCHELASTIC_DIR
 from slurm_cluster import REPO, LocalSlurm, interruptible, rankscope
 
 EXAMPLE = REPO / "examples" / "train_ddp.py"
@@ -395,6 +396,10 @@ def test_two_nodes_end_to_end(tmp_path: Path, slurm_cluster: LocalSlurm) -> None
     assert store_ranks(run_dir / rundir.STORE_NAME) == [0, 1, 2, 3]
     (script,) = (run_dir / "logs").glob(f"slurm-{slurm['job_id']}/*_submission.sh")
     assert "--gpus" not in script.read_text(), "--gpus-per-node 0 asks Slurm for no GPU"
+    # each node's torchrun kept its error-file folder in the run (not /tmp) and removed it empty
+    assert not list((run_dir / rundir.LOGS_DIR / TORCHELASTIC_DIR).glob("*"))
+    said = "".join(p.read_text() for p in script.parent.glob("*_log.out"))  # the tasks' stdout
+    assert f"--log-dir={run_dir / rundir.LOGS_DIR / TORCHELASTIC_DIR}/" in said
     summary = json.loads((run_dir / rundir.REPORT_DIR / rundir.SUMMARY_JSON).read_text())
     assert summary["ranks_present"] == 4
     printed = res.stdout.replace("\n", "")  # rich wraps long paths at 80 columns
