@@ -43,14 +43,19 @@ TITLE = re.compile(r'"text":"([\d,]+)(?: of ([\d,]+))? events')
 
 
 def kernel_manager(kernel_dir: Path) -> AsyncKernelManager:
-    """A kernel manager whose ``python3`` kernel is this interpreter (``sys.executable``)."""
+    """A kernel manager whose ``python3`` kernel is this interpreter (``sys.executable``); its
+    connection file in ``kernel_dir`` (by default one more ``/tmp/tmp*.json`` per test run)."""
     spec = kernel_dir / "python3"
     spec.mkdir(parents=True)
     argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
     kernel = {"argv": argv, "display_name": "Python 3 (rankscope tests)", "language": "python"}
     (spec / "kernel.json").write_text(json.dumps(kernel))
     specs = KernelSpecManager(kernel_dirs=[str(kernel_dir)])
-    return AsyncKernelManager(kernel_name="python3", kernel_spec_manager=specs)
+    return AsyncKernelManager(
+        kernel_name="python3",
+        kernel_spec_manager=specs,
+        connection_file=str(kernel_dir / "connection.json"),
+    )
 
 
 @pytest.fixture(scope="module")
