@@ -238,6 +238,44 @@ def _run_threads(
                 yield fut.result()
 
 
+#: Dask's own log records of a lost worker that this module handles and says in one line
+#: (:class:`WorkersError`): (logger, start of the message, name of the exception it carries or
+#: ""). The scheduler, in this process for Slurm workers, logs "Couldn't gather keys" when the
+#: worker holding a finished result is gone; a gather :func:`result_of` stopped waiting on ends
+#: with Dask's internal ``AllExit``, which asyncio logs with a traceback when the abandoned task
+#: is collected.
+HANDLED_DASK_LOGS = (
+    ("distributed.scheduler", "Couldn't gather keys", ""),
+    ("asyncio", "Task exception was never retrieved", "AllExit"),
+)
+
+
+class _HandledByUs(logging.Filter):
+    """Drops one logger's records that start with ``prefix`` (and carry an exception named
+    ``exception``, when given): see :data:`HANDLED_DASK_LOGS`."""
+
+    def __init__(self, prefix: str, exception: str) -> None:
+        super().__init__()
+        self.prefix = prefix
+        self.exception = exception
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith(self.prefix):
+            return True
+        if not self.exception:
+            return False
+        kind = record.exc_info[0] if record.exc_info else None
+        return kind is None or kind.__name__ != self.exception
+
+
+def _drop_handled_dask_logs() -> None:
+    """Install the :data:`HANDLED_DASK_LOGS` filters once per process (they drop nothing else)."""
+    for name, prefix, exception in HANDLED_DASK_LOGS:
+        log = logging.getLogger(name)
+        if not any(isinstance(f, _HandledByUs) and f.prefix == prefix for f in log.filters):
+            log.addFilter(_HandledByUs(prefix, exception))
+
+
 def _run_distributed(
     func: Callable[..., Result], calls: Sequence[tuple[Any, ...]], spec: ClusterSpec, n_ranks: int
 ) -> Iterator[Result]:
@@ -249,6 +287,7 @@ def _run_distributed(
     """
     from distributed import Client
 
+    _drop_handled_dask_logs()
     cluster: Any = None
     slurm: SlurmWorkers | None = None
     client: Any = None

@@ -196,8 +196,8 @@ class SlurmWorkers:
                 ended = [j for j in self.job_ids if _state(states, j) not in SLURM_ACTIVE_STATES]
                 if ended:
                     raise WorkersError(
-                        f"Slurm worker job {ended[0]} ended before its worker connected "
-                        f"({self._job(ended[0], states)})"
+                        f"Slurm worker job {ended[0]} ended before all {self.n} workers had "
+                        f"connected ({self._job(ended[0], states)})"
                     )
             if time.monotonic() > deadline:
                 connected = len(client.nthreads())

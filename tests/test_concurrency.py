@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 from rankscope.analysis.store import open_store
 from rankscope.atomic import atomic_output
 from rankscope.orchestrator.merge import merge_run_dir
@@ -156,3 +157,36 @@ def test_a_finished_result_whose_worker_died_is_not_waited_for_forever() -> None
             if worker.poll() is None:
                 os.kill(worker.pid, signal.SIGKILL)
                 worker.wait(timeout=60)
+
+
+def test_dask_logs_of_a_lost_worker_are_not_printed_beside_our_one_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """What Dask logs when Slurm workers are lost (seen beside the one-line error in a real
+    run of test_lost_workers_are_one_line: the in-process scheduler's "Couldn't gather keys"
+    and asyncio's traceback of the gather ``result_of`` stopped waiting on, ``AllExit``) is
+    dropped once the runner starts; every other record of those loggers still gets through."""
+    import logging
+
+    from distributed.client import AllExit
+    from rankscope.analysis.scheduler import _drop_handled_dask_logs
+
+    _drop_handled_dask_logs()
+    _drop_handled_dask_logs()  # once per process, however often the runner starts
+    scheduler, aio = logging.getLogger("distributed.scheduler"), logging.getLogger("asyncio")
+    assert len(scheduler.filters) == len(aio.filters) == 1
+    with caplog.at_level(logging.INFO):
+        scheduler.error("Couldn't gather keys: %s", {"parse_source-1": "queued"})
+        try:
+            raise AllExit
+        except AllExit:
+            aio.error("Task exception was never retrieved\nfuture: <Task …>", exc_info=True)
+        scheduler.error("Worker tcp://n1:1 failed to heartbeat")  # not ours: kept
+        try:
+            raise ValueError("a real bug")
+        except ValueError:
+            aio.error("Task exception was never retrieved\nfuture: <Task …>", exc_info=True)
+    assert [r.getMessage().splitlines()[0] for r in caplog.records] == [
+        "Worker tcp://n1:1 failed to heartbeat",
+        "Task exception was never retrieved",
+    ]

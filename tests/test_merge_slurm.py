@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import os
 import signal
 import subprocess
 import sys
 import time
+import weakref
 from pathlib import Path
 
 import pandas as pd
@@ -181,13 +183,28 @@ def blocked_merge(
     deadline = time.monotonic() + MERGE_TIMEOUT_S
     while True:
         logs = [p for p in out.glob(".trace.h5.*.workers.tmp/*.err") if REGISTERED in p.read_text()]
-        if len(logs) >= WORKERS:
+        # Registered is not yet parsing: the merge hands out tasks once IT has seen both workers
+        # (scancel in between is "a job ended before all workers had connected", another case).
+        # A worker opening rank 7 is parsing: a write end opened without blocking succeeds only
+        # then; held open (never written), the worker's read blocks, and the merge with it.
+        if len(logs) >= WORKERS and (fd := _writer_if_read(job / "rank-7.json.gz")) is not None:
+            weakref.finalize(proc, os.close, fd)
             return proc, out, cwd
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
             out_text, err = proc.communicate()
             pytest.fail(f"the workers never joined (exit {proc.returncode}): {err}{out_text}")
         time.sleep(0.5)
+
+
+def _writer_if_read(fifo: Path) -> int | None:
+    """A write end of ``fifo`` when a process has it open for reading (else None)."""
+    try:
+        return os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # no reader yet
+            return None
+        raise
 
 
 # ---------------------------------------------------------------------------- no cluster needed
@@ -374,7 +391,7 @@ def test_worker_jobs_that_end_before_joining(tmp_path: Path, slurm_cluster: Loca
     assert proc.returncode == 1, err
     lines = error_lines(err)
     assert len(lines) == 1 and "Traceback" not in err, err
-    assert "ended before its worker connected" in lines[0]
+    assert f"ended before all {WORKERS} workers had connected" in lines[0]
     assert any(f"job {i} CANCELLED" in lines[0] for i in ids), lines[0]
     assert temporaries(job) == [] and not (job / "trace.h5").exists()
     assert live_jobs(tmp_path) == []

@@ -18,6 +18,10 @@ The findings this matrix was built for, each failing on the detection before it:
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -56,10 +60,28 @@ def _job(root: Path, ranks: int, name: str) -> tuple[dict[str, Any], Any]:
     return truth, analyze(store, ClusterSpec(scheduler=SYNCHRONOUS))
 
 
+#: Seconds one case (generate, merge, analyse) may take in the fixtures' worker processes.
+CASE_TIMEOUT_S = 600
+
+
+def _each_case(
+    fn: Callable[[Path, int, str], tuple[dict[str, Any], Any]],
+    root: Path,
+    cases: list[tuple[int, str]],
+) -> dict[tuple[int, str], tuple[dict[str, Any], Any]]:
+    """``fn(root, *case)`` of every case, on as many processes as there are cores, the largest
+    cases first: each is a generation, a merge and an analysis in one process (no Dask cluster),
+    so the matrix takes the cores' time, not one core's."""
+    context = multiprocessing.get_context("spawn")  # no fork of a process with threads
+    workers = max(1, min(len(cases), os.cpu_count() or 1))
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        running = {case: pool.submit(fn, root, *case) for case in sorted(cases, reverse=True)}
+        return {case: running[case].result(timeout=CASE_TIMEOUT_S) for case in cases}
+
+
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[int, str], tuple[dict, Any]]:
-    root = tmp_path_factory.mktemp("scenarios")
-    return {case: _job(root, *case) for case in CASES}
+    return _each_case(_job, tmp_path_factory.mktemp("scenarios"), CASES)
 
 
 @pytest.mark.parametrize(("ranks", "name"), CASES, ids=[f"{r}-{n}" for r, n in CASES])
@@ -209,8 +231,7 @@ def _layered(root: Path, ranks: int, name: str) -> tuple[dict[str, Any], Any]:
 
 @pytest.fixture(scope="module")
 def layered(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[int, str], tuple[dict, Any]]:
-    root = tmp_path_factory.mktemp("layered")
-    return {case: _layered(root, *case) for case in LAYERED_CASES}
+    return _each_case(_layered, tmp_path_factory.mktemp("layered"), LAYERED_CASES)
 
 
 def _saving(found: Any, scenario: str) -> float:
