@@ -181,8 +181,11 @@ TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
-# Start batch jobs at once instead of batching them for up to 3 s.
-SchedulerParameters=batch_sched_delay=0
+# Start batch jobs at once instead of batching them for up to 3 s, and look at every pending job
+# each second, not each minute (sched_interval, default 60 s; backfill every 30 s): a job whose
+# dependency was just met (the merge job after the run) or whose reason changed is seen at once.
+# A tiny cluster makes these passes cheap.
+SchedulerParameters=batch_sched_delay=0,sched_interval=1,bf_interval=1
 MpiDefault=none
 $ACCOUNTING_LINES
 JobCompType=jobcomp/none
