@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from rankscope.launchers import clocksync, rundir
 from rankscope.launchers.clocksync import offset_ns, rtt_ns
-from rankscope.launchers.torchrun import TORCHELASTIC_DIR
+from rankscope.launchers.torchrun import OMP_THREADS_ENV, TORCHELASTIC_DIR
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "train_ddp.py"
@@ -32,7 +32,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 def rankscope_run(
     *args: str, cwd: Path = ROOT, timeout: float = 240, tmpdir: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """The real CLI in a subprocess (the same interpreter as the tests); ``tmpdir``: its TMPDIR."""
+    """The real CLI in a subprocess (the same interpreter as the tests) in a user's environment:
+    without the OpenMP and Kineto settings an earlier test may have set in this process (Dask's
+    LocalCluster sets OMP_NUM_THREADS); ``tmpdir``: its TMPDIR."""
+    env = {k: v for k, v in os.environ.items() if k not in (OMP_THREADS_ENV, "KINETO_LOG_LEVEL")}
     temp = {"TMPDIR": str(tmpdir)} if tmpdir is not None else {}
     return subprocess.run(
         [sys.executable, "-m", "rankscope", "run", *args],
@@ -40,7 +43,7 @@ def rankscope_run(
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**os.environ, "COLUMNS": "200", **temp},
+        env={**env, "COLUMNS": "200", **temp},
     )
 
 
@@ -134,6 +137,12 @@ def test_summary_printed(happy: tuple[subprocess.CompletedProcess[str], Path]) -
     assert "4 ranks, 8 windows" in proc.stdout
     assert str(run_dir) in proc.stdout
     assert "train_ddp: 10 steps" in proc.stdout  # the script's own output is shown
+    # neither Kineto's per-window USDT markers nor torchrun's OMP banner reach the console, yet
+    # the log keeps everything
+    printed = proc.stdout + proc.stderr
+    assert "completed" in printed and "USDT" not in printed and OMP_THREADS_ENV not in printed
+    log = (run_dir / rundir.LOGS_DIR / "torchrun.log").read_text()
+    assert "profiler_start" in log, "the log is whole"
 
 
 def test_windows_are_kineto_traces_of_every_rank(
