@@ -82,7 +82,8 @@ def json_bytes(path: Path) -> int:
 def setup_hta(venv: Path) -> None:
     """Create the separate HTA venv (system site packages visible, nothing installed into them)."""
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
-    subprocess.run([str(venv / "bin" / "pip"), "install", "-q", HTA_PACKAGE], check=True)
+    # HTA 0.5.0 imports psutil without declaring it (absent from a bare interpreter's site)
+    subprocess.run([str(venv / "bin" / "pip"), "install", "-q", HTA_PACKAGE, "psutil"], check=True)
 
 
 def time_merge(folder: Path, out: Path, scheduler: str | None) -> float:

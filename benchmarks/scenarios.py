@@ -4,6 +4,7 @@
     python benchmarks/scenarios.py --ranks 32 --only intermittent two-stragglers
     python benchmarks/scenarios.py --hta             # also load one set with HTA 0.5.0
     python benchmarks/scenarios.py --whatif          # the what-if cases of tests/test_whatif.py
+    python benchmarks/scenarios.py --layered --ranks 64   # tensor x pipeline x data parallel
 
 For each scenario of ``tests/test_scenarios.py`` (the same definitions): generate the job with
 ``rankscope synth`` (orchestrator/synth.py; 32 hosts of 8 GPUs at 256 ranks), merge it and
@@ -16,9 +17,17 @@ A figure-printing script, never a test; docs/performance.md records its output.
 and its clean twin, same seed) at ``--ranks`` and prints each predicted saving beside the
 measured one (the suite runs every case at 32 ranks; 256 ranks only here: two 256-rank jobs a case).
 
+``--layered`` runs instead the layered cases of ``tests/test_scenarios.py`` (``LAYERED``: balanced,
+a slow worker, stage imbalance, data-dependent imbalance; issue 24) in a tensor x pipeline x data
+parallel layout of ``--ranks`` (:data:`BENCH_LAYOUTS`), each generated, merged and analysed as
+whole processes, then judged like the suite judges its 8- and 32-rank layouts: the class, ranks
+or stage named against the truth (precision and recall over the faults named), and the what-if
+saving beside the counterfactual's (the same job regenerated without the fault).
+
 ``--hta`` loads the 8-rank balanced set with ``HolisticTraceAnalysis==0.5.0`` in its own venv
 (benchmarks/merge_vs_hta.py ``--setup-hta`` creates it) and compares HTA's per-rank compute time
-with the truth: the generator's traces must be readable by the peer tool too.
+with the truth: the generator's traces must be readable by the peer tool too; with ``--layered``
+the 8-rank layered (DP 2 x PP 2 x TP 2) balanced set as well.
 """
 
 from __future__ import annotations
@@ -100,13 +109,17 @@ def one(root: Path, ranks: int, name: str, kwargs: dict[str, Any]) -> dict[str, 
     }
 
 
-def hta_check(root: Path) -> str:
+def hta_check(root: Path, layered: bool = False) -> str:
     from rankscope.orchestrator.synth import SynthConfig, generate
+    from test_scenarios import LAYOUTS, generate_layered
 
     if not HTA_PYTHON.exists():
         return f"HTA: no {HTA_PYTHON} (python benchmarks/merge_vs_hta.py --setup-hta)"
-    out = root / "hta-8"
-    generate(SynthConfig(ranks=8, steps=5, seed=1), out)
+    out = root / ("hta-8-layered" if layered else "hta-8")
+    if layered:
+        generate_layered(out, 8, "balanced", LAYOUTS[8])
+    else:
+        generate(SynthConfig(ranks=8, steps=5, seed=1), out)
     truth = json.loads((out / "truth.json").read_text())
     # HTA takes every *.json of its folder as a rank trace: give it the traces alone
     traces = out / "traces"
@@ -122,14 +135,109 @@ def hta_check(root: Path) -> str:
 
     def truth_ns(r: dict[str, Any]) -> float:
         # HTA 0.5.0 keeps only GPU events launched before the last ProfilerStep (several steps)
-        return float(sum(r["steps"]["compute_ns"][:-1]))
+        steps = r["steps"]["compute_ns"]
+        return float(sum(steps[:-1]))
 
     # json keys are strings; HTA's compute time is in µs, the truth's in ns
     err = max(abs(hta[str(r["rank"])] * 1e3 - truth_ns(r)) / truth_ns(r) for r in truth["ranks"])
+    which = "layered (DP 2 x PP 2 x TP 2)" if layered else "data-parallel"
     return (
-        "HTA 0.5.0 loads the 8-rank set; its compute time per rank (all steps but the last, as "
-        f"HTA counts) is within {100 * err:.3f} % of the truth"
+        f"HTA 0.5.0 loads the 8-rank {which} set; its compute time per rank (all steps but the "
+        f"last, as HTA counts) is within {100 * err:.3f} % of the truth"
     )
+
+
+#: ranks -> the benchmark's layered layout: (tp, pp, dp, steps, the slow worker, the heavy stage
+#: and its layers); 8 layers in all, so 2 per stage at PP 4 and 1 at PP 8.
+BENCH_LAYOUTS: dict[int, tuple[int, int, int, int, int, tuple[int, int]]] = {
+    64: (2, 4, 8, 4, 13, (2, 3)),
+    256: (2, 8, 16, 4, 51, (5, 2)),
+}
+
+
+def layered_one(root: Path, ranks: int, name: str) -> dict[str, Any]:
+    """One layered case: generated, merged and analysed as whole processes, then judged."""
+    from test_scenarios import generate_layered, layered_verdict, root_causes_of
+
+    out = root / f"{ranks}-{name}"
+    t = time.perf_counter()
+    generate_layered(out, ranks, name, BENCH_LAYOUTS[ranks])
+    gen_s = time.perf_counter() - t
+    rs = [sys.executable, "-m", "rankscope"]
+    merge_s = run([*rs, "merge", str(out), "-q"])
+    analyze_s = run([*rs, "analyze", str(out / "trace.h5"), "--json", str(out / "s.json")])
+    truth = json.loads((out / "truth.json").read_text())
+    v = layered_verdict(truth, root_causes_of(out / "trace.h5"))
+    shutil.rmtree(out)
+
+    def named(d: dict[str, Any]) -> set[tuple[str, int]]:
+        return (
+            {("slow worker", int(r)) for r in d["slow_worker"]}
+            | {("stage", int(g)) for g in d["stage"]}
+            | ({("data imbalance", -1)} if d["data"] else set())
+        )
+
+    want, got = named(v["expected"]), named(v["got"])
+    right = want & got
+
+    def said(items: set[tuple[str, int]]) -> str:
+        return ", ".join(k if i < 0 else f"{k} {i}" for k, i in sorted(items)) or "none"
+
+    return {
+        "scenario": name,
+        "truth": said(want),
+        "named": said(got),
+        "precision": len(right) / len(got) if got else 1.0,
+        "recall": len(right) / len(want) if want else 1.0,
+        "pct": v.get("pct", float("nan")),
+        "truth_pct": v.get("truth_pct", float("nan")),
+        "gen_s": gen_s,
+        "merge_s": merge_s,
+        "analyze_s": analyze_s,
+    }
+
+
+def layered_table(ranks: int, only: list[str] | None, hta: bool) -> None:
+    """The layered cases at ``ranks`` (:data:`BENCH_LAYOUTS`): verdicts, what-if, seconds."""
+    from test_scenarios import LAYERED
+
+    if ranks not in BENCH_LAYOUTS:
+        raise SystemExit(f"--layered: --ranks {ranks}: one of {sorted(BENCH_LAYOUTS)}")
+    tp, pp, dp, steps, _, _ = BENCH_LAYOUTS[ranks]
+    print(
+        f"{ranks} ranks (TP {tp} x PP {pp} x DP {dp}), {steps} steps, load average "
+        f"{os.getloadavg()[0]:.1f}, {os.cpu_count()} cores"
+    )
+    head = (
+        "| scenario | truth | named | precision | recall | what-if saving % | counterfactual % "
+        "| error % of it | generate s | merge s | analyze s |"
+    )
+    print(head)
+    print("|---" * (head.count("|") - 1) + "|")
+    root = Path(tempfile.mkdtemp(prefix="rankscope-layered-"))
+    try:
+        for name in only or list(LAYERED):
+            r = layered_one(root, ranks, name)
+            faulty = r["truth_pct"] == r["truth_pct"]  # NaN: no fault, no what-if to judge
+            pct, truth_pct, err = (
+                (
+                    f"{r['pct']:.1f}",
+                    f"{r['truth_pct']:.1f}",
+                    f"{100 * (r['pct'] - r['truth_pct']) / r['truth_pct']:+.1f}",
+                )
+                if faulty
+                else ("—", "—", "—")
+            )
+            print(
+                f"| {r['scenario']} | {r['truth']} | {r['named']} | {r['precision']:.2f} | "
+                f"{r['recall']:.2f} | {pct} | {truth_pct} | {err} | "
+                f"{r['gen_s']:.1f} | {r['merge_s']:.1f} | {r['analyze_s']:.1f} |",
+                flush=True,
+            )
+        if hta:
+            print(hta_check(root, layered=True))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def whatif_table(ranks: int, only: list[str] | None) -> None:
@@ -163,7 +271,15 @@ def main() -> None:
     ap.add_argument(
         "--whatif", action="store_true", help="the what-if cases of tests/test_whatif.py instead"
     )
+    ap.add_argument(
+        "--layered",
+        action="store_true",
+        help="the layered (TP x PP x DP) cases of tests/test_scenarios.py instead",
+    )
     args = ap.parse_args()
+    if args.layered:
+        layered_table(args.ranks, args.only, args.hta)
+        return
     if args.whatif:
         whatif_table(args.ranks, args.only)
         return

@@ -505,19 +505,14 @@ class _Build:
         shape = (S, c.dp_size(), c.microbatches)
         draws = np.random.default_rng([c.seed, 4]).standard_normal(shape)
         self.data_factor = np.exp(c.data_imbalance * draws) if c.data_imbalance else np.ones(shape)
-        self.data_override: float | None = None
 
 
-def simulate_parallel(config: SynthConfig, *, data_factor: float | None = None) -> ParallelJob:
-    """Simulate a tensor x pipeline x data parallel job (no files). ``data_factor``: every
-    microbatch's work at this factor instead of the drawn ones (the counterfactual of data
-    imbalance)."""
+def simulate_parallel(config: SynthConfig) -> ParallelJob:
+    """Simulate a tensor x pipeline x data parallel job (no files)."""
     import numpy as np
 
     config.validate()
     b = _Build(config)
-    if data_factor is not None:
-        b.data_factor = np.full_like(b.data_factor, data_factor)
     ranks = {r: _Rank(b, r) for r in range(config.ranks)}
     resolved = run({r: rk.program() for r, rk in ranks.items()})
     return ParallelJob(

@@ -75,7 +75,6 @@ def _faults(config: SynthConfig, job: ParallelJob) -> list[dict[str, Any]]:
             "class": FaultClass.DATA_IMBALANCE.value, "cause": "sequence length", "ranks": [],
             "sigma": c.data_imbalance, "median_factor": float(_median(f)),
             "heaviest_per_step": worst, "_remove": {"data_imbalance": 0.0},
-            "_data": float(_median(f)),
         })  # fmt: skip
     for a, b, factor in c.slow_host_link:
         out.append({
@@ -102,15 +101,14 @@ def _median(values: Any) -> float:
     return float(np.median(values))
 
 
-def counterfactual(config: SynthConfig, remove: dict[str, Any], data: float | None) -> list[int]:
-    """Step times of ``config`` with the fields in ``remove`` replaced (and every microbatch at
-    work factor ``data`` when given)."""
+def counterfactual(config: SynthConfig, remove: dict[str, Any]) -> list[int]:
+    """Step times of ``config`` with the fields in ``remove`` replaced: the job regenerated
+    without those faults (same seed, same draws). Without data imbalance every microbatch's
+    work factor is 1, the median of the lognormal the factors are drawn from (the typical
+    microbatch; the median of the few factors one job draws varies around it)."""
     from rankscope.orchestrator.synth.parallel import simulate_parallel
 
-    fields = dict(remove)
-    if data is not None:
-        fields["data_imbalance"] = 0.0
-    job = simulate_parallel(dataclasses.replace(config, **fields), data_factor=data)
+    job = simulate_parallel(dataclasses.replace(config, **remove))
     return step_times(job)
 
 
@@ -132,22 +130,19 @@ def parallel_truth(job: ParallelJob) -> dict[str, Any]:
     steps = step_times(job)
     faults = _faults(c, job)
     remove_all: dict[str, Any] = {}
-    data_all: float | None = None
     for f in faults:
-        data = f.pop("_data", None)
         remove = f.pop("_remove")
-        f["counterfactual"] = _saving(steps, counterfactual(c, remove, data))
+        f["counterfactual"] = _saving(steps, counterfactual(c, remove))
         for key, value in remove.items():
             # several faults of one field: remove them all
             remove_all[key] = [] if isinstance(value, list) else value
-        data_all = data if data is not None else data_all
     if not faults:
         fault = FaultClass.NONE.value
     elif len(faults) == 1:
         fault = faults[0]["class"]
     else:
         fault = FaultClass.MULTIPLE.value
-    overall = _saving(steps, counterfactual(c, remove_all, data_all) if faults else steps)
+    overall = _saving(steps, counterfactual(c, remove_all) if faults else steps)
     offset, ppm = clock_params(c)
     ranks = []
     for r in range(c.ranks):
