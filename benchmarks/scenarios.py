@@ -41,11 +41,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 HTA_PYTHON = Path("/tmp/hta-venv/bin/python")
+if TYPE_CHECKING:
+    from test_scenarios import Layout
 
 HTA_SCRIPT = """
 import json, sys, logging
@@ -149,7 +151,7 @@ def hta_check(root: Path, layered: bool = False) -> str:
 
 #: ranks -> the benchmark's layered layout: (tp, pp, dp, steps, the slow worker, the heavy stage
 #: and its layers); 8 layers in all, so 2 per stage at PP 4 and 1 at PP 8.
-BENCH_LAYOUTS: dict[int, tuple[int, int, int, int, int, tuple[int, int]]] = {
+BENCH_LAYOUTS: dict[int, Layout] = {
     64: (2, 4, 8, 4, 13, (2, 3)),
     256: (2, 8, 16, 4, 51, (5, 2)),
 }

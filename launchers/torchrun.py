@@ -29,7 +29,8 @@ TORCHRUN_OMP_THREADS = "1"
 
 #: torchrun's folder for each rank's ``error.json`` (a failed rank's traceback), under the run's
 #: ``logs/``: left to itself torchrun makes a ``/tmp/torchelastic_*`` folder per run and never
-#: removes it (1,233 of them after a day of this suite). Per Slurm node: ``node{N:03d}`` inside.
+#: removes it (1,233 of them after a day of this suite). On Slurm each node task has its own
+#: folder inside (``slurm_node.ELASTIC_NODE_FORMAT``).
 TORCHELASTIC_DIR = "torchelastic"
 #: torchrun's own ways to name that folder: a flag the user passed, or its environment variable.
 LOG_DIR_FLAGS = ("--log-dir", "--log_dir")
