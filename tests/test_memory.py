@@ -555,6 +555,16 @@ def test_real_leak_and_extra_memory(real_run: dict[str, Any]) -> None:
     assert found.loc[1, "slope_bytes_per_step"] == pytest.approx(4 * MiB, rel=0.10)
     assert not found.loc[[0, 2, 3], "is_leak"].any()
 
+    # every block of the knob is freed inside the window that allocated it: a free after a
+    # window's last step happens with memory profiling off, and the CPU counter keeps the block
+    extra = mem[(mem["rank"] == 2) & (mem["bytes"].abs() == 64 * MiB)]
+    allocs = extra[extra["bytes"] > 0]
+    assert len(allocs) == 12  # 3 windows x 4 steps
+    for window, group in allocs.groupby("window"):
+        first_ts = group["ts"].min()
+        frees = extra[(extra["window"] == window) & (extra["bytes"] < 0) & (extra["ts"] > first_ts)]
+        assert len(frees) == len(group), f"window {window}: {len(group)} allocated, {len(frees)} freed"
+
     imb = M.imbalance(M.peaks(mem)).set_index("rank")
     print(imb.to_string())
     assert imb.loc[2, "is_imbalanced"]
