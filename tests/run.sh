@@ -22,4 +22,6 @@ echo "== ruff" >&2
 echo "== mypy" >&2
 bash tests/typecheck.sh
 echo "== pytest" >&2
-"$PY" -m pytest --durations=15 "${args[@]}"
+# two workers: the Slurm tests (mostly waiting for slurmctld) run beside the others; each module
+# is one group, so its shared real runs happen once (tests/conftest.py)
+"$PY" -m pytest -n 2 --dist loadgroup --durations=15 "${args[@]}"
