@@ -563,7 +563,9 @@ def test_real_leak_and_extra_memory(real_run: dict[str, Any]) -> None:
     for window, group in allocs.groupby("window"):
         first_ts = group["ts"].min()
         frees = extra[(extra["window"] == window) & (extra["bytes"] < 0) & (extra["ts"] > first_ts)]
-        assert len(frees) == len(group), f"window {window}: {len(group)} allocated, {len(frees)} freed"
+        assert len(frees) == len(group), (
+            f"window {window}: {len(group)} allocated, {len(frees)} freed"
+        )
 
     imb = M.imbalance(M.peaks(mem)).set_index("rank")
     print(imb.to_string())
