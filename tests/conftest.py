@@ -18,25 +18,51 @@ def _cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
-#: The xdist group of the tests that use the real Slurm cluster: one worker runs them all (one
-#: cluster per session), first, while the other worker runs the rest.
-SLURM_GROUP = "slurm"
+#: The modules whose tests use the real Slurm cluster (the session fixture ``slurm_cluster``):
+#: under ``pytest -n 2 --dist loadscope`` (tests/run.sh) they are one unit of work, so one worker
+#: starts the cluster and runs them all while the other runs the rest. A test elsewhere that uses
+#: the cluster is a collection error (two workers would start it at once).
+SLURM_MODULES = frozenset({"test_slurm.py", "test_merge_slurm.py", "test_analyze_cli.py"})
+#: The unit of work of :data:`SLURM_MODULES`.
+SLURM_SCOPE = "slurm"
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def _in_slurm_module(nodeid: str) -> bool:
+    return Path(nodeid.split("::", 1)[0]).name in SLURM_MODULES
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """``--dist loadscope`` with the Slurm modules as one scope (else xdist's own scheduler).
+
+    Why: most of the Slurm tests' time (~200 s for ~50 s CPU) is waiting for slurmctld, which
+    the other tests can use; every other module stays one scope, so its module-scoped fixtures
+    (a real run its tests share) run once."""
+    if config.getoption("dist", None) != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SlurmTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return SLURM_SCOPE if _in_slurm_module(nodeid) else nodeid.split("::", 1)[0]
+
+    return SlurmTogether(config, log)  # type: ignore[arg-type]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Group the tests for ``pytest -n 2 --dist loadgroup`` (tests/run.sh), and skip GPU tests
-    without a GPU.
-
-    Why: most of the Slurm tests' time (~200 s of ~50 s CPU) is waiting for slurmctld, which
-    the other tests can use. Each module is one group, so its module-scoped fixtures (a real
-    run shared by its tests) run once; every test that uses the Slurm cluster is in one group,
-    so one worker starts the cluster, and that group is collected first so it starts at once.
-    Without xdist the markers are inert and only the order changes."""
-    for item in items:
-        slurm = "slurm_cluster" in getattr(item, "fixturenames", ())
-        item.add_marker(pytest.mark.xdist_group(SLURM_GROUP if slurm else item.path.stem))
-    items.sort(key=lambda item: "slurm_cluster" not in getattr(item, "fixturenames", ()))
+    """The Slurm modules first (their unit starts at once; run.sh keeps the collection order
+    with ``--no-loadscope-reorder``); GPU tests skipped without a GPU."""
+    stray = [
+        item.nodeid
+        for item in items
+        if "slurm_cluster" in getattr(item, "fixturenames", ())
+        and not _in_slurm_module(item.nodeid)
+    ]
+    if stray:
+        raise pytest.UsageError(
+            f"{stray[0]} uses the Slurm cluster outside SLURM_MODULES (tests/conftest.py)"
+        )
+    items.sort(key=lambda item: not _in_slurm_module(item.nodeid))
     if any(item.get_closest_marker("gpu") for item in items) and not _cuda_available():
         skip = pytest.mark.skip(reason="needs a CUDA GPU")
         for item in items:

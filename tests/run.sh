@@ -23,5 +23,5 @@ echo "== mypy" >&2
 bash tests/typecheck.sh
 echo "== pytest" >&2
 # two workers: the Slurm tests (mostly waiting for slurmctld) run beside the others; each module
-# is one group, so its shared real runs happen once (tests/conftest.py)
-"$PY" -m pytest -n 2 --dist loadgroup --durations=15 "${args[@]}"
+# is one unit of work, so its shared real runs happen once (tests/conftest.py)
+"$PY" -m pytest -n 2 --dist loadscope --no-loadscope-reorder --durations=15 "${args[@]}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import types
 from pathlib import Path
 
 import pytest
@@ -77,7 +78,7 @@ def test_plain_script_asking_for_processes_gets_threads_not_a_bootstrap_error(
     assert "__main__" in out  # the reason says how to get processes
 
 
-def test_scheduler_choice_follows_the_work() -> None:
+def test_scheduler_choice_follows_the_work(monkeypatch: pytest.MonkeyPatch) -> None:
     from rankscope.analysis.pipeline import (
         LOCAL,
         SYNCHRONOUS,
@@ -93,8 +94,14 @@ def test_scheduler_choice_follows_the_work() -> None:
     # one worker (one core or one rank) never pays for a cluster
     assert choose(ClusterSpec(workers=1, main_is_guarded=True), 8, big).scheduler == SYNCHRONOUS
     assert choose(guarded, 1, big).scheduler == SYNCHRONOUS
-    # pytest's __main__ has a file, like a plain script: processes are not safe from here
+    # a plain script (its __main__ has a file, no guard known): processes are not safe from it;
+    # the REPL and Jupyter (no file) are
+    script = types.ModuleType("__main__")
+    script.__file__ = "train.py"
+    monkeypatch.setitem(sys.modules, "__main__", script)
     assert choose(ClusterSpec(workers=4), 8, big).scheduler == THREADS
+    monkeypatch.setitem(sys.modules, "__main__", types.ModuleType("__main__"))
+    assert choose(ClusterSpec(workers=4), 8, big).scheduler == LOCAL
     # an explicit choice is honoured
     assert choose(ClusterSpec(scheduler=SYNCHRONOUS), 8, big).scheduler == SYNCHRONOUS
     assert choose(ClusterSpec(scheduler="tcp://h:8786"), 8, small).scheduler == "tcp://h:8786"
