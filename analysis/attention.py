@@ -143,8 +143,9 @@ def attention_calls(
     import numpy as np
     import pandas as pd
     from rankscope.analysis.ops import DEVICE_TIME_KINDS, launches, op_tree
+    from rankscope.analysis.schema import text_values
 
-    names = events["name"].astype(str).to_numpy(object)
+    names = text_values(events["name"])
     sdpa = np.isin(names, [SDPA_OP, *BACKEND_OPS])
     if not sdpa.any():
         return _empty()

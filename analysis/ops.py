@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rankscope.analysis.schema import EventKind
+from rankscope.analysis.schema import EventKind, text_values
 
 if TYPE_CHECKING:
     import numpy as np
@@ -70,7 +70,7 @@ def op_stats(
         return pd.DataFrame(
             {c: pd.Series(dtype=d if d != "str" else object) for c, d in OP_STAT_COLUMNS.items()}
         )
-    names = sel["name"].astype(str)
+    names = pd.Series(text_values(sel["name"]), index=sel.index, name="name")
     g = sel.groupby([names, sel["kind"]], sort=False, observed=True)["dur"]
     out = g.agg(count="size", total_ns="sum", max_ns="max").reset_index()
     ts = sel["ts"].to_numpy(np.int64)
@@ -315,11 +315,11 @@ def op_tree(
     import pandas as pd
 
     kind = events["kind"].to_numpy().astype(np.int64)
-    names = events["name"].astype(str).to_numpy(object)
+    names = text_values(events["name"])
     host = np.isin(kind, [int(k) for k in HOST_TREE_KINDS])
     host &= ~np.isin(names, list(TORCH_FILTERED_NAMES))
     if "cat" in events.columns:
-        host &= events["cat"].astype(str).to_numpy(object) != "gpu_user_annotation"
+        host &= text_values(events["cat"]) != "gpu_user_annotation"
     lane = events["lane"].to_numpy().astype(np.int64)
     if lanes is not None and len(lanes):
         from rankscope.analysis.schema import LaneKind
@@ -452,7 +452,7 @@ def op_table(
     zeros = np.zeros(len(dev), np.int64)
     frame = pd.DataFrame(
         {
-            "name": events["name"].astype(str).to_numpy(object)[rows],
+            "name": text_values(events["name"])[rows],
             "kind": kind[rows],
             "count": np.ones(len(rows), np.int64),
             "self_cpu_ns": np.concatenate([tree["self_cpu_ns"].to_numpy(np.int64), zeros]),

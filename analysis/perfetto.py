@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, cast
 
-from rankscope.analysis.schema import EventKind
+from rankscope.analysis.schema import EventKind, text_values
 from rankscope.atomic import atomic_output
 
 if TYPE_CHECKING:
@@ -197,8 +197,8 @@ def write_trace(
         keep = _window_mask(ts_all, dur_all, window)
         lane_of[rank] = ev["lane"].to_numpy()
         event_rows[rank] = keep
-        names = ev["name"].astype(str).to_numpy()
-        cats = ev["cat"].astype(str).to_numpy()
+        names = text_values(ev["name"])
+        cats = text_values(ev["cat"])
         n = 0
         kinds, steps = ev["kind"].to_numpy().tolist(), ev["step"].to_numpy().tolist()
         corrs, coll_ids = ev["corr"].to_numpy().tolist(), ev["coll"].to_numpy().tolist()

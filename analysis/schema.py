@@ -11,6 +11,11 @@ of rank 0 after clock alignment, Unix epoch based); ``dur`` is a duration in ns.
 from __future__ import annotations
 
 import enum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pandas as pd
 
 SCHEMA_NAME = "rankscope-store"
 SCHEMA_VERSION = 1
@@ -156,3 +161,27 @@ PROBLEM_COLUMNS: dict[str, str] = {
     "rank": "int32",  # -1 when unknown
     "problem": "str",  # one line, human readable
 }
+
+
+def text_values(column: pd.Series) -> np.ndarray:
+    """A text column (``name``, ``cat``, …) as an object array of ``str``, as
+    ``column.astype(str).to_numpy(object)`` gives it (a missing value is ``"nan"``).
+
+    Why: the store returns its string-coded columns as Categoricals over the whole string table;
+    ``astype(str)`` builds a new string array row by row (pandas 3: an Arrow string array, then
+    converted back), the largest single cost of a rank's analysis at ~30 k events. Taking the
+    categories by the codes is one array take."""
+    import numpy as np
+    import pandas as pd
+
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        index = column.cat.categories  # the store's: one Index for all calls, its type cached
+        cats = np.asarray(index, dtype=object)
+        if index.inferred_type != "string":
+            cats = np.asarray([str(c) for c in cats], dtype=object)
+        codes = column.cat.codes.to_numpy()
+        out = cats.take(np.maximum(codes, 0)) if len(cats) else np.full(len(codes), "nan", object)
+        if (codes < 0).any():
+            out[codes < 0] = "nan"
+        return out
+    return column.astype(str).to_numpy(object)

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from rankscope.analysis.schema import EventKind, LaneKind
+from rankscope.analysis.schema import EventKind, LaneKind, text_values
 from rankscope.analysis.time_axis import (
     format_durations,
     format_times,
@@ -266,7 +266,7 @@ def timeline_frame(
                     "y0": y + ROW_PAD,
                     "x1": (ev["ts"].to_numpy() + ev["dur"].to_numpy() - origin_ns) / NS_PER_MS,
                     "y1": y + 1 - ROW_PAD,
-                    "name": ev["name"].astype(str).to_numpy(),
+                    "name": text_values(ev["name"]),
                     "rank": rank,
                     "lane_name": [label_of[(rank, int(lane))] for lane in ev["lane"]],
                     "kind_name": [EventKind(int(k)).name.lower() for k in ev["kind"]],

@@ -180,9 +180,29 @@ class Model:
     levels: list[np.ndarray] = dataclasses.field(repr=False)
     """Edge indices grouped by the depth of their destination node (evaluation order)."""
 
+    _step_points: tuple[np.ndarray, ...] | None = dataclasses.field(
+        default=None, init=False, repr=False, compare=False
+    )
+
     def own_mask(self) -> np.ndarray:
         """Edges carrying a rank's own work (WORK and RESUME)."""
         return self.edges["kind"].isin(OWN_EDGES).to_numpy().copy()
+
+    def step_points(self) -> tuple[np.ndarray, ...]:
+        """``(steps, start rows, their steps' positions, end rows, their steps' positions)``:
+        the START and STEP_END nodes by step, found once per model (:func:`step_times` runs
+        once per replay, dozens of times per analysis; the node kinds are text)."""
+        import numpy as np
+
+        if self._step_points is None:
+            kind = self.nodes["kind"].to_numpy(object)
+            step = self.nodes["step"].to_numpy(np.int64)
+            s_rows, e_rows = np.flatnonzero(kind == START), np.flatnonzero(kind == STEP_END)
+            steps = np.unique(step[np.concatenate([s_rows, e_rows])])
+            s_pos = np.searchsorted(steps, step[s_rows])
+            e_pos = np.searchsorted(steps, step[e_rows])
+            self._step_points = (steps, s_rows, s_pos, e_rows, e_pos)
+        return self._step_points
 
 
 @dataclasses.dataclass(frozen=True)
@@ -380,6 +400,7 @@ def build(
     edges.append(_edges(last_of[early], end_ids[early], TRANSFER, ends["rank"][early], -lag[early]))
     # -- own work, per rank
     end_rank = ends["rank"].to_numpy(np.int64)
+    own_kind, own_step = own["kind"].to_numpy(object), own["step"].to_numpy()
     for rank, idx in own.groupby("rank", sort=True).groups.items():
         ids = np.asarray(idx, np.int64)  # own node ids in program order (own is sorted)
         t = t_all[ids]
@@ -389,8 +410,8 @@ def build(
         e_sorted = mine_end[np.argsort(t_all[mine_end], kind="stable")]
         te = t_all[e_sorted]
         ex_e, in_e = _cumulative(clock, te)
-        kind = own["kind"].to_numpy()[ids]
-        step = own["step"].to_numpy()[ids]
+        kind = own_kind[ids]
+        step = own_step[ids]
         # a step start without its previous step on this rank starts a block: measured time
         prev_step = np.concatenate([[np.iinfo(np.int64).min], step[:-1]])
         block = (kind == START) & ((prev_step != step - 1) | (np.arange(len(ids)) == 0))
@@ -498,7 +519,10 @@ def _levels(n_nodes: int, edges: pd.DataFrame) -> list[np.ndarray]:
     seen = len(frontier)
     remaining = indeg.copy()
     while len(frontier):
-        out = np.concatenate([order[starts[v] : starts[v + 1]] for v in frontier])
+        # the out-edges of every frontier node: one gather over their ranges in ``order``
+        lo, count = starts[frontier], starts[frontier + 1] - starts[frontier]
+        first = np.repeat(lo - (np.cumsum(count) - count), count)
+        out = order[np.arange(int(count.sum())) + first]
         if len(out) == 0:
             break
         d = dst[out]
@@ -543,15 +567,26 @@ def step_times(model: Model, times: np.ndarray | None = None) -> pd.DataFrame:
 
     n = model.nodes
     t = n["time_ns"].to_numpy(np.int64) if times is None else np.asarray(times, np.int64)
-    kind = n["kind"].to_numpy()
-    starts = pd.DataFrame({"step": n["step"][kind == START], "t": t[kind == START]})
-    ends = pd.DataFrame({"step": n["step"][kind == STEP_END], "t": t[kind == STEP_END]})
-    if len(starts) == 0:
+    steps, s_rows, s_pos, e_rows, e_pos = model.step_points()
+    if len(s_rows) == 0:
         return pd.DataFrame({c: pd.Series(dtype=d) for c, d in STEP_COLUMNS.items()})
-    a = starts.groupby("step").agg(ranks=("t", "size"), start_ns=("t", "min"))
-    b = ends.groupby("step").agg(end_ns=("t", "max"))
-    out = a.join(b, how="inner").reset_index()
-    out["step_ns"] = out["end_ns"] - out["start_ns"]
+    ranks = np.bincount(s_pos, minlength=len(steps))
+    start = np.full(len(steps), np.iinfo(np.int64).max, np.int64)
+    np.minimum.at(start, s_pos, t[s_rows])
+    end = np.full(len(steps), np.iinfo(np.int64).min, np.int64)
+    np.maximum.at(end, e_pos, t[e_rows])
+    ended = np.zeros(len(steps), bool)
+    ended[e_pos] = True
+    keep = (ranks > 0) & ended  # steps with a start and an end, in step order
+    out = pd.DataFrame(
+        {
+            "step": steps[keep],
+            "ranks": ranks[keep],
+            "start_ns": start[keep],
+            "end_ns": end[keep],
+            "step_ns": end[keep] - start[keep],
+        }
+    )
     return out[list(STEP_COLUMNS)].astype(STEP_COLUMNS)
 
 
