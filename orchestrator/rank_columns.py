@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     import numpy as np
     import pandas as pd
     from rankscope.orchestrator.comm_links import LinkCounts
-    from rankscope.orchestrator.decode import FileTrace
+    from rankscope.orchestrator.event_columns import FileTrace
 
 #: Annotations looked back through for one that is still open (p2p calls nest at most this deep).
 MAX_P2P_NESTING = 4
@@ -62,7 +62,9 @@ def parse_source(source: RankSource) -> RankResult:
     """Parse all files of one rank (runs in a Dask worker): compact columns + small tables."""
     import numpy as np
     import pandas as pd
-    from rankscope.orchestrator.decode import StringTable, TraceReadError, read_trace, sort_by_ts
+    from rankscope.orchestrator.decode import read_trace
+    from rankscope.orchestrator.event_columns import StringTable, sort_by_ts
+    from rankscope.orchestrator.kineto_json import TraceReadError
 
     parts: list[tuple[int, FileTrace]] = []
     problems: list[Problem] = []

@@ -31,8 +31,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rankscope.analysis.store import open_store
 from rankscope.errors import InputFileError
-from rankscope.orchestrator import decode
-from rankscope.orchestrator.decode import TraceReadError, read_trace
+from rankscope.orchestrator import decode, event_columns
+from rankscope.orchestrator.decode import read_trace
+from rankscope.orchestrator.kineto_json import TraceReadError
 from rankscope.orchestrator.merge import merge_run_dir
 
 DATA = Path(__file__).parent / "data"
@@ -90,7 +91,7 @@ def _folder() -> Iterator[Path]:
         yield Path(tmp)
 
 
-def _read(path: Path) -> decode.FileTrace | None:
+def _read(path: Path) -> event_columns.FileTrace | None:
     """The oracle: a FileTrace or a TraceReadError (a recorded problem); anything else fails."""
     try:
         return read_trace(path)

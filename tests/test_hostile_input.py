@@ -21,9 +21,10 @@ import pytest
 from rankscope.analysis import schema
 from rankscope.analysis.store import open_store
 from rankscope.errors import InputFileError
-from rankscope.orchestrator import decode
+from rankscope.orchestrator import kineto_json
 from rankscope.orchestrator.cli import main as cli
-from rankscope.orchestrator.decode import TraceReadError, read_trace
+from rankscope.orchestrator.decode import read_trace
+from rankscope.orchestrator.kineto_json import TraceReadError
 from rankscope.orchestrator.merge import merge_run_dir
 
 DATA = Path(__file__).parent / "data"
@@ -35,14 +36,14 @@ WINDOW = DATA / "cpu_gloo_4rank_pipeline" / "ranks" / "00000" / "window-000.json
 
 
 #: Size of the bomb, expanded: 4x the most a trace of its compressed size may expand to
-#: (decode.GZIP_FREE_BYTES = 64 MiB), so a reader that decompressed it whole would exceed the
+#: (kineto_json.GZIP_FREE_BYTES = 64 MiB), so a reader that decompressed it whole would exceed the
 #: test's memory bound; more only costs time (1 GiB took 18 s to write per test).
-BOMB_BYTES = 4 * decode.GZIP_FREE_BYTES
+BOMB_BYTES = 4 * kineto_json.GZIP_FREE_BYTES
 
 
 def _gzip_bomb(path: Path, expanded: int = BOMB_BYTES) -> None:
     """``expanded`` bytes of zeros gzipped (~1 MiB per GiB), streamed: never held in memory."""
-    comp = zlib.compressobj(9, zlib.DEFLATED, decode.GZIP_WBITS)
+    comp = zlib.compressobj(9, zlib.DEFLATED, kineto_json.GZIP_WBITS)
     zeros = bytes(1 << 20)
     with path.open("wb") as fh:
         fh.write(comp.compress(b'{"traceEvents": [' + b" " * 100))
@@ -55,7 +56,7 @@ def test_gzip_bomb_is_refused_with_bounded_memory(tmp_path: Path) -> None:
     bomb = tmp_path / "rank0.json.gz"
     _gzip_bomb(bomb)
     assert bomb.stat().st_size < 2 << 20
-    limit = max(decode.GZIP_FREE_BYTES, decode.GZIP_MAX_RATIO * bomb.stat().st_size)
+    limit = max(kineto_json.GZIP_FREE_BYTES, kineto_json.GZIP_MAX_RATIO * bomb.stat().st_size)
     assert 3 * limit < BOMB_BYTES  # a reader that expanded it whole would fail the bound below
     tracemalloc.start()
     try:
@@ -82,7 +83,7 @@ def test_gzip_bomb_among_ranks_is_one_problem(
 
 def test_a_real_trace_is_far_below_the_gzip_ratio() -> None:
     ratio = len(gzip.decompress(WINDOW.read_bytes())) / WINDOW.stat().st_size
-    assert ratio < decode.GZIP_MAX_RATIO / 4
+    assert ratio < kineto_json.GZIP_MAX_RATIO / 4
 
 
 # -- regression inputs found by tests/test_fuzz.py -------------------------------------------------

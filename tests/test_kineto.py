@@ -1,4 +1,4 @@
-"""The Kineto reader (orchestrator/decode.py, discovery.py, vocabulary.py) on the real traces in tests/data."""
+"""The Kineto reader (orchestrator/decode.py, kineto_json.py, event_columns.py, discovery.py, vocabulary.py) on the real traces in tests/data."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from rankscope.analysis.schema import EventKind, LaneKind
 from rankscope.orchestrator import decode as kineto
-from rankscope.orchestrator import discovery, vocabulary
+from rankscope.orchestrator import discovery, event_columns, kineto_json, vocabulary
 
 DATA = Path(__file__).parent / "data"
 GLOO = DATA / "cpu_gloo_4rank_skew" / "rank2.step5.pt.trace.json"
@@ -82,12 +82,12 @@ def test_large_fractional_stamps_take_the_exact_path(tmp_path: Path) -> None:
     ]
     assert ft.columns["dur"].tolist() == [1500, 1500, 1500]
     # The float path would have rounded these: prove the test exercises the difference.
-    assert kineto.us_to_ns(np.array([float(stamps[0])]))[0] != 1694128201436255123
-    ints = kineto.KEvent(ts=1694128201436255)
-    assert not kineto.needs_exact([ints]), "integer µs are exact in float64"
+    assert event_columns.us_to_ns(np.array([float(stamps[0])]))[0] != 1694128201436255123
+    ints = kineto_json.KEvent(ts=1694128201436255)
+    assert not kineto_json.needs_exact([ints]), "integer µs are exact in float64"
 
 
-def _decoded(ft: kineto.FileTrace) -> dict[str, list]:
+def _decoded(ft: event_columns.FileTrace) -> dict[str, list]:
     strings = np.array(ft.strings, dtype=object)
     coded = ("name", "cat", "shapes", "dtypes")  # codes into the strings, in interning order
     out = {k: v.tolist() for k, v in ft.columns.items() if k not in coded}
@@ -105,10 +105,10 @@ def _decoded(ft: kineto.FileTrace) -> dict[str, list]:
 )
 def test_streaming_blocks_equal_whole_file(path: Path) -> None:
     """Many small blocks (the memory-bounded path) give exactly what one whole decode gives."""
-    whole = kineto._Accumulator()
+    whole = event_columns.EventColumns()
     top = kineto._read_whole(path, whole)
     a = whole.finish(path, top)
-    streamed = kineto._Accumulator()
+    streamed = event_columns.EventColumns()
     top2 = kineto._stream_events(path, streamed, block_bytes=64 << 10)
     b = streamed.finish(path, top2)
     assert _decoded(a) == _decoded(b)
@@ -125,7 +125,7 @@ def test_streaming_blocks_keep_large_fractional_stamps_exact(tmp_path: Path) -> 
     )
     path = tmp_path / "rank0.json"
     path.write_text(f'{{\n  "schemaVersion": 1,\n  "traceEvents": [{body}\n  ]\n}}')
-    acc = kineto._Accumulator()
+    acc = event_columns.EventColumns()
     ft = acc.finish(path, kineto._stream_events(path, acc, block_bytes=16 << 10))
     want = [int(s * 1000) for s in stamps]
     assert ft.columns["ts"].tolist() == want
@@ -135,9 +135,9 @@ def test_streaming_blocks_keep_large_fractional_stamps_exact(tmp_path: Path) -> 
 def test_one_line_json_still_reads() -> None:
     """No Kineto separators (one line): the text ends up decoded in one piece, same result."""
     path = DATA / "hta/trace_filter_2rank/sampled_rank-0.json.gz"
-    streamed = kineto._Accumulator()
+    streamed = event_columns.EventColumns()
     b = streamed.finish(path, kineto._stream_events(path, streamed, block_bytes=64 << 10))
-    whole = kineto._Accumulator()
+    whole = event_columns.EventColumns()
     a = whole.finish(path, kineto._read_whole(path, whole))
     assert _decoded(a) == _decoded(b)
 
@@ -261,7 +261,7 @@ def test_bad_durations_are_dropped_and_counted(tmp_path: Path) -> None:
 def test_unreadable_files_raise_one_line(tmp_path: Path, content: bytes, message: str) -> None:
     path = tmp_path / "rank0.json"
     path.write_bytes(content)
-    with pytest.raises(kineto.TraceReadError, match=message) as info:
+    with pytest.raises(kineto_json.TraceReadError, match=message) as info:
         kineto.read_trace(path)
     assert "\n" not in str(info.value)
 
@@ -270,7 +270,7 @@ def test_truncated_gzip(tmp_path: Path) -> None:
     data = gzip.compress(GLOO.read_bytes())
     path = tmp_path / "rank2.json.gz"
     path.write_bytes(data[: len(data) // 2])
-    with pytest.raises(kineto.TraceReadError, match="gzip"):
+    with pytest.raises(kineto_json.TraceReadError, match="gzip"):
         kineto.read_trace(path)
 
 

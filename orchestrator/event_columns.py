@@ -1,0 +1,528 @@
+"""Decoded Kineto events reduced to compact numpy columns, block by block.
+
+:class:`EventColumns` takes each block of decoded events (``kineto_json.KEvent``) as the
+streaming reader produces it and keeps only columns: ``ts``/``dur`` in int64 ns, interned
+name/category codes, the event kind, lane, correlation id, input-shape codes, the communication
+rows (collective, group, Seq, bytes, peer) and the ``[memory]`` events; :meth:`EventColumns.finish`
+concatenates them into a :class:`FileTrace`. Each block is reduced before the next is decoded, so
+the decoded objects of a whole file never exist together.
+
+Timestamps (the part that must be exact): absolute ns = ``baseTimeNanoseconds`` + ts·1000
+(``baseTimeNanoseconds`` absent in older traces, whose ``ts`` is absolute epoch µs). The base is
+never added in float: ts is split into its integer µs and the fractional part,
+``ns = int(floor(ts))*1000 + rint(frac*1000)``, in int64 (:func:`us_to_ns`), exact for
+``|ts| < 2**43`` µs; beyond, the stamps arrive as ``Decimal`` (``kineto_json.needs_exact``).
+
+Why one module of ~520 lines: one reduction, block by block, of every kind of event a trace holds
+(complete events, thread names, ``[memory]`` instants, communication args) into one
+:class:`FileTrace`; its parts share the string table and the row numbering.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from rankscope.analysis.memory import memory_field_limits
+from rankscope.analysis.schema import EventKind, LaneKind
+from rankscope.orchestrator.kineto_json import KEvent, KFile, TraceReadError
+from rankscope.orchestrator.vocabulary import (
+    GPU_CATS,
+    GPU_KINDS,
+    RECORD_PARAM_COMMS,
+    classify,
+    collective_op,
+    message_bytes,
+    p2p_peer,
+)
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+#: Events whose |ts| or dur (µs) reach this are dropped and counted (their ns would overflow
+#: int64; ~146 years), and a ``baseTimeNanoseconds`` of |base| ≥ 2**62 makes the file a problem.
+TS_LIMIT_US = 2**62 // 1000
+BASE_LIMIT_NS = 2**62
+#: One rank's (or one file's) string table: string -> code, in first-seen order.
+StringTable = dict[str, int]
+
+
+@dataclass
+class FileTrace:
+    """One parsed trace file, as compact columns (raw clock of the rank).
+
+    Events are sorted by ts, unless read with ``sort=False`` (the merge reads a rank's windows
+    that way and sorts them once, together: ``rank_columns.parse_source``).
+    """
+
+    path: Path
+    rank: int | None
+    """rank from ``distributedInfo`` (None when absent)"""
+    world_size: int | None
+    backend: str | None
+    trace_id: str | None
+    host: str | None
+    nbytes: int
+    """size of the JSON text in bytes (after gunzip)"""
+    columns: dict[str, np.ndarray]
+    """ts (ns, raw clock), dur (ns), name/cat (int32 codes into ``strings``), kind, lane, corr;
+    shapes/dtypes (codes of ``Input Dims`` / ``Input type`` as text, -1 without record_shapes)"""
+    strings: list[str]
+    """the string table the name/cat codes index (the rank's so far when it was shared)"""
+    lanes: pd.DataFrame
+    comm: pd.DataFrame
+    """communication events: event (row), op, group, seq (-1 unknown), bytes (-1 unknown),
+    peer (global rank from ``Dst Rank`` / ``Src Rank``, -1 unknown), lane"""
+    dropped: dict[str, int] = field(default_factory=dict)
+    """events left out and why (negative / missing duration ...)"""
+    memory: dict[str, np.ndarray] | None = None
+    """the ``[memory]`` events (None when there are none): the columns of
+    ``analysis.memory.MEMORY_COLUMNS`` but rank and window, ts raw ns, op and scope as codes
+    into ``strings``, in file order"""
+    memory_skipped: dict[str, int] = field(default_factory=dict)
+    """memory events left out and why (``memory.skip_reason``)"""
+    device_memory: dict[int, int] = field(default_factory=dict)
+    """GPU index → total bytes (``deviceProperties``)"""
+    process_groups: list[dict[str, Any]] = field(default_factory=list)
+    """the groups the rank is in (``distributedInfo.pg_config``): ``name``, ``desc`` and global
+    ``ranks`` of each, as :func:`process_groups` reads them"""
+    enqueue: pd.DataFrame | None = None
+    """the ``record_param_comms`` ops that name a collective, columns as :attr:`comm`: the
+    metadata of the NCCL kernels they launch (``rank_columns``; Seq is not copied to kernels)"""
+
+
+def us_to_ns(values: Any) -> np.ndarray:
+    """µs (float array, ≤ 3 decimals) → int64 ns, exact for |µs| < 2**43 (module docstring)."""
+    import numpy as np
+
+    arr = np.asarray(values, dtype=np.float64)
+    whole = np.floor(arr)
+    frac = arr - whole  # exact (Sterbenz)
+    return whole.astype(np.int64) * 1000 + np.rint(frac * 1000.0).astype(np.int64)
+
+
+def _decimal_to_ns(values: list[Any]) -> np.ndarray:
+    import numpy as np
+
+    return np.fromiter(
+        (int((Decimal(v) * 1000).to_integral_value()) for v in values),
+        dtype=np.int64,
+        count=len(values),
+    )
+
+
+#: Memory columns from ``KArgs``: (column, attribute, dtype); values checked by bad_memory_field.
+_MEMORY_ARGS = (
+    ("device_type", "device_type", np.int8),
+    ("device_id", "device_id", np.int16),
+    ("addr", "addr", np.uint64),
+    ("bytes", "nbytes", np.int64),
+    ("total_allocated", "total_allocated", np.int64),
+    ("total_reserved", "total_reserved", np.int64),
+)
+
+
+# The ranges of memory_field_limits(), as plain ints for the reader's inline test.
+_DEVICE_TYPE_LO, _DEVICE_TYPE_HI = memory_field_limits()["device_type"]
+_DEVICE_ID_LO, _DEVICE_ID_HI = memory_field_limits()["device_id"]
+_ADDR_HI = memory_field_limits()["addr"][1]
+_INT64_LO, _INT64_HI = memory_field_limits()["bytes"]
+
+
+class EventColumns:
+    """Reduces decoded events, block by block, to compact columns (see :func:`read_trace`)."""
+
+    def __init__(self, strings: StringTable | None = None) -> None:
+        self.nbytes = 0
+        self.strings: StringTable = {} if strings is None else strings
+        self.lanes: dict[tuple[str, str], int] = {}
+        self.kinds: dict[int, int] = {}
+        self.thread_names: dict[tuple[str, str], list[str]] = {}
+        self.parts: dict[str, list[np.ndarray]] = {}
+        self.comm_rows: list[tuple[int, str, str, int, int, int, bool]] = []
+        self.count = 0
+        self.dropped = 0
+        self.out_of_range = 0
+        self.memory: list[KEvent] = []  # this block's, until _flush_memory
+        self.memory_parts: dict[str, list[np.ndarray]] = {}
+        self.memory_threads: list[tuple[str, str]] = []
+        self.memory_skipped: dict[str, int] = {}
+
+    def _intern(self, values: list[str]) -> np.ndarray:
+        """Codes (int32) of ``values`` in the string table; only distinct values touch the dict."""
+        import pandas as pd
+
+        codes, uniq = pd.factorize(pd.Series(values, dtype=object))
+        table = self.strings
+        glob = np.array([table.setdefault(u, len(table)) for u in uniq.tolist()], dtype=np.int32)
+        return glob[codes] if len(codes) else np.zeros(0, np.int32)
+
+    def add(self, events: list[KEvent]) -> None:
+        """Reduce one block of decoded events."""
+        import pandas as pd
+
+        for ev in events:
+            ph = ev.ph
+            if ph == "X":
+                continue
+            if ph == "M" and ev.name == "thread_name" and ev.args is not None:
+                names = self.thread_names.setdefault((str(ev.pid), str(ev.tid)), [])
+                label = str(ev.args.name or "").strip()
+                if label and label not in names:
+                    names.append(label)
+            elif ph == "i" and ev.name == "[memory]":
+                self._memory_event(ev)
+        self._flush_memory()
+        xs = [ev for ev in events if ev.ph == "X"]
+        n = len(xs)
+        if not n:
+            return
+        durs = [ev.dur for ev in xs]
+        exact = isinstance(xs[0].ts, Decimal)
+        # One float pass per column, checked with numpy: a stamp whose ns would overflow int64
+        # (found by tests/test_fuzz.py) is out of range; a duration missing, NaN or negative is
+        # dropped (``None`` becomes NaN here). Exact (Decimal) stamps convert the same way.
+        ts_f = np.fromiter((float(ev.ts) for ev in xs), np.float64, n)
+        dur_f = np.fromiter((np.nan if d is None else float(d) for d in durs), np.float64, n)
+        lim = TS_LIMIT_US
+        with np.errstate(invalid="ignore"):
+            far = ~(np.abs(ts_f) < lim) | (dur_f >= lim)
+            bad = ~far & ~(dur_f >= 0)
+        if far.any() or bad.any():
+            self.out_of_range += int(far.sum())
+            self.dropped += int(bad.sum())
+            keep = ~(far | bad)
+            xs = [ev for ev, k in zip(xs, keep.tolist(), strict=True) if k]
+            durs = [d for d, k in zip(durs, keep.tolist(), strict=True) if k]
+            ts_f, dur_f = ts_f[keep], dur_f[keep]
+        n = len(xs)
+        if not n:
+            return
+        if exact:
+            ts = _decimal_to_ns([ev.ts for ev in xs])
+            dur = _decimal_to_ns(durs)
+        else:
+            ts = us_to_ns(ts_f)
+            dur = us_to_ns(dur_f)
+        name = self._intern([ev.name for ev in xs])
+        cat = self._intern([ev.cat for ev in xs])
+        pid_codes, pid_uniq = pd.factorize(pd.Series([ev.pid for ev in xs], dtype=object))
+        tid_codes, tid_uniq = pd.factorize(pd.Series([ev.tid for ev in xs], dtype=object))
+        lane_pair = pid_codes.astype(np.int64) * (len(tid_uniq) + 1) + tid_codes
+        lane_uniq, lane_inv = np.unique(lane_pair, return_inverse=True)
+        lanes = self.lanes
+        lane_global = np.array(
+            [
+                lanes.setdefault(
+                    (
+                        str(pid_uniq[p // (len(tid_uniq) + 1)]),
+                        str(tid_uniq[p % (len(tid_uniq) + 1)]),
+                    ),
+                    len(lanes),
+                )
+                for p in lane_uniq.tolist()
+            ],
+            dtype=np.int32,
+        )
+        lane = lane_global[lane_inv.reshape(-1)]
+        table = self.strings
+        pair = name.astype(np.int64) << 32 | cat.astype(np.int64)
+        uniq, inverse = np.unique(pair, return_inverse=True)
+        strings = None
+        kinds = np.empty(len(uniq), dtype=np.int8)
+        for i, p in enumerate(uniq.tolist()):
+            k = self.kinds.get(p)
+            if k is None:
+                strings = strings or list(table)
+                k = self.kinds[p] = int(classify(strings[p & 0xFFFFFFFF], strings[p >> 32]))
+            kinds[i] = k
+        kind = kinds[inverse.reshape(-1)]
+        corr = np.fromiter(
+            (
+                ev.args.correlation
+                if ev.args is not None
+                and type(ev.args.correlation) is int
+                and _INT64_LO <= ev.args.correlation <= _INT64_HI
+                else -1
+                for ev in xs
+            ),
+            np.int64,
+            n,
+        )
+        is_enqueue = kind == EventKind.COMM_ENQUEUE
+        comm_kind = (kind == EventKind.KERNEL_COMM) | (kind == EventKind.COMM_CPU)
+        for i, enqueue in zip(
+            np.flatnonzero(comm_kind | is_enqueue).tolist(),
+            is_enqueue[comm_kind | is_enqueue].tolist(),
+            strict=True,
+        ):
+            ev = xs[i]
+            a = ev.args
+            if enqueue and (ev.name != RECORD_PARAM_COMMS or a is None or not a.collective):
+                continue  # other enqueue ops (c10d::*, nccl:*) name nothing the kernel lacks
+            op = collective_op(ev.name, a.collective if a is not None else None)
+            peer = -1
+            if a is not None:
+                op, peer = p2p_peer(op, a.dst_rank, a.src_rank)
+            group = str(a.pg_name) if a is not None and a.pg_name is not None else ""
+            seq = -1
+            if a is not None and isinstance(a.seq, int | str) and str(a.seq).isdigit():
+                seq = int(a.seq)
+            size = message_bytes(a.in_nelems, a.dtype) if a is not None else -1
+            self.comm_rows.append((self.count + i, op, group, seq, size, peer, enqueue))
+        shapes, dtypes = self._shape_codes(xs)
+        for key, arr in (("ts", ts), ("dur", dur), ("name", name), ("cat", cat), ("kind", kind),
+                         ("lane", lane), ("corr", corr), ("shapes", shapes),
+                         ("dtypes", dtypes)):  # fmt: skip
+            self.parts.setdefault(key, []).append(arr)
+        self.count += n
+
+    def _shape_codes(self, xs: list[KEvent]) -> tuple[np.ndarray, np.ndarray]:
+        """Codes of each event's ``Input Dims`` and ``Input type`` as text (``str`` of the lists,
+        the form of torch's ``str(evt.input_shapes)``), -1 where absent (no ``record_shapes``)."""
+        n = len(xs)
+        shapes = np.full(n, -1, np.int32)
+        dtypes = np.full(n, -1, np.int32)
+        args = [(i, ev.args) for i, ev in enumerate(xs) if ev.args is not None]
+        have = [(i, a) for i, a in args if a.input_dims is not None]
+        if have:
+            idx = np.asarray([i for i, _ in have], dtype=np.int64)
+            shapes[idx] = self._intern([str(a.input_dims) for _, a in have])
+            dtypes[idx] = self._intern([str(a.input_type or []) for _, a in have])
+        return shapes, dtypes
+
+    def _memory_event(self, ev: KEvent) -> None:
+        """Keep one ``[memory]`` event (its values checked now; the rest waits for finish).
+
+        Well-formed events (plain ints in range, a finite ts) pass one inline test, 5x cheaper
+        than :func:`rankscope.analysis.memory.bad_memory_field`, which only sees the others to
+        name what is wrong (a trace can hold 10^5 memory events: this is the reader's hot path).
+        """
+        a = ev.args
+        t = ev.ts
+        if (
+            a is not None
+            and (type(t) is int or (type(t) is float and t - t == 0))
+            and -TS_LIMIT_US < t < TS_LIMIT_US
+            and type(a.device_type) is int
+            and type(a.device_id) is int
+            and type(a.addr) is int
+            and type(a.nbytes) is int
+            and type(a.total_allocated) is int
+            and type(a.total_reserved) is int
+            and _DEVICE_TYPE_LO <= a.device_type <= _DEVICE_TYPE_HI
+            and _DEVICE_ID_LO <= a.device_id <= _DEVICE_ID_HI
+            and 0 <= a.addr <= _ADDR_HI
+            and _INT64_LO <= a.nbytes <= _INT64_HI
+            and 0 <= a.total_allocated <= _INT64_HI
+            and 0 <= a.total_reserved <= _INT64_HI
+        ):
+            self.memory.append(ev)
+            return
+        from rankscope.analysis.memory import bad_memory_field, skip_reason
+
+        values = None
+        if a is not None:
+            values = [a.device_type, a.device_id, a.addr, a.nbytes, a.total_allocated]
+            values.append(a.total_reserved)
+        bad = bad_memory_field(t, values)
+        if not bad and not -TS_LIMIT_US < t < TS_LIMIT_US:
+            bad = "ts"
+        if bad:
+            reason = skip_reason(bad)
+            self.memory_skipped[reason] = self.memory_skipped.get(reason, 0) + 1
+        else:
+            self.memory.append(ev)
+
+    def _flush_memory(self) -> None:
+        """Reduce the block's kept memory events to columns (so their objects do not pile up)."""
+        mem = self.memory
+        n = len(mem)
+        if not n:
+            return
+        if isinstance(mem[0].ts, Decimal):
+            ts = _decimal_to_ns([ev.ts for ev in mem])
+        else:
+            ts = us_to_ns(np.fromiter((ev.ts for ev in mem), np.float64, n))
+        args = [ev.args for ev in mem]
+        part = self.memory_parts
+        part.setdefault("ts", []).append(ts)
+        for col, attr, dtype in _MEMORY_ARGS:
+            part.setdefault(col, []).append(np.fromiter((getattr(a, attr) for a in args), dtype, n))
+        self.memory_threads.extend((str(ev.pid), str(ev.tid)) for ev in mem)
+        self.memory = []
+
+    def _memory_columns(self, cols: dict[str, np.ndarray], base: int) -> dict[str, np.ndarray]:
+        """The kept memory events as columns, with op, scope and step from the events' own
+        ranges (``analysis.memory.attribute``: the rule of ``memory_rows``); ts raw ns.
+        ``cols``: the events' columns, ``ts`` with the time base already added."""
+        from rankscope.analysis.memory import attribute
+
+        out = {k: np.concatenate(v) for k, v in self.memory_parts.items()}
+        out["ts"] = out["ts"] + np.int64(base)
+        strings = list(self.strings)
+        wanted = {"cpu_op", "operator", "user_annotation"}
+        cat_ok = np.array([c in wanted for c in strings], dtype=bool)
+        is_step = np.array([c.startswith("ProfilerStep#") for c in strings], dtype=bool)
+        ranges: dict[Any, list[tuple[int, int, str, bool]]] = {}
+        steps: list[tuple[int, int, int]] = []
+        lane_key = {i: key for key, i in self.lanes.items()}
+        c_ts, c_end = cols["ts"], cols["ts"] + cols["dur"]
+        c_name, c_cat, c_lane = cols["name"], cols["cat"], cols["lane"]
+        user = self.strings.get("user_annotation", -1)
+        if len(c_ts):
+            for i in np.flatnonzero(is_step[c_name]).tolist():
+                number = strings[c_name[i]][len("ProfilerStep#") :]
+                if number.isdigit():
+                    steps.append((int(c_ts[i]), int(c_end[i]), int(number)))
+            # only the ranges of threads that allocated, as plain ints (one bulk conversion)
+            threads = set(self.memory_threads)
+            lanes_wanted = np.array(
+                [lane_key[k] in threads for k in range(len(lane_key))], dtype=bool
+            )
+            keep = np.flatnonzero(cat_ok[c_cat] & ~is_step[c_name] & lanes_wanted[c_lane])
+            for lane_i, start, end, code, is_user in zip(
+                c_lane[keep].tolist(),
+                c_ts[keep].tolist(),
+                c_end[keep].tolist(),
+                c_name[keep].tolist(),
+                (c_cat[keep] == user).tolist(),
+                strict=True,
+            ):
+                ranges.setdefault(lane_key[lane_i], []).append((start, end, strings[code], is_user))
+        ops, scopes, step = attribute(out["ts"], self.memory_threads, ranges, steps)
+        out["op"] = self._intern(ops)
+        out["scope"] = self._intern(scopes)
+        out["step"] = step
+        return out
+
+    def finish(self, path: Path, top: KFile, *, sort: bool = True) -> FileTrace:
+        """Concatenate, add the time base, sort by ts (unless ``sort`` is False), build lanes."""
+        import pandas as pd
+
+        cols = {k: np.concatenate(v) if v else np.zeros(0, np.int64) for k, v in self.parts.items()}
+        if not cols:
+            cols = {
+                k: np.zeros(0, dtype=d)
+                for k, d in (
+                    ("ts", np.int64),
+                    ("dur", np.int64),
+                    ("name", np.int32),
+                    ("cat", np.int32),
+                    ("kind", np.int8),
+                    ("lane", np.int32),
+                    ("corr", np.int64),
+                    ("shapes", np.int32),
+                    ("dtypes", np.int32),
+                )
+            }
+        base = top.baseTimeNanoseconds or 0
+        if not -BASE_LIMIT_NS < base < BASE_LIMIT_NS:
+            raise TraceReadError(f"baseTimeNanoseconds out of range ({base})")
+        cols["ts"] = cols["ts"] + np.int64(base)
+        memory = self._memory_columns(cols, base) if self.memory_threads else None
+        inverse = None
+        if sort:
+            cols, inverse = sort_by_ts(cols)
+        strings = list(self.strings)
+        is_gpu = np.isin(cols["kind"], GPU_KINDS)
+        gpu_cat = np.array([s in GPU_CATS for s in strings], dtype=bool)
+        if len(gpu_cat):
+            is_gpu |= gpu_cat[cols["cat"]]
+        lane_gpu = np.zeros(len(self.lanes), dtype=bool)
+        np.logical_or.at(lane_gpu, cols["lane"], is_gpu)
+        rows = []
+        for (pid, tid), i in self.lanes.items():
+            if lane_gpu[i]:
+                label = tid if tid.startswith("stream") else f"stream {tid}"
+                rows.append((i, int(LaneKind.GPU_STREAM), pid, tid, label))
+            else:
+                label = " / ".join(self.thread_names.get((pid, tid), [])) or f"thread {tid}"
+                rows.append((i, int(LaneKind.THREAD), pid, tid, label))
+        lanes = pd.DataFrame(rows, columns=["lane", "kind", "pid", "tid", "name"])
+        rows = pd.DataFrame(
+            self.comm_rows, columns=["event", "op", "group", "seq", "bytes", "peer", "enqueue"]
+        )
+        if len(rows):
+            if inverse is not None:
+                rows["event"] = inverse[rows["event"].to_numpy(np.int64)]
+            rows["lane"] = cols["lane"][rows["event"].to_numpy(np.int64)]
+        else:
+            rows["lane"] = np.zeros(0, np.int32)
+        on_cpu = rows.pop("enqueue").to_numpy(bool)
+        comm = rows[~on_cpu].reset_index(drop=True)
+        enqueue = rows[on_cpu].reset_index(drop=True)
+        info = top.distributedInfo or {}
+        world = info.get("world_size")
+        rank = info.get("rank")
+        dropped = {}
+        if self.dropped:
+            dropped["events with negative, NaN or missing durations"] = self.dropped
+        if self.out_of_range:
+            dropped["events with timestamps out of range"] = self.out_of_range
+        from rankscope.analysis.memory import device_total_memory
+
+        return FileTrace(
+            path=path,
+            rank=rank if type(rank) is int and 0 <= rank <= _INT64_HI else None,
+            world_size=world if type(world) is int and 0 < world <= _INT64_HI else None,
+            backend=str(info["backend"]) if "backend" in info else None,
+            trace_id=top.trace_id,
+            host=top.host_name,
+            nbytes=self.nbytes,
+            columns=cols,
+            strings=strings,
+            lanes=lanes,
+            comm=comm,
+            dropped=dropped,
+            memory=memory,
+            memory_skipped=dict(self.memory_skipped),
+            device_memory=device_total_memory(top.deviceProperties),
+            enqueue=enqueue,
+            process_groups=process_groups(info.get("pg_config")),
+        )
+
+
+#: Most process groups kept per rank from ``pg_config`` (Megatron creates a few per rank; a
+#: hostile trace could list millions).
+MAX_PROCESS_GROUPS = 4096
+
+
+def process_groups(pg_config: Any) -> list[dict[str, Any]]:
+    """``distributedInfo.pg_config`` as ``[{"name", "desc", "ranks"}]``: entries without a name or
+    with ranks that are not a list of non-negative ints are left out (never guessed)."""
+    out: list[dict[str, Any]] = []
+    if not isinstance(pg_config, list):
+        return out
+    for item in pg_config[:MAX_PROCESS_GROUPS]:
+        if not isinstance(item, dict) or item.get("pg_name") is None:
+            continue
+        ranks = item.get("ranks")
+        if not isinstance(ranks, list) or not all(
+            type(r) is int and 0 <= r <= _INT64_HI for r in ranks
+        ):
+            continue
+        desc = item.get("pg_desc")
+        out.append(
+            {
+                "name": str(item["pg_name"]),
+                "desc": "" if desc is None else str(desc),
+                "ranks": ranks,
+            }
+        )
+    return out
+
+
+def sort_by_ts(columns: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """``columns`` sorted by ``ts`` (stable: ties keep their order) and the new row of each old row.
+
+    Stable, so sorting several files' events at once gives what sorting each file and then the
+    concatenation gives: ties stay in file order, then in event order within the file.
+    """
+    order = np.argsort(columns["ts"], kind="stable")
+    inverse = np.empty_like(order)
+    inverse[order] = np.arange(len(order))
+    return {k: v[order] for k, v in columns.items()}, inverse
