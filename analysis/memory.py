@@ -9,7 +9,7 @@ allocation and per free (Kineto ``"ph": "i"``, ``"name": "[memory]"``, ``cat``
 :func:`memory_rows` turns one decoded trace (its event list) into rows of :data:`MEMORY_COLUMNS`,
 skipping and counting malformed events. The analyses are pure functions from such a frame to
 frames: :func:`peaks`, :func:`step_peaks`, :func:`leaks`, :func:`imbalance`,
-:func:`holders_at_peak`, :func:`headroom`. :func:`rankscope.analysis.findings.memory_findings`
+:func:`holders_at_peak`, :func:`headroom`. :func:`rankscope.analysis.memory_findings.memory_findings`
 words their conclusions.
 
 What the counters mean (measured on torch 2.x; it decides how the analyses read them):

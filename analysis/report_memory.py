@@ -2,7 +2,7 @@
 terminal's Memory section, the HTML report's memory section and its figure.
 
 Only renders :class:`rankscope.analysis.memory.MemoryAnalysis` and the memory findings
-(``findings.memory_findings``, worded once). A store without memory events renders nothing
+(``memory_findings.memory_findings``, worded once). A store without memory events renders nothing
 (summary.json has no ``memory`` key), unless the run asked for memory (``--profile-memory``):
 then the section holds the "no memory events" finding.
 """

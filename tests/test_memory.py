@@ -21,7 +21,8 @@ import numpy as np
 import pandas as pd
 import pytest
 from rankscope.analysis import memory as M
-from rankscope.analysis.findings import FindingKind, Severity, memory_findings
+from rankscope.analysis.findings import FindingKind, Severity
+from rankscope.analysis.memory_findings import memory_findings
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "train_ddp.py"
