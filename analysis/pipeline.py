@@ -211,6 +211,7 @@ def rank_task(
     from rankscope.analysis import breakdown as bd
     from rankscope.analysis import whatif
     from rankscope.analysis.attention import attention_calls
+    from rankscope.analysis.gc_pauses import gc_per_step
     from rankscope.analysis.memory import rank_memory
     from rankscope.analysis.ops import annotation_stats, op_stats, op_table
     from rankscope.analysis.overview import rank_cells
@@ -242,6 +243,7 @@ def rank_task(
         "whatif_clock": None,
         "op_table": op_table(events, rank, lanes=lanes, group_by_shape=shapes),
         "attention": attention_calls(events, rank, lanes),
+        "gc": gc_per_step(events, rank),
         "overview": None,
     }
     if grid is not None:
@@ -393,10 +395,11 @@ def analyze(
     layered = None
     if rootcause.applies(colls):
         groups = {int(r): m.get("process_groups") for r, m in rank_metas.items()}
+        gc = cat("gc")
 
         def layered(model: Any) -> Any:
             lay = rootcause.layout(ranks, groups, model)
-            return rootcause.root_causes(model, lay, breakdown, colls, groups)
+            return rootcause.root_causes(model, lay, breakdown, colls, groups, gc)
 
     out.whatif, out.rootcause = _whatif_and_root(
         steps, colls, clocks, out.straggler_ranks(), out.bottleneck_ranks(), layered

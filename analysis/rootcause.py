@@ -113,7 +113,8 @@ RANK_COLUMNS: dict[str, str] = {
     "noise_s": "float64",  # pooled s.d. over steps of the other peers' excess
     "compute_extra_s": "float64",  # per step (median), vs the other peers' median
     "input_extra_s": "float64",
-    "host_extra_s": "float64",
+    "host_extra_s": "float64",  # host time other than GC pauses
+    "gc_extra_s": "float64",  # Python GC pauses (0 without ``Python GC`` events)
     "saving_s": "float64",  # what-if: "rank like its peers" (NaN: not replayed)
     "saving_share": "float64",
     "cause": "str",
@@ -263,19 +264,21 @@ def root_causes(
     breakdown: pd.DataFrame | None = None,
     collectives: pd.DataFrame | None = None,
     process_groups: Mapping[int, Any] | None = None,
+    gc: pd.DataFrame | None = None,
 ) -> RootCause:
     """The three classes' tests on a layered job (module docstring; docs/analysis.md).
 
     ``lay``: :func:`layout`; ``breakdown``: per rank and step (breakdown.BREAKDOWN_COLUMNS) for
     the compute part of a rank's excess (without it: all own work counts as compute);
     ``collectives``: ``Store.collectives()`` for the wait path; ``process_groups``: as for
-    :func:`layout`, to name the groups on the path."""
+    :func:`layout`, to name the groups on the path; ``gc``: garbage collections per rank and
+    step (``gc_pauses.gc_per_step``) for the GC part of a rank's excess (without: none)."""
     import pandas as pd
     from rankscope.analysis import whatif as wi
 
     rp = Replayer(model)
     per = own_per_step(model, lay)
-    per = _with_compute(per, breakdown)
+    per = _with_gc(_with_compute(per, breakdown), gc)
     ranks = _rank_tests(per, lay, rp)
     named = [int(r) for r in ranks.loc[ranks["is_straggler"], "rank"]]
     stages, stage_fix = _stage_tests(per, lay, rp, named)
@@ -324,6 +327,24 @@ def _with_compute(per: pd.DataFrame, breakdown: pd.DataFrame | None) -> pd.DataF
     return per
 
 
+def _with_gc(per: pd.DataFrame, gc: pd.DataFrame | None) -> pd.DataFrame:
+    """``per`` with ``gc_excess``: the rank's GC pauses in the step minus its other peers'
+    median (ns; 0 where the trace has no ``Python GC`` events)."""
+    import numpy as np
+
+    per = per.copy()
+    per["gc_excess"] = 0.0
+    if gc is None or not len(gc):
+        return per
+    paused = gc.set_index(["rank", "step"])["gc_ns"]
+    per["gc"] = paused.reindex(index_of(per[["rank", "step"]])).fillna(0).to_numpy(float)
+    for _, idx in per.groupby(["g", "step"]).groups.items():
+        g = per.loc[idx, "gc"].to_numpy(float)
+        if len(g) >= 2:
+            per.loc[idx, "gc_excess"] = [g[i] - np.median(np.delete(g, i)) for i in range(len(g))]
+    return per
+
+
 def _rank_tests(per: pd.DataFrame, lay: pd.DataFrame, rp: Replayer) -> pd.DataFrame:
     """The slow-worker tests (RANK_COLUMNS), largest saving first, then largest excess."""
     import numpy as np
@@ -354,8 +375,9 @@ def _rank_tests(per: pd.DataFrame, lay: pd.DataFrame, rp: Replayer) -> pd.DataFr
         typical = float(ex.median()) if n else 0.0
         comp = float(sub["compute_excess"].median()) if n else 0.0
         inp = float(sub["input_excess"].median()) if n else 0.0
-        host = typical - comp - inp
-        parts = {Cause.OWN_COMPUTE: comp, Cause.INPUT: inp, Cause.HOST: host}
+        paused = float(sub["gc_excess"].median()) if n else 0.0
+        host = typical - comp - inp - paused
+        parts = {Cause.OWN_COMPUTE: comp, Cause.INPUT: inp, Cause.HOST: host, Cause.GC: paused}
         cause = max(parts, key=lambda c: parts[c]) if typical > 0 else Cause.UNKNOWN
         if k < 2 or not n:
             verdict = Verdict.NO_PEERS
@@ -380,6 +402,7 @@ def _rank_tests(per: pd.DataFrame, lay: pd.DataFrame, rp: Replayer) -> pd.DataFr
                 "compute_extra_s": comp / 1e9,
                 "input_extra_s": inp / 1e9,
                 "host_extra_s": host / 1e9,
+                "gc_extra_s": paused / 1e9,
                 "saving_s": np.nan,
                 "saving_share": np.nan,
                 "cause": str(cause),

@@ -98,6 +98,12 @@ def _signed_ms(seconds: float) -> str:
     return "0.0" if text in ("+0.0", "-0.0") else text
 
 
+def _gc_part(row: Mapping[str, Any]) -> str:
+    """ ", GC pauses +X" where the trace showed the rank's garbage collections (else nothing)."""
+    paused = float(row.get("gc_extra_s", 0.0) or 0.0)
+    return f", GC pauses {_signed_ms(paused)}" if paused != 0.0 else ""
+
+
 def straggler_evidence(rc: RootCause, row: Mapping[str, Any]) -> str:
     """The evidence sentence of one slow worker (a row of ``RootCause.ranks``), in ms."""
     rank = int(row["rank"])
@@ -108,7 +114,8 @@ def straggler_evidence(rc: RootCause, row: Mapping[str, Any]) -> str:
         f"{int(row['steps'])} steps (p = {float(row['p_value']):.2g}): "
         f"{_signed_ms(row['typical_s'])} ms per step over their median (compute "
         f"{_signed_ms(row['compute_extra_s'])}, input {_signed_ms(row['input_extra_s'])}, host "
-        f"{_signed_ms(row['host_extra_s'])} ms; step-to-step noise {_ms(row['noise_s'])} ms s.d.)"
+        f"{_signed_ms(row['host_extra_s'])}{_gc_part(row)} ms; step-to-step noise "
+        f"{_ms(row['noise_s'])} ms s.d.)"
     )
     path = str(row.get("path", ""))
     return text + (f"; its delay: {path}" if path else "")
@@ -179,7 +186,14 @@ def rootcause_findings(rc: RootCause) -> list[Finding]:
         rank = int(row["rank"])
         figures = {
             k: round(float(row[k]), 6)
-            for k in ("typical_s", "noise_s", "compute_extra_s", "input_extra_s", "host_extra_s")
+            for k in (
+                "typical_s",
+                "noise_s",
+                "compute_extra_s",
+                "input_extra_s",
+                "host_extra_s",
+                "gc_extra_s",
+            )
         }
         figures.update(
             {

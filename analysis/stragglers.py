@@ -78,6 +78,9 @@ class Cause(enum.StrEnum):
     OWN_COMPUTE = "own compute"
     INPUT = "input"
     HOST = "host"
+    GC = "GC pauses"
+    """Python garbage collections (torch's ``Python GC`` events, analysis/gc_pauses.py): the
+    part of a rank's extra host time they account for; without them in the trace it is HOST."""
     PROPAGATED = "propagated"
     CPU_CONTENTION = "CPU taken by other processes"
     """A system cause: the rank's main thread was runnable but waited for a core (its run-queue
@@ -89,7 +92,7 @@ class Cause(enum.StrEnum):
 
 
 #: Causes that are the rank's own measured extra work (compute, input, host time).
-OWN_CAUSES = frozenset({Cause.OWN_COMPUTE, Cause.INPUT, Cause.HOST})
+OWN_CAUSES = frozenset({Cause.OWN_COMPUTE, Cause.INPUT, Cause.HOST, Cause.GC})
 #: Causes that were measured (own work, or CPU time the node's other processes took).
 MEASURED_CAUSES = OWN_CAUSES | {Cause.CPU_CONTENTION}
 

@@ -25,6 +25,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 
 #: name -> SynthConfig keyword arguments (besides ranks, steps and seed)
@@ -215,6 +216,7 @@ def generate_layered(out: Path, ranks: int, name: str, layout: Layout) -> None:
 def root_causes_of(store: Path) -> Any:
     """The root-cause analysis of a merged layered job (``rootcause.RootCause``)."""
     from rankscope.analysis import rootcause
+    from rankscope.analysis.gc_pauses import gc_per_step
     from rankscope.analysis.store import open_store
     from rankscope.analysis.whatif import model_of_store
 
@@ -224,7 +226,8 @@ def root_causes_of(store: Path) -> Any:
         colls = s.collectives()
         assert rootcause.applies(colls)
         lay = rootcause.layout(s.ranks, groups, model)
-    return rootcause.root_causes(model, lay, None, colls, groups)
+        gc = pd.concat([gc_per_step(s.events(r), r) for r in s.ranks], ignore_index=True)
+    return rootcause.root_causes(model, lay, None, colls, groups, gc)
 
 
 def layered_verdict(truth: dict[str, Any], found: Any) -> dict[str, Any]:
@@ -300,3 +303,37 @@ def test_layered_jobs_get_the_true_class_and_a_what_if_near_the_counterfactual(
     if fault["class"] == "slow_worker":
         row = found.ranks.set_index("rank").loc[fault["ranks"][0]]
         assert row["cause"] == fault["cause"] and row["path"], row.to_dict()
+
+
+@pytest.mark.parametrize("events", [True, False], ids=["gc-events", "bare-gap"])
+def test_gc_pauses_are_named_when_the_trace_shows_them(tmp_path: Path, events: bool) -> None:
+    """A rank whose main thread pauses 20 ms per step for garbage collection (8 ranks, DP 2 x
+    PP 2 x TP 2): named as the slow worker either way, its cause "GC pauses" with the pause
+    measured where the trace has torch's ``Python GC`` events, "host" where it has a bare gap."""
+    from rankscope.analysis import whatif as wi
+    from rankscope.analysis.pipeline import SYNCHRONOUS, ClusterSpec, analyze
+    from rankscope.analysis.stragglers import Cause
+    from rankscope.orchestrator.merge import merge_run_dir
+    from rankscope.orchestrator.synth import SynthConfig, generate
+
+    tp, pp, dp, steps, slow, _ = LAYOUTS[8]
+    config = SynthConfig(
+        ranks=8, ranks_per_host=4, steps=steps, seed=1, tp=tp, pp=pp, dp=dp,
+        gc_pause=[(slow, 20.0, 1.0)], gc_events=events,
+    )  # fmt: skip
+    generate(config, tmp_path / "job")
+    store = merge_run_dir(tmp_path / "job", scheduler=SYNCHRONOUS, quiet=True)
+    truth = json.loads((tmp_path / "job" / "truth.json").read_text())
+    (fault,) = truth["faults"]
+    assert fault["class"] == "gc_pause"
+    found = analyze(store, ClusterSpec(scheduler=SYNCHRONOUS)).rootcause
+    assert found is not None
+    assert found.straggler_ranks() == [slow], found.ranks.head(3).to_string()
+    row = found.ranks.set_index("rank").loc[slow]
+    if events:
+        assert row["cause"] == Cause.GC
+        assert row["gc_extra_s"] == pytest.approx(0.020, rel=0.05)
+    else:
+        assert row["cause"] == Cause.HOST and row["gc_extra_s"] == 0
+    pct, truth_pct = _saving(found, wi.PEER_LIKE), fault["counterfactual"]["saving_pct"]
+    assert abs(pct - truth_pct) <= WHAT_IF_TOLERANCE * truth_pct, (pct, truth_pct)

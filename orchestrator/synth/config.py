@@ -159,6 +159,9 @@ class SynthConfig:
     gc_pause: list[tuple[int, float, float]] = field(default_factory=list)
     """(rank, ms, fraction): the rank's main thread pauses MS (a garbage collection) before one
     microbatch's forward in that fraction of steps (parallel jobs)"""
+    gc_events: bool = True
+    """a GC pause is written as the ``Python GC`` event torch records with with_stack and
+    record_python_gc_info (off: a bare host gap, as in traces recorded without them)"""
 
     def hosts(self) -> int:
         """Number of hosts."""

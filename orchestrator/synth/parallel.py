@@ -35,6 +35,7 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from rankscope.analysis.gc_pauses import GC_EVENT_NAME
 from rankscope.orchestrator.synth.comm import (
     COLL_NAMES,
     CollOp,
@@ -371,6 +372,9 @@ class _Rank:
                 if gc is not None and gc[0] == mb:
                     self.b.gc.append({"rank": self.rank, "step": s, "mb": mb,
                                       "start_ns": self.cpu, "ns": gc[1]})  # fmt: skip
+                    if c.gc_events:  # as torch writes it (with_stack, record_python_gc_info)
+                        self.cpu_event("python_function", GC_EVENT_NAME, "main", self.cpu,
+                                       self.cpu + gc[1])  # fmt: skip
                     self.cpu += gc[1]
                 yield from self.forward(layers, float(work[mb]), first_stage, last_stage)
             else:
