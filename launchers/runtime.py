@@ -267,6 +267,7 @@ class RankRuntime:
         self._save_action = ProfilerAction.RECORD_AND_SAVE
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
         s = self.settings
+        experimental = self._experimental_config()
         self.prof = profile(
             activities=activities,
             schedule=schedule(
@@ -279,7 +280,8 @@ class RankRuntime:
             on_trace_ready=self._on_trace_ready,
             record_shapes=s.record_shapes,
             profile_memory=s.profile_memory,
-            with_stack=s.with_stack,
+            with_stack=s.with_stack or experimental is not None,
+            experimental_config=experimental,
             with_flops=s.with_flops,
         )
         register_optimizer_step_post_hook(self._on_optimizer_step)
@@ -459,6 +461,20 @@ class RankRuntime:
         for leftover in self.dir.glob(f"{EXPORT_TMP_PREFIX}*"):
             with contextlib.suppress(OSError):
                 leftover.unlink()
+
+    def _experimental_config(self) -> Any:
+        """torch's ``_ExperimentalConfig`` recording Python GC events (``--record-gc``), or None
+        (not asked, or a torch without ``record_python_gc_info``: said in meta.json, the job
+        runs on without them)."""
+        if not self.settings.record_gc:
+            return None
+        try:
+            from torch.profiler import _ExperimentalConfig
+
+            return _ExperimentalConfig(record_python_gc_info=True)
+        except (ImportError, TypeError) as exc:
+            self.meta["record_gc_error"] = f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
+            return None
 
     # ------------------------------------------------------------------ stepping
     def step(self, samples: float | None = None) -> None:

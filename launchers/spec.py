@@ -56,6 +56,10 @@ class ProfilerSettings:
     """Record tensor allocations and frees (larger traces, more overhead)."""
     with_stack: bool = False
     """Record Python/C++ call stacks of operators (much larger traces, more overhead)."""
+    record_gc: bool = False
+    """Record each Python garbage collection as a ``Python GC`` event (torch's
+    ``record_python_gc_info``; it needs the Python tracer, so this turns on ``with_stack``), so
+    that the analysis can name GC pauses as a slow rank's cause instead of "host"."""
     with_flops: bool = False
     """Count FLOPs of the operators torch has formulas for (matmuls, convolutions, elementwise
     add/mul; implies input shapes). The runtime sums them per recorded step into meta.json's

@@ -121,6 +121,11 @@ def add_profiler_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--profile-memory", action="store_true", help="record allocations")
     g.add_argument("--with-stack", action="store_true", help="record call stacks")
     g.add_argument(
+        "--record-gc",
+        action="store_true",
+        help="record Python garbage collections (turns on --with-stack; GC pauses as a cause)",
+    )
+    g.add_argument(
         "--with-flops",
         action="store_true",
         help="count operator FLOPs per step (FLOP/s and MFU KPIs; implies input shapes)",
@@ -295,6 +300,7 @@ def build_spec(
             record_shapes=args.record_shapes,
             profile_memory=args.profile_memory,
             with_stack=args.with_stack,
+            record_gc=args.record_gc,
             with_flops=args.with_flops,
             samples_per_step=args.samples_per_step,
         )

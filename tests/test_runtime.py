@@ -309,3 +309,40 @@ def test_ctrl_c_during_a_profiler_transition_lands_after_it() -> None:
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+GC_EVERY_STEP = """
+    import gc
+    import rankscope
+    import torch
+    for i in range(6):
+        torch.randn(16, 16) @ torch.randn(16, 16)
+        for _ in range(2000):
+            cycle = []
+            cycle.append(cycle)
+        gc.collect()
+        rankscope.step()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_record_gc_writes_python_gc_events_the_analysis_counts(tmp_path: Path) -> None:
+    """--record-gc: torch's ``Python GC`` events in the trace, counted per step after a merge."""
+    from rankscope.analysis.gc_pauses import GC_EVENT_NAME, gc_per_step
+    from rankscope.analysis.pipeline import SYNCHRONOUS
+    from rankscope.analysis.store import open_store
+    from rankscope.orchestrator.merge import merge_run_dir
+
+    settings = ProfilerSettings(wait=0, warmup=1, active=3, repeat=1, record_gc=True)
+    proc, run_dir = run_rank(tmp_path, GC_EVERY_STEP, env={rundir.ENV_PROFILER: settings.to_json()})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "record_gc_error" not in meta(run_dir)
+    trace = json.loads(gzip.decompress(rundir.window_path(run_dir, 0, 0).read_bytes()))
+    gcs = [e for e in trace["traceEvents"] if e.get("name") == GC_EVENT_NAME]
+    assert len(gcs) >= 3 and all(e["cat"] == "python_function" and e["ph"] == "X" for e in gcs)
+    store = merge_run_dir(run_dir, scheduler=SYNCHRONOUS, quiet=True)
+    with open_store(store) as s:
+        per_step = gc_per_step(s.events(0), 0)
+    assert per_step["step"].tolist() == [1, 2, 3], per_step.to_string()
+    assert (per_step["collections"] >= 1).all() and (per_step["gc_ns"] > 0).all()
