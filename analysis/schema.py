@@ -185,3 +185,26 @@ def text_values(column: pd.Series) -> np.ndarray:
             out[codes < 0] = "nan"
         return out
     return column.astype(str).to_numpy(object)
+
+
+def text_codes(column: pd.Series, missing: str = "nan") -> tuple[np.ndarray, np.ndarray]:
+    """``(codes, texts)`` of a text column: ``texts[codes]`` is :func:`text_values` (a missing
+    value ``missing``), ``codes`` int64 — to group rows by their text on integers (grouping on
+    Python strings hashes each row's string: most of a rank's op table)."""
+    import numpy as np
+    import pandas as pd
+
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        index = column.cat.categories
+        texts = np.asarray(index, dtype=object)
+        if index.inferred_type != "string":
+            texts = np.asarray([str(c) for c in texts], dtype=object)
+        codes = column.cat.codes.to_numpy().astype(np.int64)
+    else:
+        codes, uniq = pd.factorize(column.to_numpy(object), use_na_sentinel=True)
+        codes = codes.astype(np.int64)
+        texts = np.asarray([str(v) for v in uniq], dtype=object)
+    if (codes < 0).any():
+        codes = np.where(codes < 0, len(texts), codes)
+        texts = np.append(texts, np.asarray([missing], dtype=object))
+    return codes, texts
