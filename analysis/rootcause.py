@@ -55,6 +55,7 @@ from rankscope.analysis.peer_weights import (
     Replayer,
     index_of,
     like_peers,
+    minus_others_median,
     no_imbalance,
     own_per_step,
     scale_stages,
@@ -315,13 +316,8 @@ def _with_compute(per: pd.DataFrame, breakdown: pd.DataFrame | None) -> pd.DataF
         return per
     comp = breakdown[breakdown["step"] >= 0].set_index(["rank", "step"])["compute_ns"]
     per["compute"] = comp.reindex(index_of(per[["rank", "step"]])).to_numpy(float)
-    per["compute_excess"] = np.nan
-    for _, idx in per.groupby(["g", "step"]).groups.items():
-        c = per.loc[idx, "compute"].to_numpy(float)
-        if len(c) >= 2:
-            per.loc[idx, "compute_excess"] = [
-                c[i] - np.nanmedian(np.delete(c, i)) for i in range(len(c))
-            ]
+    peers = per.groupby(["g", "step"]).ngroup().to_numpy(np.int64)
+    per["compute_excess"] = minus_others_median(per["compute"].to_numpy(float), peers)
     miss = per["compute_excess"].isna()
     per.loc[miss, "compute_excess"] = per.loc[miss, "excess"] - per.loc[miss, "input_excess"]
     return per
@@ -338,10 +334,8 @@ def _with_gc(per: pd.DataFrame, gc: pd.DataFrame | None) -> pd.DataFrame:
         return per
     paused = gc.set_index(["rank", "step"])["gc_ns"]
     per["gc"] = paused.reindex(index_of(per[["rank", "step"]])).fillna(0).to_numpy(float)
-    for _, idx in per.groupby(["g", "step"]).groups.items():
-        g = per.loc[idx, "gc"].to_numpy(float)
-        if len(g) >= 2:
-            per.loc[idx, "gc_excess"] = [g[i] - np.median(np.delete(g, i)) for i in range(len(g))]
+    peers = per.groupby(["g", "step"]).ngroup().to_numpy(np.int64)
+    per["gc_excess"] = np.nan_to_num(minus_others_median(per["gc"].to_numpy(float), peers))
     return per
 
 

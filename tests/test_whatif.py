@@ -447,3 +447,31 @@ def test_real_run_pipeline_bottleneck_saving_within_25_percent(pipeline_run: tup
     _store_sees_each_rank_s_clock(steps, clocks, on, off)
     assert got["measured"] > 0.5 * delay, got
     assert got["predicted"] == pytest.approx(got["measured"], rel=0.25), got
+
+
+def test_minus_others_median_is_the_leave_one_out_median() -> None:
+    """peer_weights.minus_others_median == each value minus np.nanmedian of the other values
+    of its group (NaN: none), on 3,000 random groupings with NaNs and ties."""
+    import warnings
+
+    import numpy as np
+    from rankscope.analysis.peer_weights import minus_others_median
+
+    rng = np.random.default_rng(3)
+    for trial in range(3000):
+        n = int(rng.integers(1, 30))
+        v = rng.normal(size=n).round(1)
+        v[rng.random(n) < 0.2] = np.nan
+        if trial % 3 == 0:
+            v = np.round(v)  # ties
+        g = rng.integers(0, 4, n)
+        want = np.full(n, np.nan)
+        for gid in np.unique(g):
+            idx = np.flatnonzero(g == gid)
+            c = v[idx]
+            if len(c) >= 2:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)  # all others NaN
+                    want[idx] = [c[i] - np.nanmedian(np.delete(c, i)) for i in range(len(c))]
+        got = minus_others_median(v, g)
+        assert np.allclose(got, want, equal_nan=True), (v, g, got, want)
