@@ -150,7 +150,7 @@ def test_nesting_and_redispatch_in_numpy_equal_the_stack_walk() -> None:
     rule give torch's stack walk exactly, on 4,000 random event sets: nested, crossing,
     zero-length, equal stamps, several lanes, chains of same-name only children."""
     import numpy as np
-    from rankscope.analysis.ops import _merge_redispatch, _nest
+    from rankscope.analysis.op_nesting import merge_redispatch, nest
 
     rng = np.random.default_rng(7)
     for trial in range(4000):
@@ -163,10 +163,10 @@ def test_nesting_and_redispatch_in_numpy_equal_the_stack_walk() -> None:
         rows = np.arange(n)
         order = rows[np.lexsort((-end, ts, lane))]
         stack = _torch_nesting(order, lane, ts, end, n)
-        parent = _nest(order, lane, ts, end, n)
+        parent = nest(order, lane, ts, end, n)
         assert parent.tolist() == stack, (ts, dur, lane)
         keep, want = _torch_rule(order.tolist(), stack, names.tolist())
-        got_order, got_parent = _merge_redispatch(order, parent, names)
+        got_order, got_parent = merge_redispatch(order, parent, names)
         assert got_order.tolist() == keep
         assert got_parent[order].tolist() == [want[i] for i in order.tolist()]
 
