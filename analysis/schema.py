@@ -171,18 +171,11 @@ def text_values(column: pd.Series) -> np.ndarray:
     ``astype(str)`` builds a new string array row by row (pandas 3: an Arrow string array, then
     converted back), the largest single cost of a rank's analysis at ~30 k events. Taking the
     categories by the codes is one array take."""
-    import numpy as np
     import pandas as pd
 
     if isinstance(column.dtype, pd.CategoricalDtype):
-        index = column.cat.categories  # the store's: one Index for all calls, its type cached
-        cats = np.asarray(index, dtype=object)
-        if index.inferred_type != "string":
-            cats = np.asarray([str(c) for c in cats], dtype=object)
-        codes = column.cat.codes.to_numpy()
-        out = cats.take(np.maximum(codes, 0)) if len(cats) else np.full(len(codes), "nan", object)
-        if (codes < 0).any():
-            out[codes < 0] = "nan"
+        codes, texts = text_codes(column)
+        out: np.ndarray = texts[codes]
         return out
     return column.astype(str).to_numpy(object)
 
@@ -195,7 +188,7 @@ def text_codes(column: pd.Series, missing: str = "nan") -> tuple[np.ndarray, np.
     import pandas as pd
 
     if isinstance(column.dtype, pd.CategoricalDtype):
-        index = column.cat.categories
+        index = column.cat.categories  # the store's: one Index for all calls, its type cached
         texts = np.asarray(index, dtype=object)
         if index.inferred_type != "string":
             texts = np.asarray([str(c) for c in texts], dtype=object)
