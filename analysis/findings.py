@@ -57,6 +57,7 @@ class FindingKind(enum.StrEnum):
     STAGE_IMBALANCE = "stage_imbalance"
     DATA_IMBALANCE = "data_imbalance"
     SDPA_MATH_FALLBACK = "sdpa_math_fallback"
+    SLOW_LINK = "slow_link"
 
 
 #: The kinds about memory (rankscope.analysis.memory); none without ``--profile-memory``.
@@ -486,8 +487,39 @@ def findings(a: Analysis) -> list[Finding]:
     (``--profile-memory``; then "no memory events" is the finding). With a what-if table
     (``a.whatif``), each straggler and bottleneck is followed by what fixing it would save, and
     the job-wide scenarios follow the pipeline findings (kind ``what_if``)."""
-    linked = _with_what_if(_straggler_findings(a) + _pipeline_findings(a), a)
+    linked = _with_what_if(_straggler_findings(a) + _link_findings(a) + _pipeline_findings(a), a)
     return linked + _memory_findings(a) + _attention_findings(a) + _input_findings(a)
+
+
+def _link_findings(a: Analysis) -> list[Finding]:
+    """One finding per group of slow host pairs (analysis/links.py), slowest first."""
+    table = getattr(a, "links", None)
+    if table is None or not len(table) or not table["is_slow"].any():
+        return []
+    from rankscope.analysis.links import LINK_CAUSE, link_evidence, link_headline
+
+    out = []
+    for _, rows in table[table["is_slow"]].groupby("group", sort=False):
+        row = rows.iloc[0]  # the slowest of the group (the table is sorted)
+        out.append(
+            Finding(
+                kind=FindingKind.SLOW_LINK,
+                severity=Severity.PROBLEM,
+                rank=None,
+                headline=link_headline(list(zip(rows["host_a"], rows["host_b"], strict=True))),
+                evidence=link_evidence(row, len(rows)),
+                cause=LINK_CAUSE,
+                figures={
+                    "pairs": len(rows),
+                    "instances": int(row["instances"]),
+                    "slowdown": round(float(row["slowdown"]), 3),
+                    "transfer_ms": round(float(row["transfer_ms"]), 6),
+                    "typical_ms": round(float(row["typical_ms"]), 6),
+                    "extra_s": round(float(row["extra_s"]), 6),
+                },
+            )
+        )
+    return out
 
 
 def _attention_findings(a: Analysis) -> list[Finding]:

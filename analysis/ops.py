@@ -466,6 +466,13 @@ OP_TABLE_ACROSS_COLUMNS = [
 ]
 
 
+def op_sort_of(table: pd.DataFrame) -> str:
+    """``key_averages``' sort for an op table: self device time when kernels were recorded (GPU
+    runs), else self CPU time."""
+    has_device = len(table) and "self_device_ns" in table and table["self_device_ns"].sum() > 0
+    return "self_cuda_time_total" if has_device else "self_cpu_time_total"
+
+
 def op_table_across_ranks(
     tables: pd.DataFrame, sort_by: str = "cpu_time_total", top: int | None = 20
 ) -> pd.DataFrame:

@@ -8,7 +8,7 @@ verdicts, op spread) then run on the small collectives table and on those result
 
 Where the tasks run (:class:`ClusterSpec`, chosen and run by :mod:`rankscope.analysis.scheduler`,
 which the merge shares): in-process while worker processes would not pay (the default, ``"auto"``),
-a ``LocalCluster`` sized to the machine, Dask's thread pool, an existing scheduler
+processes forked from this one (Linux), a ``LocalCluster`` sized to the machine, Dask's thread pool, an existing scheduler
 (``scheduler="tcp://host:8786"``), or a dask-jobqueue ``SLURMCluster`` with N single-core workers.
 Results are identical whatever runs them: every task is deterministic and results are assembled
 in rank order. The scheduler names are re-exported here, beside :func:`analyze` that takes them.
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -96,6 +96,9 @@ class Analysis:
     overview: Overview | None = None
     """Every rank's time per category in bins of one grid, for the rank × time overview
     (overview.Overview); None without profiled steps."""
+    links: pd.DataFrame = dataclasses.field(default_factory=lambda: _empty_frame())
+    """Host pairs whose transfers could be compared with the same transfers elsewhere, slowest
+    first: links.LINK_COLUMNS (``is_slow``: a slow link; empty when no pair could be judged)."""
     rootcause: Any = None
     """For a layered job (collectives of sub-groups: tensor / data / pipeline parallel), the
     slow workers, stage and data imbalances judged against each rank's peers
@@ -162,12 +165,14 @@ def _whatif_and_root(
     stragglers: list[int],
     bottlenecks: list[int],
     layered: Callable[[Any], Any] | None = None,
+    extra: Sequence[Any] = (),
 ) -> tuple[pd.DataFrame, Any]:
     """The what-if table (whatif.SCENARIO_COLUMNS) from the rank tasks' clocks, and for a
     layered job ``layered(model)`` (rootcause.RootCause: its slow workers are fixed like their
     peers, its job-wide scenarios close the table); the table is empty where the replay has
     nothing to replay across ranks (one rank, no steps, no collectives) or its graph cannot be
-    built (analyze never fails for it: the block is then left out)."""
+    built (analyze never fails for it: the block is then left out). ``extra``: more scenarios
+    (whatif.Scenario: the slow links like the others), last."""
     import logging
 
     import pandas as pd
@@ -187,6 +192,9 @@ def _whatif_and_root(
             mine = root.whatif
             ranked = mine[mine["rank"] >= 0]
             table = pd.concat([ranked, table, mine[mine["rank"] < 0]], ignore_index=True)
+        if extra:
+            last = whatif.scenarios(model, custom=extra, only_custom=True)
+            table = pd.concat([table, last], ignore_index=True)
         return table, root
     except (ValueError, KeyError, IndexError) as exc:  # a graph the model cannot take
         logging.getLogger(__name__).warning("what-if left out: %s", exc)
@@ -383,10 +391,10 @@ def analyze(
         memory=mem.across_ranks((r["memory"] for r in results), requested=mem.requested_in(meta)),
     )
     from rankscope.analysis.attention import attention_by_backend
-    from rankscope.analysis.ops import op_table_across_ranks
+    from rankscope.analysis.ops import op_sort_of, op_table_across_ranks
 
     out.op_table = cat("op_table")
-    out.op_table_across = op_table_across_ranks(out.op_table, sort_by=_op_sort(out.op_table))
+    out.op_table_across = op_table_across_ranks(out.op_table, sort_by=op_sort_of(out.op_table))
     out.attention_calls = cat("attention")
     out.attention = attention_by_backend(out.attention_calls)
     clocks = {int(r["rank"]): r["whatif_clock"] for r in results if r["whatif_clock"] is not None}
@@ -401,17 +409,16 @@ def analyze(
             lay = rootcause.layout(ranks, groups, model)
             return rootcause.root_causes(model, lay, breakdown, colls, groups, gc)
 
+    from rankscope.analysis import links as lk
+
+    instances = lk.instance_transfers(colls, out.hosts)
+    out.links = lk.link_table(instances)
+    fix = lk.link_fix_factors(instances, out.links)
     out.whatif, out.rootcause = _whatif_and_root(
-        steps, colls, clocks, out.straggler_ranks(), out.bottleneck_ranks(), layered
-    )
+        steps, colls, clocks, out.straggler_ranks(), out.bottleneck_ranks(), layered,
+        [lk.link_scenario(fix)] if fix else [],
+    )  # fmt: skip
     return out
-
-
-def _op_sort(table: pd.DataFrame) -> str:
-    """``key_averages``' sort for the op table: self device time when kernels were recorded
-    (GPU runs), else self CPU time."""
-    has_device = len(table) and "self_device_ns" in table and table["self_device_ns"].sum() > 0
-    return "self_cuda_time_total" if has_device else "self_cpu_time_total"
 
 
 # -- one DataFrame per call, from a store (for notebooks) ------------------------------------

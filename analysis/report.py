@@ -312,6 +312,22 @@ def summary(a: Analysis, found: list[Finding] | None = None) -> dict[str, Any]:
     op_rows = op_table_summary(getattr(a, "op_table_across", None))
     if op_rows:  # additive: the key_averages-grade table across ranks (docs/summary.md)
         doc["op_table"] = op_rows
+    links = getattr(a, "links", None)
+    if links is not None and len(links):  # additive: only where host pairs could be compared
+        doc["links"] = [
+            {
+                "host_a": str(r.host_a),
+                "host_b": str(r.host_b),
+                "instances": int(r.instances),
+                "transfer_ms": round(float(r.transfer_ms), 6),
+                "typical_ms": round(float(r.typical_ms), 6),
+                "slowdown": round(float(r.slowdown), 4),
+                "extra_s": round(float(r.extra_s), 6),
+                "group": int(r.group),
+                "is_slow": bool(r.is_slow),
+            }
+            for r in links.itertuples(index=False)
+        ]
     attention = attention_summary(getattr(a, "attention", None))
     if attention:  # additive: only when the run called scaled_dot_product_attention
         doc["attention"] = attention
@@ -1258,6 +1274,7 @@ def render_html(a: Analysis, *, all_ranks: bool = False) -> str:
                 FindingKind.NO_STRAGGLER,
                 FindingKind.STAGE_IMBALANCE,
                 FindingKind.DATA_IMBALANCE,
+                FindingKind.SLOW_LINK,
             },
         )
     )

@@ -3,9 +3,10 @@
 Both commands fan one task out per rank: the merge parses a rank's traces
 (``rankscope.orchestrator.rank_columns.parse_source``), the analysis measures a rank's events
 (``rankscope.analysis.pipeline.rank_task``). They share the scheduler vocabulary
-(:class:`ClusterSpec`, ``"auto"`` / ``"local"`` / ``"synchronous"`` / ``"threads"`` / an address),
-the choice of where ``"auto"`` runs (:func:`choose`: in-process until worker processes pay for
-their start-up), the runner (:func:`run_each`) and the command-line flags
+(:class:`ClusterSpec`, ``"auto"`` / ``"processes"`` / ``"local"`` / ``"synchronous"`` /
+``"threads"`` / an address), the choice of where ``"auto"`` runs (:func:`choose`: in-process
+until worker processes pay for their start-up; on Linux forked ones, which start in
+milliseconds), the runner (:func:`run_each`) and the command-line flags
 (:func:`add_cluster_flags`, :func:`cluster_spec_from_args`), so one word means the same for both,
 is spelled once for both, and the user reads the same one-line reason from both.
 
@@ -16,7 +17,6 @@ of a local pool, ends the run with ONE :class:`WorkersError` line, never a hang 
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import itertools
 import logging
@@ -42,6 +42,14 @@ LOCAL = "local"
 AUTO = "auto"
 #: ``ClusterSpec.scheduler`` value: Dask's thread pool in this process (no child processes).
 THREADS = "threads"
+#: ``ClusterSpec.scheduler`` value: worker processes forked from this one (Linux): they start in
+#: milliseconds with every module already imported and never re-run ``__main__``, so they pay
+#: where a LocalCluster's start-up does not (2 cores: merge + analysis of 64 ranks x 40 steps
+#: 17.2 s in-process, 12.9 s forked; docs/performance.md). Dask's own word for a process pool.
+PROCESSES = "processes"
+#: Seconds forked workers cost before and after their tasks (the fork, handing each result back
+#: through a pipe): 0.02 s measured for 2 workers, the rest a margin for the results' pickling.
+FORK_START_S = 0.2
 #: Events one core analyses per second in-process (measured on the 64-rank scale set:
 #: 15.8 M events in 20 s on this project's 2-core machine, docs/performance.md).
 IN_PROCESS_EVENTS_PER_S = 800_000
@@ -59,7 +67,8 @@ class ClusterSpec:
 
     scheduler: str = AUTO
     """``"auto"`` (in-process unless worker processes pay for their start-up, see :func:`choose`),
-    ``"local"`` (a LocalCluster sized to the machine), ``"synchronous"`` (in-process, one task
+    ``"processes"`` (worker processes forked from this one; Linux), ``"local"`` (a LocalCluster
+    sized to the machine), ``"synchronous"`` (in-process, one task
     after another), ``"threads"`` (Dask's thread pool in this process), or the address of a
     running Dask scheduler (``tcp://host:8786``)."""
     slurm_workers: int | None = None
@@ -84,7 +93,8 @@ class ClusterSpec:
     """Seconds to wait for every worker to connect (``$RANKSCOPE_SLURM_WORKER_TIMEOUT``, else
     ``slurm_workers.SLURM_WORKER_TIMEOUT_S``, when None)."""
     workers: int | None = None
-    """LocalCluster workers (default: CPU cores, at most one per rank)."""
+    """Worker processes of a LocalCluster or a fork pool (default: CPU cores, at most one per
+    rank)."""
     main_is_guarded: bool = False
     """True when the caller knows ``__main__`` is safe to re-import in worker processes
     (rankscope's own CLI); otherwise ``"auto"`` decides from ``__main__`` itself."""
@@ -127,12 +137,25 @@ def processes_are_safe(main_is_guarded: bool = False) -> bool:
     return main is None or getattr(main, "__file__", None) is None
 
 
+def can_fork() -> bool:
+    """Can this process fork its workers (:data:`PROCESSES`)?
+
+    Linux only: macOS' system libraries are not safe to use after a fork (Python itself starts
+    processes there by spawning since 3.8) and Windows has no fork. Never from a worker process
+    itself, forked or started by Dask: the work is already spread there.
+    """
+    import multiprocessing
+    import sys
+
+    return sys.platform.startswith("linux") and multiprocessing.parent_process() is None
+
+
 @dataclasses.dataclass(frozen=True)
 class Choice:
     """Where the per-rank tasks run, and why (one short line for the user)."""
 
     scheduler: str
-    """SYNCHRONOUS, THREADS, LOCAL, or a scheduler address."""
+    """SYNCHRONOUS, THREADS, PROCESSES, LOCAL, or a scheduler address."""
     reason: str
     """Why, in a few words (printed by the CLI)."""
 
@@ -140,11 +163,14 @@ class Choice:
 def choose(spec: ClusterSpec, n_ranks: int, n_events: int, rank_s: float = 0.0) -> Choice:
     """Pick where ``"auto"`` work (a merge or an analysis) runs: in-process unless processes pay.
 
-    With ``w`` workers adding parallelism the work takes about ``T / w + CLUSTER_START_S``
-    instead of ``T = n_events / IN_PROCESS_EVENTS_PER_S + n_ranks * rank_s`` in-process (``rank_s``:
-    the fixed cost of one rank's task, ``ANALYSIS_RANK_S`` for the analysis), so processes pay when
-    ``T * (1 - 1/w) > CLUSTER_START_S``; ``w = min(cores - 1, ranks)`` (the parent keeps a core
-    busy) unless ``spec.workers`` sizes the cluster. Where processes cannot start safely (a plain script,
+    With ``w`` workers adding parallelism the work takes about ``T / w + start`` instead of
+    ``T = n_events / IN_PROCESS_EVENTS_PER_S + n_ranks * rank_s`` in-process (``rank_s``: the
+    fixed cost of one rank's task, ``ANALYSIS_RANK_S`` for the analysis), so processes pay when
+    ``T * (1 - 1/w) > start``. Where this process can fork (:func:`can_fork`) the workers are
+    forked (``start`` = :data:`FORK_START_S`, ``w = min(cores, ranks)``: the parent only waits for
+    and stores their results); elsewhere a LocalCluster (``start`` = :data:`CLUSTER_START_S`,
+    ``w = min(cores - 1, ranks)``: its scheduler and the unpickling keep the parent's core busy).
+    ``spec.workers`` sizes either. Where a LocalCluster cannot start safely (a plain script,
     :func:`processes_are_safe`) threads run instead, even when ``"local"`` was asked for: a
     bootstrapping error in every worker helps nobody. Any other explicit scheduler is honoured.
     """
@@ -158,14 +184,28 @@ def choose(spec: ClusterSpec, n_ranks: int, n_events: int, rank_s: float = 0.0) 
     )
     if spec.scheduler == LOCAL:
         return Choice(LOCAL, "a LocalCluster, as asked") if safe else Choice(THREADS, unsafe_note)
+    if spec.scheduler == PROCESSES and not can_fork():
+        return Choice(THREADS, "threads: forked worker processes need Linux (and not a worker)")
     if spec.scheduler != AUTO:
         return Choice(spec.scheduler, "as asked")
     workers = _local_workers(spec, n_ranks)
+    seconds = n_events / IN_PROCESS_EVENTS_PER_S + n_ranks * rank_s
+    if can_fork():
+        if workers >= 2 and seconds * (1 - 1 / workers) > FORK_START_S:
+            return Choice(
+                PROCESSES,
+                f"{workers} forked worker processes ({n_events:,} events, ~{seconds:.1f} s of work)",
+            )
+        why = "one core" if workers < 2 and n_ranks >= 2 and not spec.workers else "too little"
+        return Choice(
+            SYNCHRONOUS,
+            f"in-process ({n_events:,} events, ~{seconds:.1f} s of work; worker processes "
+            f"would not pay off: {why})",
+        )
     # Without a size from the user, the parent keeps a core busy (the scheduler, unpickling the
     # results and, in a merge, writing the store), so only the others add parallelism: on 2
     # cores a LocalCluster was 3x slower than in-process at 1 M events (docs/performance.md).
     parallel = min(spec.workers, n_ranks) if spec.workers else min(_cores() - 1, n_ranks)
-    seconds = n_events / IN_PROCESS_EVENTS_PER_S + n_ranks * rank_s
     if parallel < 2 or seconds * (1 - 1 / parallel) <= CLUSTER_START_S:
         why = (
             f"{_cores()} cores: one is the parent's, worker processes would not pay off"
@@ -214,6 +254,19 @@ def run_each(
     limit = IN_FLIGHT_PER_WORKER * _local_workers(spec, n_ranks)
     if spec.slurm_workers is None and spec.scheduler == THREADS:
         yield from _run_threads(func, calls, _local_workers(spec, n_ranks), limit)
+        return
+    if spec.slurm_workers is None and spec.scheduler == PROCESSES:
+        from concurrent.futures.process import BrokenProcessPool
+
+        from rankscope.analysis.forked_workers import run_forked
+
+        try:
+            yield from run_forked(func, calls, _local_workers(spec, n_ranks), limit)
+        except BrokenProcessPool:
+            raise WorkersError(
+                "a forked worker process died (killed for memory?); rerun with "
+                "--scheduler synchronous to use this process alone"
+            ) from None
         return
     yield from _run_distributed(func, calls, spec, n_ranks)
 
@@ -407,64 +460,3 @@ class WorkersError(RankscopeError):
     """
 
     exit_code = 1
-
-
-def _positive_int(text: str) -> int:
-    """argparse type: a whole number >= 1 (one-line error otherwise)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, not {text!r}")
-    return value
-
-
-def add_cluster_flags(parser: argparse.ArgumentParser) -> None:
-    """``--scheduler WHERE`` | ``--slurm-workers N`` [``--slurm-partition NAME``]: where the
-    per-rank tasks run, spelled once for every command that fans out per rank (``merge``,
-    ``analyze``); :func:`cluster_spec_from_args` reads them back. Import-light."""
-    where = parser.add_mutually_exclusive_group()
-    where.add_argument(
-        "--scheduler",
-        default=None,
-        metavar="WHERE",
-        help="where the per-rank tasks run: 'auto' (default: in this process unless worker "
-        "processes pay for their start-up), 'local' (a LocalCluster sized to this machine), "
-        "'threads', 'synchronous' (in this process), or a Dask scheduler address "
-        "(tcp://host:8786)",
-    )
-    where.add_argument(
-        "--slurm-workers",
-        type=_positive_int,
-        default=None,
-        metavar="N",
-        help="run the per-rank tasks on N one-core Slurm jobs (a dask-jobqueue SLURMCluster); "
-        "the traces and the output must be on a filesystem the nodes share",
-    )
-    parser.add_argument(
-        "--slurm-partition",
-        default=None,
-        metavar="NAME",
-        help="partition of the --slurm-workers jobs (default: the cluster's)",
-    )
-
-
-def cluster_spec_from_args(
-    args: argparse.Namespace, *, main_is_guarded: bool = True
-) -> ClusterSpec:
-    """The :class:`ClusterSpec` of :func:`add_cluster_flags`' flags (one-line UsageError when they
-    do not fit together). ``main_is_guarded``: rankscope's own CLI is safe to re-import."""
-    workers = getattr(args, "slurm_workers", None)
-    partition = getattr(args, "slurm_partition", None)
-    if partition is not None and workers is None:
-        raise UsageError("--slurm-partition needs --slurm-workers N")
-    try:
-        return ClusterSpec(
-            scheduler=getattr(args, "scheduler", None) or AUTO,
-            slurm_workers=workers,
-            slurm_partition=partition,
-            main_is_guarded=main_is_guarded,
-        )
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None

@@ -154,6 +154,9 @@ PEER_LIKE = "straggler like its peers"
 STAGE_LIKE_OTHERS = "imbalanced stage like the other stages"
 STAGES_BALANCED = "stages balanced"
 NO_DATA_IMBALANCE = "no data imbalance"
+#: The transfers crossing a slow host pair (:mod:`rankscope.analysis.links`) at the median of
+#: the same transfers elsewhere.
+SLOW_LINKS_LIKE_OTHERS = "slow links like the other links"
 #: A stable key per built-in scenario (summary.json ``what_if.scenarios[].kind``): readers select
 #: on these, never on the names, whose wording may improve; user scenarios have ``custom``.
 SCENARIO_KEYS: dict[str, str] = {
@@ -166,6 +169,7 @@ SCENARIO_KEYS: dict[str, str] = {
     STAGE_LIKE_OTHERS: "stage_like_others",
     STAGES_BALANCED: "stages_balanced",
     NO_DATA_IMBALANCE: "no_data_imbalance",
+    SLOW_LINKS_LIKE_OTHERS: "slow_links_like_others",
 }
 #: The scenarios that fix one named rank (``rank`` >= 0).
 RANK_SCENARIOS = (STRAGGLER_LIKE_MEDIAN, BOTTLENECK_LIKE_MEDIAN, PEER_LIKE)
@@ -720,10 +724,12 @@ def scenarios(
     stragglers: Sequence[int] = (),
     bottlenecks: Sequence[int] = (),
     custom: Sequence[Scenario] = (),
+    only_custom: bool = False,
 ) -> pd.DataFrame:
     """The what-if table (SCENARIO_COLUMNS): each straggler and pipeline bottleneck like the
     median rank, all ranks like the median rank, communication fully overlapped, no input
-    stall, then ``custom``; figures are the ``STEP_STATISTIC`` over the profiled steps."""
+    stall, then ``custom`` (``only_custom``: those alone); figures are the ``STEP_STATISTIC``
+    over the profiled steps."""
     import numpy as np
     import pandas as pd
 
@@ -739,6 +745,8 @@ def scenarios(
         Scenario(NO_INPUT_STALL, without_input),
         *custom,
     ]
+    if only_custom:
+        plan = list(custom)
     rows = []
     m_stat, b_stat = _stat(measured["step_ns"]), _stat(base["step_ns"])
     for sc in plan:

@@ -159,7 +159,8 @@ BENCH_LAYOUTS: dict[int, Layout] = {
 
 def layered_one(root: Path, ranks: int, name: str) -> dict[str, Any]:
     """One layered case: generated, merged and analysed as whole processes, then judged."""
-    from test_scenarios import generate_layered, layered_verdict, root_causes_of
+    from rankscope.analysis import whatif as wi
+    from test_scenarios import generate_layered, layered_verdict, links_of, root_causes_of
 
     out = root / f"{ranks}-{name}"
     t = time.perf_counter()
@@ -169,7 +170,12 @@ def layered_one(root: Path, ranks: int, name: str) -> dict[str, Any]:
     merge_s = run([*rs, "merge", str(out), "-q"])
     analyze_s = run([*rs, "analyze", str(out / "trace.h5"), "--json", str(out / "s.json")])
     truth = json.loads((out / "truth.json").read_text())
-    v = layered_verdict(truth, root_causes_of(out / "trace.h5"))
+    v = layered_verdict(truth, root_causes_of(out / "trace.h5"), links_of(out / "trace.h5"))
+    if v["fault"] is not None and v["fault"]["class"] == "slow_link":  # the CLI's what-if
+        rows = json.loads((out / "s.json").read_text())["what_if"]["scenarios"]
+        key = wi.SCENARIO_KEYS[wi.SLOW_LINKS_LIKE_OTHERS]
+        v["pct"] = next((100 * r["saving_share"] for r in rows if r["kind"] == key), 0.0)
+        v["truth_pct"] = v["fault"]["counterfactual"]["saving_pct"]
     shutil.rmtree(out)
 
     def named(d: dict[str, Any]) -> set[tuple[str, int]]:
@@ -177,10 +183,13 @@ def layered_one(root: Path, ranks: int, name: str) -> dict[str, Any]:
             {("slow worker", int(r)) for r in d["slow_worker"]}
             | {("stage", int(g)) for g in d["stage"]}
             | ({("data imbalance", -1)} if d["data"] else set())
+            | {(f"slow link {pair}", -1) for pair in d["link"]}
         )
 
     want, got = named(v["expected"]), named(v["got"])
-    right = want & got
+    # a group of pairs the job cannot tell apart that holds the true pair names it (the finding
+    # says which hosts, and that the pair cannot be told); the table shows the group
+    right = {w for w in want if any((g[0].split(" (")[0], g[1]) == w for g in got)}
 
     def said(items: set[tuple[str, int]]) -> str:
         return ", ".join(k if i < 0 else f"{k} {i}" for k, i in sorted(items)) or "none"
@@ -201,7 +210,7 @@ def layered_one(root: Path, ranks: int, name: str) -> dict[str, Any]:
 
 def layered_table(ranks: int, only: list[str] | None, hta: bool) -> None:
     """The layered cases at ``ranks`` (:data:`BENCH_LAYOUTS`): verdicts, what-if, seconds."""
-    from test_scenarios import LAYERED
+    from test_scenarios import LAYERED, LINK_CASES
 
     if ranks not in BENCH_LAYOUTS:
         raise SystemExit(f"--layered: --ranks {ranks}: one of {sorted(BENCH_LAYOUTS)}")
@@ -218,7 +227,7 @@ def layered_table(ranks: int, only: list[str] | None, hta: bool) -> None:
     print("|---" * (head.count("|") - 1) + "|")
     root = Path(tempfile.mkdtemp(prefix="rankscope-layered-"))
     try:
-        for name in only or list(LAYERED):
+        for name in only or [*LAYERED, *LINK_CASES]:
             r = layered_one(root, ranks, name)
             faulty = r["truth_pct"] == r["truth_pct"]  # NaN: no fault, no what-if to judge
             pct, truth_pct, err = (

@@ -36,7 +36,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", type=Path, metavar="FILE", help="write summary.json here")
     parser.add_argument("--html", type=Path, metavar="FILE", help="write the HTML report here")
-    from rankscope.analysis.scheduler import add_cluster_flags
+    from rankscope.analysis.cluster_flags import add_cluster_flags
 
     add_cluster_flags(parser)  # the merge's flags too: a merge analyze runs first uses them
     parser.add_argument(
@@ -230,8 +230,8 @@ def _console() -> Any:
 
 def main(args: argparse.Namespace) -> int:
     """Entry point of ``rankscope analyze``."""
+    from rankscope.analysis.cluster_flags import cluster_spec_from_args
     from rankscope.analysis.report import print_summary
-    from rankscope.analysis.scheduler import cluster_spec_from_args
 
     path: Path = args.path
     # One spec for both: a merge that must run first uses the same workers (its own "auto"

@@ -126,8 +126,8 @@ def merge_run_dir(
 
     Returns the store path (``run_dir/trace.h5`` unless ``output``). ``scheduler`` takes the
     analysis' words (:class:`rankscope.analysis.scheduler.ClusterSpec`): None or ``"auto"``
-    parses in-process unless worker processes pay for their start-up, ``"local"`` starts a
-    LocalCluster (one single-threaded worker process per core, at most one per rank),
+    parses in-process unless worker processes pay for their start-up, ``"processes"`` forks
+    them (Linux), ``"local"`` starts a LocalCluster (one single-threaded worker process per core, at most one per rank),
     ``"threads"`` and ``"synchronous"`` stay in this process, anything else is the address of a
     running Dask scheduler. ``cluster``: the whole :class:`ClusterSpec` instead (Slurm workers:
     ``slurm_workers``, ``slurm_partition`` …; ``rankscope merge --slurm-workers N``), not with
@@ -661,7 +661,7 @@ class _Progress:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``rankscope merge`` (import-light)."""
-    from rankscope.analysis.scheduler import add_cluster_flags
+    from rankscope.analysis.cluster_flags import add_cluster_flags
 
     parser.add_argument(
         "inputs",
@@ -737,7 +737,7 @@ def main(args: argparse.Namespace) -> int:
     missing = [p for p in paths if not p.exists()]
     if missing:
         raise UsageError(f"{missing[0]}: no such file or directory")
-    from rankscope.analysis.scheduler import cluster_spec_from_args
+    from rankscope.analysis.cluster_flags import cluster_spec_from_args
 
     cluster = cluster_spec_from_args(args, main_is_guarded=True)
     with interrupt_wins():

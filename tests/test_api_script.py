@@ -78,7 +78,57 @@ def test_plain_script_asking_for_processes_gets_threads_not_a_bootstrap_error(
     assert "__main__" in out  # the reason says how to get processes
 
 
+def test_plain_script_asking_for_forked_processes_runs_them_once(
+    store: Path, tmp_path: Path
+) -> None:
+    """Forked workers never re-import ``__main__``: a plain script gets them, its top runs once."""
+    proc = _script(
+        tmp_path,
+        f"""
+        from rankscope.analysis import analyze
+        from rankscope.analysis.pipeline import ClusterSpec
+        print("top of the script")
+        a = analyze({str(store)!r}, ClusterSpec(scheduler="processes", workers=2))
+        print("stragglers", a.straggler_ranks(), "ran", a.scheduler.scheduler)
+        """,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "Traceback" not in out
+    assert out.count("top of the script") == 1, out[-3000:]
+    assert "stragglers [2] ran processes" in out
+
+
+def test_forked_workers_pay_sooner_than_a_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where this process can fork, ``auto`` forks its workers once the work saves more than
+    their start (``FORK_START_S``, milliseconds) — all cores count, the parent only waits — and
+    stays in-process below that; one core or one rank never forks."""
+    from rankscope.analysis import scheduler
+
+    monkeypatch.setattr(scheduler, "can_fork", lambda: True)
+    monkeypatch.setattr(scheduler, "_cores", lambda: 2)
+    spec = scheduler.ClusterSpec()
+    # 2 workers: pays when the work is over 2 x FORK_START_S (0.4 s: 320,000 events)
+    assert scheduler.choose(spec, 8, 1_000_000).scheduler == scheduler.PROCESSES
+    assert "2 forked worker processes" in scheduler.choose(spec, 8, 1_000_000).reason
+    assert scheduler.choose(spec, 8, 200_000).scheduler == scheduler.SYNCHRONOUS
+    assert scheduler.choose(spec, 1, 100_000_000).scheduler == scheduler.SYNCHRONOUS
+    monkeypatch.setattr(scheduler, "_cores", lambda: 1)
+    assert scheduler.choose(spec, 8, 100_000_000).scheduler == scheduler.SYNCHRONOUS
+    # 64 small ranks: their fixed cost per task (ANALYSIS_RANK_S) is the work that pays
+    monkeypatch.setattr(scheduler, "_cores", lambda: 2)
+    assert scheduler.choose(spec, 64, 64_000).scheduler == scheduler.SYNCHRONOUS
+    busy = scheduler.choose(spec, 64, 64_000, scheduler.ANALYSIS_RANK_S)
+    assert busy.scheduler == scheduler.PROCESSES
+    # asked for where fork is unsafe (macOS, a worker process): threads, saying why
+    monkeypatch.setattr(scheduler, "can_fork", lambda: False)
+    asked = scheduler.choose(scheduler.ClusterSpec(scheduler=scheduler.PROCESSES), 8, 10**8)
+    assert asked.scheduler == scheduler.THREADS and "Linux" in asked.reason
+
+
 def test_scheduler_choice_follows_the_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where this process cannot fork (macOS, Windows): a LocalCluster once it pays."""
+    from rankscope.analysis import scheduler
     from rankscope.analysis.pipeline import (
         LOCAL,
         SYNCHRONOUS,
@@ -87,6 +137,7 @@ def test_scheduler_choice_follows_the_work(monkeypatch: pytest.MonkeyPatch) -> N
         choose,
     )
 
+    monkeypatch.setattr(scheduler, "can_fork", lambda: False)
     small, big = 10_000, 100_000_000
     guarded = ClusterSpec(workers=4, main_is_guarded=True)
     assert choose(guarded, 8, small).scheduler == SYNCHRONOUS
@@ -108,9 +159,11 @@ def test_scheduler_choice_follows_the_work(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_unsized_cluster_counts_the_parents_core(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Unsized, the parent's core adds nothing: 2 cores stay in-process, 16 cores pay."""
+    """Unsized, the parent's core adds nothing to a LocalCluster: 2 cores stay in-process, 16
+    cores pay (where this process cannot fork)."""
     from rankscope.analysis import scheduler
 
+    monkeypatch.setattr(scheduler, "can_fork", lambda: False)
     guarded = scheduler.ClusterSpec(main_is_guarded=True)
     monkeypatch.setattr(scheduler, "_cores", lambda: 2)
     two = scheduler.choose(guarded, 8, 100_000_000)
@@ -172,11 +225,13 @@ def test_run_without_steps_warns_at_the_end_and_analyze_says_why(tmp_path: Path)
     assert "no training step was seen" in lines[0] and str(run) in lines[0]
 
 
-def test_many_small_ranks_count_as_work() -> None:
+def test_many_small_ranks_count_as_work(monkeypatch: pytest.MonkeyPatch) -> None:
     """1,024 ranks of 1,000 events: the fixed cost per rank task makes it ~50 s of work, which
-    worker processes pay for where cores allow (issue 15: the events alone said 1.3 s)."""
+    a LocalCluster pays for where cores allow (issue 15: the events alone said 1.3 s)."""
     from rankscope.analysis import scheduler
     from rankscope.analysis.scheduler import ANALYSIS_RANK_S, ClusterSpec, choose
+
+    monkeypatch.setattr(scheduler, "can_fork", lambda: False)
 
     spec = ClusterSpec(workers=4, main_is_guarded=True)
     assert choose(spec, 1024, 1_024_000).scheduler == scheduler.SYNCHRONOUS

@@ -280,13 +280,16 @@ def test_lock_held_by_another_process(tmp_path: Path) -> None:
     )
 
 
-def test_interrupted_merge_leaves_no_store(tmp_path: Path) -> None:
-    """Ctrl-C while the temporary store is being written: exit 130, no trace.h5, no temporary.
+@pytest.mark.parametrize("where", ["synchronous", "processes"])
+def test_interrupted_merge_leaves_no_store(tmp_path: Path, where: str) -> None:
+    """Ctrl-C while the temporary store is being written: exit 130, no trace.h5, no temporary,
+    and (``--scheduler processes``) no forked worker left: the one reading the pipe is ended.
 
     The merge is held inside that stretch by a real mechanism: rank 3's second window is a named
     pipe. The merge parses ranks in order, in-process (``--scheduler synchronous``): by the time
     it opens the pipe, the temporary store is created with its header and ranks 0-2 are parked in
-    the spill; reading the pipe then blocks for as long as its writer (this test) sends nothing.
+    the spill (forked workers: ranks 0 and 1 at least, rank 2 perhaps still in a worker); reading
+    the pipe then blocks for as long as its writer (this test) sends nothing.
     Opening the pipe's write end without blocking succeeds only once the merge has it open for
     reading, so the interrupt lands there on any machine, fast or slow. The same run directory,
     with the real window in place of the pipe, then merges: the interrupt, not the input, stopped
@@ -314,7 +317,7 @@ def test_interrupted_merge_leaves_no_store(tmp_path: Path) -> None:
     )
     proc = subprocess.Popen(
         [sys.executable, "-c", interruptible, "rankscope.orchestrator.cli", "merge", str(run),
-         "--scheduler", "synchronous"],
+         "--scheduler", where],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     writer = -1
@@ -333,7 +336,14 @@ def test_interrupted_merge_leaves_no_store(tmp_path: Path) -> None:
         (tmp_store,) = run.glob(".trace.h5.*[0-9].tmp")
         assert tmp_store.is_file()
         (spill,) = run.glob(".trace.h5.*.ranks.tmp")
-        assert {p.name[:5] for p in spill.iterdir()} == {"00000", "00001", "00002"}
+        parked = {p.name[:5] for p in spill.iterdir()}
+        if where == "synchronous":
+            assert parked == {"00000", "00001", "00002"}
+        else:
+            assert {"00000", "00001"} <= parked <= {"00000", "00001", "00002"}
+            while len(_processes_of(run)) < 2:  # the parent and the worker on the pipe
+                assert time.monotonic() < deadline, "no forked worker seen"
+                time.sleep(0.01)
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=120)
     finally:
@@ -344,6 +354,7 @@ def test_interrupted_merge_leaves_no_store(tmp_path: Path) -> None:
             os.close(writer)
     assert proc.returncode == 130, err
     assert "interrupted" in err and "Traceback" not in err, err
+    assert _processes_of(run) == [], "a worker outlived the merge"
     assert not out.exists()
     assert sorted(p.name for p in run.glob(".trace.h5*")) == [], "no temporary, no lock file"
     # The input itself merges: the real window back in place of the pipe.
@@ -353,3 +364,25 @@ def test_interrupted_merge_leaves_no_store(tmp_path: Path) -> None:
     with open_store(out) as store:
         assert store.ranks == [0, 1, 2, 3]
         assert set(store.events(3, columns=["window"])["window"].unique()) == {0, 1}
+
+
+def _processes_of(run: Path) -> list[int]:
+    """PIDs of live processes whose command line names ``run`` (a merge and its forked workers,
+    which share the parent's command line)."""
+    import os
+
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            state = next(
+                (ln for ln in (entry / "status").read_text().splitlines() if ln[:6] == "State:"),
+                "",
+            )
+        except OSError:
+            continue  # gone meanwhile
+        if str(run).encode() in cmdline and "zombie" not in state:
+            found.append(int(entry.name))
+    return found

@@ -248,7 +248,7 @@ def test_cluster_flags_are_checked_alike(
 
 
 def test_merge_and_analyze_share_the_cluster_flags() -> None:
-    """Defined once (``scheduler.add_cluster_flags``): same flags, same help, same group."""
+    """Defined once (``cluster_flags.add_cluster_flags``): same flags, same help, same group."""
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command").choices  # type: ignore[union-attr]
     flags = ("--scheduler", "--slurm-workers", "--slurm-partition")

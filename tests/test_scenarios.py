@@ -17,6 +17,7 @@ The findings this matrix was built for, each failing on the detection before it:
 
 from __future__ import annotations
 
+import html
 import json
 import multiprocessing
 import os
@@ -184,6 +185,9 @@ LAYERED: dict[str, dict[str, Any]] = {
     "stage-imbalance": {"stage_layers": [(1, 6)]},
     "data-imbalance": {"data_imbalance": 0.3},
 }
+#: Layered faults judged only where a job has 3 or more hosts (a host pair is compared with the
+#: others): the suite's 32-rank link test and the benchmark, not the 8-rank layout.
+LINK_CASES: dict[str, dict[str, Any]] = {"slow-link": {"slow_host_link": [(0, 1, 4.0)]}}
 #: A layout: (tp, pp, dp, steps, the slow worker, the heavy stage and its layers).
 Layout = tuple[int, int, int, int, int, tuple[int, int]]
 #: ranks -> the layout of the suite's layered jobs
@@ -201,7 +205,7 @@ def generate_layered(out: Path, ranks: int, name: str, layout: Layout) -> None:
     from rankscope.orchestrator.synth import SynthConfig, generate
 
     tp, pp, dp, steps, slow, (stage, layers) = layout
-    fault = dict(LAYERED[name])
+    fault = dict({**LAYERED, **LINK_CASES}[name])
     if "slow_worker" in fault:
         fault["slow_worker"] = [(slow, 2.0, 1.0)]
     if "stage_layers" in fault:
@@ -230,25 +234,30 @@ def root_causes_of(store: Path) -> Any:
     return rootcause.root_causes(model, lay, None, colls, groups, gc)
 
 
-def layered_verdict(truth: dict[str, Any], found: Any) -> dict[str, Any]:
+def layered_verdict(truth: dict[str, Any], found: Any, links: Any = None) -> dict[str, Any]:
     """What the truth says and what was found: ``expected`` and ``got`` (slow-worker ranks,
-    imbalanced stages, data imbalance), and for a fault its what-if ``pct`` beside the
-    counterfactual's ``truth_pct`` (saving, % of the step)."""
+    imbalanced stages, data imbalance, slow links "hostA↔hostB" where ``links`` — a
+    links.LINK_COLUMNS table — is given), and for a fault of the first three its what-if
+    ``pct`` beside the counterfactual's ``truth_pct`` (saving, % of the step)."""
     from rankscope.analysis import whatif as wi
 
     fault = truth["faults"][0] if truth["faults"] else None
+    kind = None if fault is None else fault["class"]
+    names = {r["host"]: r["host_name"] for r in truth["ranks"]}
     expected = {
-        "slow_worker": [] if fault is None or fault["class"] != "slow_worker" else fault["ranks"],
-        "stage": [] if fault is None or fault["class"] != "stage_imbalance" else [fault["stage"]],
-        "data": fault is not None and fault["class"] == "data_imbalance",
+        "slow_worker": fault["ranks"] if kind == "slow_worker" else [],
+        "stage": [fault["stage"]] if kind == "stage_imbalance" else [],
+        "data": kind == "data_imbalance",
+        "link": ["↔".join(sorted(names[h] for h in fault["hosts"]))] if kind == "slow_link" else [],
     }
     got = {
         "slow_worker": found.straggler_ranks(),
         "stage": found.imbalanced_stages(),
         "data": found.data_imbalance(),
+        "link": _named_links(links, expected["link"]),
     }
     out: dict[str, Any] = {"fault": fault, "expected": expected, "got": got}
-    if fault is not None:
+    if kind in ("slow_worker", "stage_imbalance", "data_imbalance"):
         scenario = {
             "slow_worker": wi.PEER_LIKE,
             "stage_imbalance": wi.STAGE_LIKE_OTHERS,
@@ -259,6 +268,24 @@ def layered_verdict(truth: dict[str, Any], found: Any) -> dict[str, Any]:
     return out
 
 
+def _named_links(links: Any, truth: list[str]) -> list[str]:
+    """Each group of named slow pairs as "A↔B"; a group of pairs the job cannot tell apart as
+    "A↔B (one of N pairs among A, B, C)" when the true pair is among them, else "among A, B, C"."""
+    if links is None or not len(links):
+        return []
+    out = []
+    for _, rows in links[links["is_slow"]].groupby("group", sort=True):
+        pairs = [f"{a}↔{b}" for a, b in zip(rows["host_a"], rows["host_b"], strict=True)]
+        hosts = ", ".join(sorted({*rows["host_a"], *rows["host_b"]}))
+        if len(pairs) == 1:
+            out.append(pairs[0])
+        elif truth and truth[0] in pairs:
+            out.append(f"{truth[0]} (one of {len(pairs)} pairs among {hosts})")
+        else:
+            out.append(f"among {hosts}")
+    return out
+
+
 def _layered(root: Path, ranks: int, name: str) -> tuple[dict[str, Any], Any]:
     from rankscope.analysis.pipeline import SYNCHRONOUS
     from rankscope.orchestrator.merge import merge_run_dir
@@ -266,7 +293,17 @@ def _layered(root: Path, ranks: int, name: str) -> tuple[dict[str, Any], Any]:
     out = root / f"{ranks}-{name}"
     generate_layered(out, ranks, name, LAYOUTS[ranks])
     store = merge_run_dir(out, output=out / "trace.h5", scheduler=SYNCHRONOUS, quiet=True)
-    return json.loads((out / "truth.json").read_text()), root_causes_of(store)
+    return json.loads((out / "truth.json").read_text()), root_causes_of(store), links_of(store)
+
+
+def links_of(store: Path) -> Any:
+    """The host pairs judged for slow links (links.LINK_COLUMNS) of a merged job."""
+    from rankscope.analysis.links import slow_links
+    from rankscope.analysis.store import open_store
+
+    with open_store(store) as s:
+        clock = s.clock()
+        return slow_links(s.collectives(), dict(zip(clock["rank"], clock["host"], strict=True)))
 
 
 @pytest.fixture(scope="module")
@@ -288,12 +325,12 @@ def test_layered_jobs_get_the_true_class_and_a_what_if_near_the_counterfactual(
 ) -> None:
     from rankscope.analysis.rootcause import PeerSource
 
-    truth, found = layered[(ranks, name)]
+    truth, found, links = layered[(ranks, name)]
     assert found.source == PeerSource.GROUPS
     coords = {r["rank"]: (r["dp"], r["pp"], r["tp"]) for r in truth["ranks"]}
     lay = found.layout.set_index("rank")
     assert all(tuple(lay.loc[r, ["dp", "pp", "tp"]]) == c for r, c in coords.items())
-    v = layered_verdict(truth, found)
+    v = layered_verdict(truth, found, links)
     assert v["got"] == v["expected"], (found.ranks.head(4).to_string(), found.stages.to_string())
     fault = v["fault"]
     if fault is None:
@@ -337,3 +374,51 @@ def test_gc_pauses_are_named_when_the_trace_shows_them(tmp_path: Path, events: b
         assert row["cause"] == Cause.HOST and row["gc_extra_s"] == 0
     pct, truth_pct = _saving(found, wi.PEER_LIKE), fault["counterfactual"]["saving_pct"]
     assert abs(pct - truth_pct) <= WHAT_IF_TOLERANCE * truth_pct, (pct, truth_pct)
+
+
+@pytest.mark.parametrize("factor", [4.0, 1.0], ids=["slow-link", "healthy"])
+def test_a_slow_link_between_two_hosts_is_named_with_its_what_if(
+    tmp_path: Path, factor: float
+) -> None:
+    """32 ranks on 4 hosts (TP 2 x PP 2 x DP 8: the DP groups of pipeline stage 0 span hosts 0
+    and 1, stage 1's hosts 2 and 3), the link between hosts 0 and 1 at a quarter of its speed:
+    named (those two hosts, cause "link", no straggler), and its what-if within 10 % of the
+    counterfactual (the same job regenerated with the link healthy). Healthy: nothing named."""
+    from rankscope.analysis import whatif as wi
+    from rankscope.analysis.findings import FindingKind, findings
+    from rankscope.analysis.pipeline import SYNCHRONOUS, ClusterSpec, analyze
+    from rankscope.orchestrator.merge import merge_run_dir
+    from rankscope.orchestrator.synth import SynthConfig, generate
+
+    config = SynthConfig(
+        ranks=32, ranks_per_host=8, steps=3, seed=3, tp=2, pp=2, dp=8,
+        slow_host_link=[(0, 1, factor)] if factor > 1 else [],
+    )  # fmt: skip
+    generate(config, tmp_path / "job")
+    truth = json.loads((tmp_path / "job" / "truth.json").read_text())
+    a = analyze(merge_run_dir(tmp_path / "job", scheduler=SYNCHRONOUS, quiet=True),
+                ClusterSpec(scheduler=SYNCHRONOUS))  # fmt: skip
+    named = [f for f in findings(a) if f.kind == FindingKind.SLOW_LINK]
+    assert a.straggler_ranks() == []
+    if factor == 1.0:
+        assert named == [] and len(a.links) and not a.links["is_slow"].any()
+        return
+    (fault,) = truth["faults"]
+    hosts = {a.hosts[r] for r in range(32) if r // 8 in fault["hosts"]}
+    (finding,) = named
+    assert finding.cause == "link" and finding.headline == f"Slow link: {' ↔ '.join(sorted(hosts))}"
+    assert finding.figures["slowdown"] == pytest.approx(factor, rel=0.05)
+    pct, truth_pct = _saving(a, wi.SLOW_LINKS_LIKE_OTHERS), fault["counterfactual"]["saving_pct"]
+    assert abs(pct - truth_pct) <= WHAT_IF_TOLERANCE * truth_pct, (pct, truth_pct)
+    # every renderer says it: summary.json (finding, links table, what-if kind) and the HTML
+    from rankscope.analysis.report import render_html, summary
+
+    doc = summary(a)
+    assert [f["headline"] for f in doc["findings"] if f["kind"] == "slow_link"] == [
+        finding.headline
+    ]
+    assert [(x["host_a"], x["host_b"]) for x in doc["links"] if x["is_slow"]] == [
+        tuple(sorted(hosts))
+    ]
+    assert "slow_links_like_others" in {s["kind"] for s in doc["what_if"]["scenarios"]}
+    assert html.escape(finding.headline) in render_html(a)

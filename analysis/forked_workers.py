@@ -1,0 +1,98 @@
+"""Worker processes forked from this one: the ``processes`` scheduler's pool.
+
+Forked rather than spawned (Dask's LocalCluster) or started from a fork server: a forked worker
+starts in milliseconds with every module of the parent already imported, and it never re-runs
+``__main__`` — so it pays on a 2-core laptop (docs/performance.md) and is safe from a plain
+script. What a fork inherits that it must not use is handled here: the standard streams (a
+parent thread may hold their locks at the fork) and Ctrl-C (the parent ends its workers).
+Linux only (``scheduler.can_fork``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+#: What a task returns.
+Result = TypeVar("Result")
+#: Seconds to wait for a forked worker to end once it was told to (terminate, then kill).
+FORK_STOP_S = 5.0
+
+
+def run_forked(
+    func: Callable[..., Result], calls: Sequence[tuple[Any, ...]], workers: int, limit: int
+) -> Iterator[Result]:
+    """Yield ``func(*args)`` for each of ``calls`` from ``workers`` forked processes, as each
+    finishes, ``limit`` calls in flight.
+
+    Forked, not spawned: nothing is imported again and ``__main__`` is not re-run, so this is
+    safe from a plain script. Each worker starts with fresh standard streams and ignores Ctrl-C
+    (:func:`_forked_worker_start`); the parent answers Ctrl-C, an error or an early close by
+    ending the workers itself (terminate, then kill, each wait bounded by :data:`FORK_STOP_S`).
+    A worker that dies (the kernel's out-of-memory killer, a crash in a C library) raises
+    ``BrokenProcessPool`` (the scheduler says it in one line); a task's own exception reaches
+    the caller as raised.
+    """
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+
+    before = set(multiprocessing.active_children())
+    pending = iter(calls)
+    pool = ProcessPoolExecutor(
+        max_workers=workers,
+        mp_context=multiprocessing.get_context("fork"),
+        initializer=_forked_worker_start,
+    )
+    finished = False
+    try:
+        running: set[Future[Result]] = {
+            pool.submit(func, *a) for a in itertools.islice(pending, limit)
+        }
+        while running:
+            done, running = wait(running, return_when=FIRST_COMPLETED)
+            for fut in done:
+                result = fut.result()
+                nxt = next(pending, None)
+                if nxt is not None:
+                    running.add(pool.submit(func, *nxt))
+                yield result
+        finished = True
+    finally:
+        if finished:
+            pool.shutdown(wait=True)
+        else:
+            pool.shutdown(wait=False, cancel_futures=True)
+            _end(set(multiprocessing.active_children()) - before)
+
+
+def _forked_worker_start() -> None:
+    """First thing in a forked worker: ignore Ctrl-C (the parent ends its workers) and write
+    through stream objects of its own. A thread of the parent (a progress bar) may have held the
+    lock of ``sys.stderr`` at the fork, which no thread of the child would ever release."""
+    import signal
+    import sys
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.stdout = _own_stream(1)
+    sys.stderr = _own_stream(2)
+
+
+def _own_stream(fd: int) -> Any:
+    """A new text stream on a duplicate of ``fd`` (the null device where ``fd`` is closed)."""
+    try:
+        return open(os.dup(fd), "w", closefd=True)
+    except OSError:
+        return open(os.devnull, "w")
+
+
+def _end(children: set[Any]) -> None:
+    """Terminate forked workers, then kill those still there after :data:`FORK_STOP_S`."""
+    for child in children:
+        child.terminate()
+    for child in children:
+        child.join(FORK_STOP_S)
+        if child.is_alive():
+            child.kill()
+            child.join(FORK_STOP_S)

@@ -1,0 +1,152 @@
+"""Forked worker processes (``--scheduler processes``, what ``auto`` picks on Linux when the
+work pays for them): the same results as in-process, one line when a worker dies, the task's own
+error as raised, and no worker left behind however the run ends."""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from rankscope.analysis.scheduler import PROCESSES, SYNCHRONOUS, ClusterSpec, WorkersError, run_each
+from rankscope.errors import UsageError
+
+FORKED = ClusterSpec(scheduler=PROCESSES, workers=2)
+
+
+def _square(x: int) -> tuple[int, int]:
+    return x, x * x
+
+
+def _die_on(x: int, victim: int) -> int:
+    if x == victim:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return x
+
+
+def _fail_on(x: int, bad: int) -> int:
+    if x == bad:
+        raise UsageError(f"input {x} is bad")
+    return x
+
+
+def _sleep_unless_first(x: int) -> int:
+    if x:
+        time.sleep(600)
+    return x
+
+
+def _say(x: int) -> int:
+    print(f"task {x} on stderr", file=sys.stderr, flush=True)
+    return x
+
+
+@pytest.fixture(autouse=True)
+def _no_worker_left() -> Iterator[None]:
+    yield
+    assert multiprocessing.active_children() == []
+
+
+def test_every_result_comes_back_from_forked_workers() -> None:
+    got = dict(run_each(_square, [(x,) for x in range(50)], FORKED, 50))
+    assert got == {x: x * x for x in range(50)}
+
+
+def test_a_worker_that_dies_is_one_line() -> None:
+    with pytest.raises(WorkersError, match="forked worker process died") as err:
+        list(run_each(_die_on, [(x, 5) for x in range(12)], FORKED, 12))
+    assert "\n" not in str(err.value)
+
+
+def test_a_task_error_reaches_the_caller_as_raised() -> None:
+    with pytest.raises(UsageError, match=r"^input 3 is bad$"):
+        list(run_each(_fail_on, [(x, 3) for x in range(8)], FORKED, 8))
+
+
+def test_closing_early_ends_the_workers() -> None:
+    """A caller that stops after the first result (Ctrl-C, an error of its own) closes the
+    runner: the workers still busy (here: sleeping 600 s) are ended, not waited for."""
+    results = run_each(_sleep_unless_first, [(x,) for x in range(4)], FORKED, 4)
+    assert next(results) == 0
+    results.close()
+    # the autouse fixture: no child process is left
+
+
+#: The stream the at-fork hook below jams, while a test arms it (the hook stays registered).
+_JAM: list[object] = []
+
+
+def _jam_stderr_before_fork() -> None:
+    """At-fork hook (parent, right before ``fork()``): once per arming, a thread starts writing
+    far more than a pipe holds into ``sys.stderr`` (the jammed pipe): it blocks inside
+    ``write()`` holding the stream's lock, which the child inherits locked."""
+    if not _JAM:
+        return
+    stream = _JAM.pop()
+    inside = threading.Event()
+
+    def flood() -> None:
+        inside.set()
+        with contextlib.suppress(OSError, ValueError):  # the test closes the pipe's other end
+            print("x" * (1 << 22), file=stream, flush=True)  # type: ignore[call-overload]
+
+    threading.Thread(target=flood, daemon=True).start()
+    inside.wait(10)
+    time.sleep(0.3)  # the thread is blocked in write() by now, holding the lock
+
+
+os.register_at_fork(before=_jam_stderr_before_fork)
+
+
+def test_workers_write_even_when_a_parent_thread_held_stderr_at_the_fork() -> None:
+    """A thread of the parent (a progress bar refreshing) may hold the lock of ``sys.stderr``
+    at the instant a worker is forked; no thread of the child ever releases it, so a worker
+    writing a warning would wait forever. Here a thread is blocked writing into a full pipe at
+    the fork (one worker: the parent flushes ``sys.stderr`` before each fork, which the jam
+    would block): the worker writes anyway."""
+    read_end, write_end = os.pipe()
+    jammed = open(write_end, "w")  # noqa: SIM115 - closed below
+    saved = sys.stderr
+    sys.stderr = jammed
+    _JAM.append(jammed)
+    try:
+        got = sorted(run_each(_say, [(x,) for x in range(4)], ClusterSpec(PROCESSES, workers=1), 4))
+    finally:
+        _JAM.clear()
+        sys.stderr = saved
+        os.close(read_end)  # the blocked write fails: the thread ends
+        with contextlib.suppress(OSError):
+            jammed.close()
+    assert got == [0, 1, 2, 3]
+
+
+def test_a_forked_merge_and_analysis_equal_the_in_process_ones(tmp_path: Path) -> None:
+    from analysis_frames import synthetic_store
+    from rankscope.analysis.pipeline import analyze
+    from rankscope.analysis.store import open_store
+    from rankscope.orchestrator.merge import merge_run_dir
+
+    store = synthetic_store(tmp_path / "job", ranks=8, stragglers=[(3, 4.0, 1.0)], seed=4)
+    forked = Path(merge_run_dir(tmp_path / "job", output=tmp_path / "forked.h5", quiet=True,
+                                scheduler=PROCESSES))  # fmt: skip
+    with open_store(store) as a, open_store(forked) as b:
+        assert a.ranks == b.ranks
+        for rank in a.ranks:
+            pd.testing.assert_frame_equal(a.events(rank), b.events(rank), check_exact=True)
+        pd.testing.assert_frame_equal(a.collectives(), b.collectives(), check_exact=True)
+    sync = analyze(store, ClusterSpec(scheduler=SYNCHRONOUS))
+    fork = analyze(store, FORKED)
+    assert fork.scheduler.scheduler == PROCESSES
+    for name in ("breakdown", "stragglers", "waits", "op_table"):
+        pd.testing.assert_frame_equal(
+            getattr(sync, name), getattr(fork, name), check_exact=True, obj=name
+        )
+    assert sync.straggler_ranks() == fork.straggler_ranks() == [3]
