@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import pandas as pd
-    from rankscope.analysis.findings import Finding
+    from rankscope.analysis.finding import Finding
 
 
 class SdpaBackend(enum.StrEnum):
@@ -262,7 +262,7 @@ def math_fallback_findings(
     calls of the same query shape: those of this run, else of ``reference`` (another run's
     :func:`attention_calls`, e.g. the same job with the flash backend). On a GPU the finding is
     a problem (the fused kernels were skipped); on the CPU a note."""
-    from rankscope.analysis.findings import Finding, FindingKind, Severity
+    from rankscope.analysis.finding import Finding, FindingKind, Severity
 
     if not len(calls):
         return []

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import numpy as np
     import pandas as pd
-    from rankscope.analysis.whatif import Scenario
+    from rankscope.analysis.whatif_scenarios import Scenario
 
 #: A pair whose transfers take at least this many times the same transfers elsewhere is slow.
 #: Same-class transfers on healthy links differ by a few per cent (NCCL's own bandwidth varies
@@ -252,10 +252,11 @@ def link_fix_factors(inst: pd.DataFrame, links: pd.DataFrame) -> dict[int, float
 
 
 def link_scenario(factors: Mapping[int, float]) -> Scenario:
-    """The what-if's ``whatif.SLOW_LINKS_LIKE_OTHERS``: each transfer edge of a collective in ``factors`` (its
+    """The what-if's ``whatif_scenarios.SLOW_LINKS_LIKE_OTHERS``: each transfer edge of a collective in ``factors`` (its
     id → a factor ≤ 1, :func:`link_fix_factors`) scaled by it."""
     import numpy as np
-    from rankscope.analysis.whatif import SLOW_LINKS_LIKE_OTHERS, TRANSFER, Model, Scenario
+    from rankscope.analysis.whatif_graph import TRANSFER, Model
+    from rankscope.analysis.whatif_scenarios import SLOW_LINKS_LIKE_OTHERS, Scenario
 
     def weights(m: Model) -> np.ndarray:
         e = m.edges

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from rankscope.analysis.findings import Finding, FindingKind, Severity
+from rankscope.analysis.finding import Finding, FindingKind, Severity
 
 
 def mib(nbytes: float) -> str:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import numpy as np
     import pandas as pd
-    from rankscope.analysis.whatif import Model
+    from rankscope.analysis.whatif_graph import Model
 
 
 # -- own work per point, per step ------------------------------------------------------------
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 def _work(model: Model) -> pd.DataFrame:
     """One row per WORK edge into a point of a profiled step: edge, rank, step, pos, op, w."""
     import numpy as np
-    from rankscope.analysis.whatif import WORK
+    from rankscope.analysis.whatif_graph import WORK
 
     e, n = model.edges, model.nodes
     idx = np.flatnonzero((e["kind"] == WORK).to_numpy())
@@ -50,7 +50,7 @@ def segments(model: Model) -> pd.DataFrame:
     its order, so one key is the same piece of work on every peer and in every step."""
     import numpy as np
     from rankscope.analysis.schema import P2P_OPS
-    from rankscope.analysis.whatif import ARRIVAL, STEP_END
+    from rankscope.analysis.whatif_graph import ARRIVAL, STEP_END
 
     n, e = model.nodes, model.edges
     own = n[n["kind"].isin([ARRIVAL, STEP_END, "start"]) & (n["step"] >= 0)]
@@ -84,7 +84,7 @@ def _scale_segments(
     sum to ``target`` (aligned with ``seg``'s rows; NaN: unchanged); ``lower_only``: never
     slower."""
     import numpy as np
-    from rankscope.analysis.whatif import WORK
+    from rankscope.analysis.whatif_graph import WORK
 
     total = (
         seg["w"]
@@ -104,7 +104,7 @@ def _scale_segments(
 
 def _segment_work(seg: pd.DataFrame, lay: pd.DataFrame) -> pd.DataFrame:
     """Per (rank, step, seg): the WORK edges' sum ``work`` and the peer group ``g``."""
-    from rankscope.analysis.whatif import WORK
+    from rankscope.analysis.whatif_graph import WORK
 
     work = seg[seg["kind"] == WORK].groupby(["rank", "step", "seg"], as_index=False)["w"].sum()
     work["g"] = work["rank"].map(lay.set_index("rank")["peers"])
@@ -157,7 +157,7 @@ def scale_stages(model: Model, lay: pd.DataFrame, factors: Mapping[tuple[int, in
         f[(g == stage) & (step == s)] = value
     # a stage with more layers has more of their collectives too: its ranks' transfers
     # scale with their work
-    from rankscope.analysis.whatif import TRANSFER
+    from rankscope.analysis.whatif_graph import TRANSFER
 
     scaled = model.own_mask() | ((e["kind"] == TRANSFER).to_numpy() & (w > 0))
     return np.where(scaled, np.round(w * f).astype(np.int64), w)
@@ -230,14 +230,14 @@ class Replayer:
     model: Model
 
     def __post_init__(self) -> None:
-        from rankscope.analysis import whatif as wi
+        from rankscope.analysis import whatif_replay as wi
 
         self.measured = wi.step_times(self.model)
         self.base = wi.step_times(self.model, wi.replay(self.model))
         self.base_stat = float(self.base["step_ns"].mean())
 
     def steps(self, weights: np.ndarray) -> pd.DataFrame:
-        from rankscope.analysis import whatif as wi
+        from rankscope.analysis import whatif_replay as wi
 
         return wi.step_times(self.model, wi.replay(self.model, weights))
 

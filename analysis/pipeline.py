@@ -58,7 +58,7 @@ class Analysis:
     comm_totals: pd.DataFrame
     """Per rank: collectives.TOTAL_COLUMNS (wall-time wait/transfer within the profiled steps)."""
     windows: pd.DataFrame
-    """What each rank did before each collective: stragglers.WINDOW_COLUMNS."""
+    """What each rank did before each collective: arrivals.WINDOW_COLUMNS."""
     stragglers: pd.DataFrame
     """Per rank, most significant first: stragglers.STRAGGLER_COLUMNS."""
     pipeline: pd.DataFrame
@@ -82,7 +82,7 @@ class Analysis:
     without memory events)."""
     whatif: pd.DataFrame = dataclasses.field(default_factory=lambda: _no_whatif())
     """What fixing the stragglers, the bottlenecks, every rank, the communication or the input
-    would save per step: whatif.SCENARIO_COLUMNS (empty when no model could be built: one rank,
+    would save per step: whatif_scenarios.SCENARIO_COLUMNS (empty when no model could be built: one rank,
     no profiled steps, no collectives)."""
     op_table: pd.DataFrame = dataclasses.field(default_factory=lambda: _empty_frame())
     """Per rank, op and (with record_shapes) input shapes: the ``key_averages()`` table —
@@ -142,7 +142,7 @@ def _no_memory() -> MemoryAnalysis:
 
 def _no_whatif() -> pd.DataFrame:
     import pandas as pd
-    from rankscope.analysis.whatif import SCENARIO_COLUMNS
+    from rankscope.analysis.whatif_scenarios import SCENARIO_COLUMNS
 
     return pd.DataFrame({c: pd.Series(dtype=d) for c, d in SCENARIO_COLUMNS.items()})
 
@@ -167,33 +167,33 @@ def _whatif_and_root(
     layered: Callable[[Any], Any] | None = None,
     extra: Sequence[Any] = (),
 ) -> tuple[pd.DataFrame, Any]:
-    """The what-if table (whatif.SCENARIO_COLUMNS) from the rank tasks' clocks, and for a
+    """The what-if table (whatif_scenarios.SCENARIO_COLUMNS) from the rank tasks' clocks, and for a
     layered job ``layered(model)`` (rootcause.RootCause: its slow workers are fixed like their
     peers, its job-wide scenarios close the table); the table is empty where the replay has
     nothing to replay across ranks (one rank, no steps, no collectives) or its graph cannot be
     built (analyze never fails for it: the block is then left out). ``extra``: more scenarios
-    (whatif.Scenario: the slow links like the others), last."""
+    (whatif_scenarios.Scenario: the slow links like the others), last."""
     import logging
 
     import pandas as pd
-    from rankscope.analysis import whatif
+    from rankscope.analysis import whatif_graph, whatif_replay
 
     stepped = steps[steps["step"] >= 0] if len(steps) else steps
     if stepped["rank"].nunique() < 2 or not len(colls):
         return _no_whatif(), None
     try:
-        model = whatif.build(stepped, colls, clocks)
+        model = whatif_graph.build(stepped, colls, clocks)
         root = layered(model) if layered is not None else None
         if root is not None:
             stragglers = []
         fixes = [r for r in bottlenecks if r not in stragglers]
-        table = whatif.scenarios(model, stragglers, fixes)
+        table = whatif_replay.scenarios(model, stragglers, fixes)
         if root is not None and len(root.whatif):
             mine = root.whatif
             ranked = mine[mine["rank"] >= 0]
             table = pd.concat([ranked, table, mine[mine["rank"] < 0]], ignore_index=True)
         if extra:
-            last = whatif.scenarios(model, custom=extra, only_custom=True)
+            last = whatif_replay.scenarios(model, custom=extra, only_custom=True)
             table = pd.concat([table, last], ignore_index=True)
         return table, root
     except (ValueError, KeyError, IndexError) as exc:  # a graph the model cannot take
@@ -212,12 +212,12 @@ def rank_task(
 ) -> dict[str, Any]:
     """Everything computed from ONE rank's events; opens the store itself (runs on a worker).
 
-    ``whatif_times``: the rank's own points (whatif.own_points), measured for the what-if
-    replay with the painter built here (whatif.rank_clock); None: not measured. ``grid``: the
-    overview's bins (overview.Grid); None: no overview."""
+    ``whatif_times``: the rank's own points (whatif_graph.own_points), measured for the what-if
+    replay with the painter built here (whatif_graph.rank_clock); None: not measured.
+    ``grid``: the overview's bins (overview.Grid); None: no overview."""
     import numpy as np
     from rankscope.analysis import breakdown as bd
-    from rankscope.analysis import whatif
+    from rankscope.analysis.arrivals import arrival_points
     from rankscope.analysis.attention import attention_calls
     from rankscope.analysis.gc_pauses import gc_per_step
     from rankscope.analysis.memory import rank_memory
@@ -225,7 +225,7 @@ def rank_task(
     from rankscope.analysis.overview import rank_cells
     from rankscope.analysis.schema import EVENT_COLUMNS, EventKind
     from rankscope.analysis.store import open_store
-    from rankscope.analysis.stragglers import arrival_points
+    from rankscope.analysis.whatif_graph import rank_clock
 
     with open_store(path) as store:
         shapes = store.has_shapes(rank)
@@ -257,7 +257,7 @@ def rank_task(
     if grid is not None:
         out["overview"] = rank_cells(events, lanes, coll_rows, grid, rank, (device, sets))
     if whatif_times is not None and len(whatif_times):
-        out["whatif_clock"] = whatif.rank_clock(events, lanes, whatif_times, (device, measure))
+        out["whatif_clock"] = rank_clock(events, lanes, whatif_times, (device, measure))
     if device is bd.Device.GPU:
         if drop_last_step is None:
             is_step = events["kind"].to_numpy() == int(EventKind.PROFILER_STEP)
@@ -292,7 +292,7 @@ def analyze(
     from rankscope.analysis.store import open_store
     from rankscope.analysis.stragglers import arrival_windows, find_stragglers, step_cpu_table
     from rankscope.analysis.verdict import verdicts
-    from rankscope.analysis.whatif import own_points
+    from rankscope.analysis.whatif_graph import own_points
 
     spec = spec or ClusterSpec()
     with open_store(path) as store:

@@ -64,7 +64,7 @@ from rankscope.analysis.peer_weights import (
 if TYPE_CHECKING:
     import numpy as np
     import pandas as pd
-    from rankscope.analysis.whatif import Model
+    from rankscope.analysis.whatif_graph import Model
 
 
 class RootClass(enum.StrEnum):
@@ -165,7 +165,7 @@ class RootCause:
     fixes, median step), ``moving`` (distinct slowest ranks over (peer group, step)),
     ``steps``, ``named`` (1.0 / 0.0)."""
     whatif: pd.DataFrame
-    """Its scenarios (whatif.SCENARIO_COLUMNS)."""
+    """Its scenarios (whatif_scenarios.SCENARIO_COLUMNS)."""
 
     def straggler_ranks(self) -> list[int]:
         """The slow workers, largest saving first."""
@@ -243,7 +243,7 @@ def layout(ranks: Sequence[int], process_groups: Mapping[int, Any], model: Model
 
 def _signature_groups(model: Model, ranks: list[int]) -> list[int]:
     """Peer group per rank from the ops of its first profiled step, in order."""
-    from rankscope.analysis.whatif import ARRIVAL
+    from rankscope.analysis.whatif_graph import ARRIVAL
 
     n = model.nodes
     arr = n[(n["kind"] == ARRIVAL) & (n["step"] >= 0)]
@@ -275,7 +275,7 @@ def root_causes(
     :func:`layout`, to name the groups on the path; ``gc``: garbage collections per rank and
     step (``gc_pauses.gc_per_step``) for the GC part of a rank's excess (without: none)."""
     import pandas as pd
-    from rankscope.analysis import whatif as wi
+    from rankscope.analysis import whatif_scenarios as wi
 
     rp = Replayer(model)
     per = own_per_step(model, lay)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import pandas as pd
-    from rankscope.analysis.findings import Finding
+    from rankscope.analysis.finding import Finding
     from rankscope.analysis.rootcause import RootCause
 
 #: How a path names a group, by description (prefix match), else by its size.
@@ -178,7 +178,7 @@ def data_evidence(fig: Mapping[str, float]) -> str:
 
 def rootcause_findings(rc: RootCause) -> list[Finding]:
     """The slow workers (or one ``no_straggler``), then the stage and data imbalances."""
-    from rankscope.analysis.findings import Finding, FindingKind, Severity
+    from rankscope.analysis.finding import Finding, FindingKind, Severity
 
     out: list[Finding] = []
     r = rc.ranks

@@ -26,7 +26,10 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from rankscope.errors import RankscopeError, UsageError
+from rankscope.errors import UsageError
+from rankscope.errors import (
+    WorkersError as WorkersError,  # raised here; defined with the other errors
+)
 
 if TYPE_CHECKING:
     from rankscope.analysis.slurm_workers import SlurmWorkers
@@ -450,13 +453,3 @@ def _attempts(exc: Any) -> str:
     """How often Dask tried a KilledWorker's task ("3 attempts": ``allowed_failures + 1``)."""
     allowed = getattr(exc, "allowed_failures", None)
     return f"{allowed + 1} attempts" if isinstance(allowed, int) else "several attempts"
-
-
-class WorkersError(RankscopeError):
-    """The workers could not be started, or were lost before the tasks finished.
-
-    One line saying what Slurm said (sbatch's refusal, the jobs' queue state and reason, the last
-    line of a job's log); the CLI prints it without a traceback.
-    """
-
-    exit_code = 1

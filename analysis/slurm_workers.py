@@ -5,7 +5,7 @@ whose jobs are submitted, waited for, watched, cancelled and cleaned up in Slurm
 refuses the job, the jobs wait in the queue, a job is cancelled or dies while its worker holds
 tasks. dask-jobqueue submits from its event loop and only logs what goes wrong there, and Dask
 waits forever for workers nobody will submit again; so each case is checked here and ends the
-run with ONE :class:`~rankscope.analysis.scheduler.WorkersError` line (sbatch's refusal,
+run with ONE :class:`~rankscope.errors.WorkersError` line (sbatch's refusal,
 ``squeue``'s state and reason, the telling line of the job's log), never a hang or a traceback.
 When the run ends, however it ends, the jobs are cancelled and, once they have left the queue,
 ``ClusterSpec.slurm_work_dir`` (their logs and Dask's scratch space) is removed.
@@ -24,8 +24,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rankscope.analysis.scheduler import WorkersError
-from rankscope.errors import UsageError
+from rankscope.errors import UsageError, WorkersError
 
 if TYPE_CHECKING:
     from rankscope.analysis.scheduler import ClusterSpec

@@ -31,8 +31,9 @@ ranks' arrivals when a rank is judged, and a rank whose lateness it explains is 
 the cause "CPU taken by other processes" (:class:`Cause`). A second, smaller straggler hidden
 behind the first is found by setting the first aside (``masked_by``, :func:`find_stragglers`).
 
-Why one module of ~830 lines: one analysis (arrival windows, the per-step samples with their
-run-queue correction, and the straggler tests on them).
+The arrival windows live in :mod:`rankscope.analysis.arrivals` (step 1) and the per-step samples
+with their run-queue correction in :mod:`rankscope.analysis.lateness`; this module holds the
+straggler model and its tests. Their names stay importable from here.
 """
 
 from __future__ import annotations
@@ -41,8 +42,24 @@ import enum
 import math
 from typing import TYPE_CHECKING, Any
 
+from rankscope.analysis.arrivals import PARTS as PARTS
+from rankscope.analysis.arrivals import POINT_COLUMNS as POINT_COLUMNS
+from rankscope.analysis.arrivals import SYNC_PROBE_NS as SYNC_PROBE_NS
+from rankscope.analysis.arrivals import WINDOW_COLUMNS as WINDOW_COLUMNS
+from rankscope.analysis.arrivals import arrival_points as arrival_points
+from rankscope.analysis.arrivals import arrival_windows as arrival_windows
+from rankscope.analysis.lateness import STEP_CPU_COLUMNS as STEP_CPU_COLUMNS
+from rankscope.analysis.lateness import UNIT_COLUMNS as UNIT_COLUMNS
+from rankscope.analysis.lateness import _behind as _behind
+from rankscope.analysis.lateness import _lateness_frame as _lateness_frame
+from rankscope.analysis.lateness import _own_extras as _own_extras
+from rankscope.analysis.lateness import _Spread as _Spread
+from rankscope.analysis.lateness import once_per_sync_interval as once_per_sync_interval
+from rankscope.analysis.lateness import runq_excess as runq_excess
+from rankscope.analysis.lateness import step_cpu_table as step_cpu_table
+from rankscope.analysis.lateness import unit_rows as unit_rows
+
 if TYPE_CHECKING:
-    import numpy as np
     import pandas as pd
 
 #: Significance level of the binomial test (one-sided, "last more often than chance").
@@ -51,9 +68,6 @@ ALPHA = 0.05
 MIN_RUN_FRACTION = 0.03
 #: Lateness counts as the rank's own when its own extra work explains at least this much of it.
 OWN_FRACTION = 0.5
-#: A collective's end is a sync point when no rank computed through most of its last phase
-#: (from the last arrival to the end, and at least this long, ns): they all waited for it.
-SYNC_PROBE_NS = 1_000
 #: Cap of the score (-log10 p) so that p == 0 stays finite in JSON.
 MAX_SCORE = 300.0
 #: A straggler's typical lateness per profiled step (the median over its steps of its worst
@@ -114,39 +128,6 @@ class Verdict(enum.StrEnum):
     WITHIN_NOISE = "within the noise"
 
 
-#: What the windows measure, in the painter's words (GPU idle during input is input).
-PARTS = ("compute_ns", "input_ns", "idle_ns", "comm_ns")
-
-#: Columns of :func:`arrival_points` (ns): one row per (collective, rank), from ONE rank's events.
-POINT_COLUMNS: dict[str, str] = {
-    "coll": "int64",
-    "rank": "int32",
-    "step": "int64",  # profiled step holding the arrival; -1: outside every profiled step
-    "arrival": "int64",
-    "stop": "int64",  # the arrival, or the end of the profiled step holding it
-    "block_start": "int64",  # start of the run of consecutive profiled steps holding the arrival
-    "end": "int64",  # the collective's end on this rank
-    "end_block_start": "int64",  # same for the end (INT64_MIN: the end is outside the steps)
-    "busy_before_end": "bool",  # mostly computing from the last arrival to the end: no wait
-    # prefix sums from the block start to ``stop`` (at_) and to ``end`` (end_), per part
-    **{f"at_{p}": "int64" for p in PARTS},
-    **{f"end_{p}": "int64" for p in PARTS},
-}
-
-#: Columns of :func:`arrival_windows` (ns).
-WINDOW_COLUMNS: dict[str, str] = {
-    "coll": "int64",
-    "rank": "int32",
-    "step": "int64",  # profiled step holding the arrival; -1: outside every profiled step
-    "window_start": "int64",  # the previous sync point (or the start of the profiled steps)
-    "window_end": "int64",  # the arrival (or the end of the profiled step holding it)
-    "arrival": "int64",
-    "compute_ns": "int64",
-    "input_ns": "int64",
-    "idle_ns": "int64",  # host gaps (CPU) / GPU idle waiting for launches (GPU)
-    "comm_ns": "int64",  # exposed communication (earlier collectives still running)
-}
-
 #: Columns of :func:`find_stragglers`.
 STRAGGLER_COLUMNS: dict[str, str] = {
     "rank": "int32",
@@ -174,158 +155,6 @@ STRAGGLER_COLUMNS: dict[str, str] = {
     "verdict": "str",  # Verdict: NAMED, or the first test the rank failed
     "masked_by": "int32",  # the straggler that hid it (found once that one was set aside); -1
 }
-
-#: Columns of a step-CPU table (:func:`step_cpu_table`): per rank and recorded step, from the
-#: runtime's ``step_cpu`` (ns): wall time, the main thread's CPU time and run-queue delay.
-STEP_CPU_COLUMNS: dict[str, str] = {
-    "rank": "int32",
-    "step": "int64",
-    "wall_ns": "int64",
-    "cpu_ns": "int64",
-    "runq_ns": "int64",
-}
-
-
-def arrival_points(
-    coll_rows: pd.DataFrame,
-    measure: Any,
-    steps: pd.DataFrame,
-    rank: int = 0,
-) -> pd.DataFrame:
-    """Where ``rank`` stood at each of its collectives (``POINT_COLUMNS``); runs per rank.
-
-    ``coll_rows``: this rank's rows of ``Store.collectives()`` (``coll``, ``start``, ``end``, and
-    ``last_start``: the collective's last arrival over all ranks);
-    ``measure``: the rank's painter (:func:`rankscope.analysis.breakdown.painter`);
-    ``steps``: its step windows (:func:`rankscope.analysis.breakdown.step_windows`).
-
-    For its arrival and for the collective's end: how much compute, input, idle and exposed
-    communication the rank had done since the start of its run of consecutive profiled steps
-    (prefix sums, so that :func:`arrival_windows` can cut any window between them once the sync
-    points are known across ranks), and whether it kept computing while the collective finished
-    (mostly busy from the last arrival to the end): then it did not wait for it. A gloo op's
-    recorded end can trail the moment the main thread resumed by a little, so "mostly", not
-    "at all".
-    """
-    import numpy as np
-    import pandas as pd
-
-    lowest = np.iinfo(np.int64).min
-    rows = coll_rows.sort_values(["start", "coll"], kind="stable")
-    arrival = rows["start"].to_numpy(np.int64)
-    ends = np.maximum(rows["end"].to_numpy(np.int64), arrival)
-    real_steps = steps[steps["step"] >= 0] if len(steps) else steps
-    n = len(arrival)
-    out = pd.DataFrame(
-        {
-            "coll": rows["coll"].to_numpy(np.int64),
-            "rank": np.full(n, rank, np.int32),
-            "arrival": arrival,
-            "end": ends,
-        }
-    )
-    st = real_steps.sort_values("start", kind="stable")
-    s_start = st["start"].to_numpy(np.int64)
-    s_end = st["end"].to_numpy(np.int64)
-    s_num = st["step"].to_numpy(np.int64)
-    # a block is a run of consecutive step numbers: the start of its first step
-    new_block = np.ones(len(s_num), bool)
-    new_block[1:] = s_num[1:] != s_num[:-1] + 1
-    first = np.maximum.accumulate(np.where(new_block, np.arange(len(s_num)), 0))
-
-    def locate(t: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(step, block start, point clipped to its step, inside) of each time ``t``."""
-        if len(s_start) == 0:
-            return (np.full(len(t), -1), np.full(len(t), lowest), t, np.zeros(len(t), bool))
-        after = np.searchsorted(s_start, t, side="right")
-        idx, inside = np.maximum(after - 1, 0), after > 0
-        clipped = np.where(inside, np.minimum(t, s_end[idx]), t)
-        step = np.where(inside & (t <= s_end[idx]), s_num[idx], -1)
-        return step, np.where(inside, s_start[first[idx]], lowest), clipped, inside
-
-    step, block, stop, inside = locate(arrival)
-    _, end_block, end_stop, end_inside = locate(ends)
-    out["step"] = step
-    out["stop"] = stop
-    out["block_start"] = block
-    out["end_block_start"] = np.where(end_inside & (ends <= end_stop), end_block, lowest)
-    zeros = np.zeros(n, np.int64)
-    at = measure(np.where(inside, block, stop), stop) if n else {}
-    at_end = measure(np.where(end_inside, end_block, end_stop), end_stop) if n else {}
-    # computing while the collective finished: through its last phase (from the last rank's
-    # arrival to its end on this rank, at least SYNC_PROBE_NS), mostly busy
-    last = rows["last_start"].to_numpy(np.int64) if "last_start" in rows else ends
-    since = np.minimum(np.clip(last, arrival, ends), ends - SYNC_PROBE_NS)
-    probe = measure(since, ends) if n else {}
-    out["busy_before_end"] = 2 * probe.get("compute_ns", zeros) >= ends - since
-    for prefix, values in (("at_", at), ("end_", at_end)):
-        idle = values.get("idle_ns", zeros)
-        if "idle_input_ns" in values:
-            # GPU ranks: the device idling while the host waits for the DataLoader is input,
-            # not host time (counted once, under input)
-            idle = idle - values["idle_input_ns"]
-        out[f"{prefix}compute_ns"] = values.get("compute_ns", zeros)
-        out[f"{prefix}input_ns"] = values.get("input_ns", zeros)
-        out[f"{prefix}idle_ns"] = idle
-        out[f"{prefix}comm_ns"] = values.get("comm_exposed_ns", zeros)
-    return out[list(POINT_COLUMNS)].astype(POINT_COLUMNS)
-
-
-def arrival_windows(points: pd.DataFrame) -> pd.DataFrame:
-    """What each rank did before arriving at each collective (``WINDOW_COLUMNS``), cross-rank.
-
-    ``points``: every rank's :func:`arrival_points`. A window runs from the rank's previous
-    **sync point** to its arrival. A sync point is the end of a collective that *every* rank of it
-    waited for — none kept computing while it finished (:func:`arrival_points`) — so all resumed from it
-    together and their windows start alike. The end of a DDP bucket whose all-reduce ran under
-    backward compute (a GPU compute stream running through an NCCL kernel's end, a CPU main thread
-    busy when a gloo bucket finishes) is no sync point: a late rank's backlog runs on across it.
-    An end at exactly the arrival counts (``<=``: integer-µs traces often start a kernel where
-    the previous one ended). Windows stay inside the run of consecutive profiled steps holding
-    the arrival (time between profiler windows was not recorded); collectives between two sync
-    points share a start, and :func:`find_stragglers` counts each such group once.
-    """
-    import numpy as np
-    import pandas as pd
-
-    if len(points) == 0:
-        return pd.DataFrame({c: pd.Series(dtype=d) for c, d in WINDOW_COLUMNS.items()})
-    lowest = np.iinfo(np.int64).min
-    p = points.copy()
-    positive = p["end"] > p["arrival"]
-    nobody_busy = ~p.groupby("coll")["busy_before_end"].transform("any")
-    p["is_sync"] = positive & nobody_busy & (p["end_block_start"] > lowest)
-    frames = []
-    for _, r in p.groupby("rank", sort=True):
-        r = r.sort_values(["arrival", "coll"], kind="stable")
-        sync = r[r["is_sync"]].sort_values("end", kind="stable")
-        # a sentinel first row, so that "no sync point yet" indexes something
-        s_end = np.concatenate([[lowest], sync["end"].to_numpy(np.int64)])
-        s_block = np.concatenate([[lowest], sync["end_block_start"].to_numpy(np.int64)])
-        kk = np.searchsorted(s_end, r["arrival"].to_numpy(np.int64), side="right") - 1
-        block = r["block_start"].to_numpy(np.int64)
-        # the sync point counts when it lies in the arrival's block (else: the block's start)
-        same_block = (kk > 0) & (s_block[kk] == block) & (block > lowest)
-        start = np.where(same_block, s_end[kk], np.where(block > lowest, block, r["stop"]))
-        stop = r["stop"].to_numpy(np.int64)
-        start = np.minimum(start, stop)
-        w = pd.DataFrame(
-            {
-                "coll": r["coll"].to_numpy(np.int64),
-                "rank": r["rank"].to_numpy(np.int32),
-                "step": r["step"].to_numpy(np.int64),
-                "window_start": start,
-                "window_end": stop,
-                "arrival": r["arrival"].to_numpy(np.int64),
-            }
-        )
-        for part in PARTS:
-            at = r[f"at_{part}"].to_numpy(np.int64)
-            ends = np.concatenate([[0], sync[f"end_{part}"].to_numpy(np.int64)])
-            base = np.where(same_block, ends[kk], 0)
-            w[part] = np.where(block > lowest, np.maximum(at - base, 0), 0)
-        frames.append(w)
-    return pd.concat(frames, ignore_index=True).astype(WINDOW_COLUMNS)
 
 
 def min_wait_share(world: int) -> float:
@@ -509,138 +338,6 @@ def _as_collectives(waits: pd.DataFrame) -> pd.DataFrame:
     ].assign(event=-1)
 
 
-def step_cpu_table(metas: dict[int, Any]) -> pd.DataFrame:
-    """``STEP_CPU_COLUMNS`` from each rank's meta.json (``{rank: meta}``; the runtime's
-    ``step_cpu``: ``{"step": [wall_ns, cpu_ns, runq_ns]}``); malformed entries are left out."""
-    import pandas as pd
-
-    rows = []
-    for rank, meta in metas.items():
-        per_step = meta.get("step_cpu") if isinstance(meta, dict) else None
-        if not isinstance(per_step, dict):
-            continue
-        for step, values in per_step.items():
-            try:
-                wall, cpu, runq = (int(v) for v in values)
-                rows.append((int(rank), int(step), wall, cpu, runq))
-            except (TypeError, ValueError):
-                continue
-    return pd.DataFrame(rows, columns=list(STEP_CPU_COLUMNS)).astype(STEP_CPU_COLUMNS)
-
-
-def runq_excess(step_cpu: pd.DataFrame | None) -> pd.DataFrame | None:
-    """Per (rank, step): the run-queue delay beyond the median rank's in that step (ns), the CPU
-    time other processes took from it; None without a record of at least two ranks."""
-    if step_cpu is None or len(step_cpu) == 0 or step_cpu["rank"].nunique() < 2:
-        return None
-    t = step_cpu[["rank", "step", "runq_ns"]].copy()
-    t["excess_ns"] = t["runq_ns"] - t.groupby("step")["runq_ns"].transform("median")
-    return t[["rank", "step", "excess_ns"]]
-
-
-#: Columns of :func:`unit_rows` (ns).
-UNIT_COLUMNS = (
-    "rank",
-    "unit",
-    "n_ranks",
-    "is_last",
-    "is_last_raw",
-    "late",
-    "late_raw",
-    "contention",
-)
-
-
-def unit_rows(
-    multi: pd.DataFrame, windows: pd.DataFrame, runq: pd.DataFrame | None
-) -> pd.DataFrame:
-    """One row per (rank, unit): how late the rank was at its worst moment of the unit.
-
-    The units are the independent samples of the straggler tests: the **profiled steps** (every
-    step draws its data, its work and the machine's noise anew; collectives outside the steps,
-    or of a trace without steps, are units of their own). Within a step lateness carries from one
-    collective to the next (a late rank is still late at the second DDP bucket), and a step can
-    hold collectives after the one everybody waited for, where nobody is late any more: so a
-    rank's figure for the step is its largest lateness there, and the step's last rank the one
-    with the largest.
-
-    Lateness (``late_raw``) is the arrival behind the median rank's (behind the other rank with
-    two). ``contention`` is the run-queue delay the rank had beyond the median rank's in the
-    arrival's step (the runtime's ``step_cpu``), capped at its lateness; ``late`` is the
-    lateness of the arrivals less that delay. ``is_last``: at its worst moment the rank arrived,
-    as measured, after every OTHER rank's arrival less its stolen time — another rank that only
-    lost its core to other processes does not take "last" from it, and its own arrival is never
-    moved (the run-queue delay of a step may have come after the arrival, when every rank woke
-    at once). ``is_last_raw``: the largest lateness as measured.
-    """
-    w = _lateness_frame(multi, windows, runq)
-    # each rank's worst moment of the unit (its largest lateness as measured)
-    w = w.sort_values(["unit", "rank", "late_raw"], kind="stable")
-    worst = w.groupby(["unit", "rank"], sort=False).tail(1)
-    units = worst[["unit", "rank", "n_ranks", "late_raw", "contention", "last_vs_fair"]].rename(
-        columns={"last_vs_fair": "is_last"}
-    )
-    units = units.merge(
-        w.groupby(["unit", "rank"], sort=False)["late"].max().rename("late").reset_index(),
-        on=["unit", "rank"],
-    )
-    several = units.groupby("unit")["rank"].transform("size").to_numpy() >= 2
-    units["is_last"] = units["is_last"] & several
-    units["is_last_raw"] = (
-        units["late_raw"] >= units.groupby("unit")["late_raw"].transform("max")
-    ) & several
-    return units[list(UNIT_COLUMNS)]
-
-
-def _lateness_frame(
-    multi: pd.DataFrame, windows: pd.DataFrame, runq: pd.DataFrame | None
-) -> pd.DataFrame:
-    """``multi``'s rows (same order) with ``unit``, ``late_raw``, ``contention`` and ``late``
-    (:func:`unit_rows`)."""
-    import numpy as np
-
-    w = multi[["coll", "rank", "arrival", "n_ranks"]].reset_index(drop=True)
-    if len(windows) and "step" in windows.columns:
-        w = w.merge(windows[["coll", "rank", "step"]], on=["coll", "rank"], how="left")
-        w["step"] = w["step"].fillna(-1).astype(np.int64)
-    else:
-        w["step"] = np.int64(-1)
-    step = w["step"].to_numpy(np.int64)
-    w["unit"] = np.where(step >= 0, step, -1 - w["coll"].to_numpy(np.int64))
-    excess = np.zeros(len(w))
-    if runq is not None and len(runq):
-        w = w.merge(runq, on=["rank", "step"], how="left")
-        excess = w["excess_ns"].fillna(0).to_numpy(float)
-    arrival = w["arrival"].to_numpy(float)
-    late_raw = _behind(w, arrival)
-    w["late_raw"] = late_raw
-    w["contention"] = np.clip(excess, 0.0, np.maximum(late_raw, 0.0))
-    corrected = arrival - w["contention"].to_numpy(float)
-    w["late"] = _behind(w, corrected)
-    # the latest OTHER rank at the collective, each less its stolen time
-    g = w.assign(_c=corrected).groupby("coll")["_c"]
-    top = g.transform("max").to_numpy(float)
-    is_top = corrected >= top
-    second = (
-        w.assign(_c=np.where(is_top, -np.inf, corrected)).groupby("coll")["_c"].transform("max")
-    ).to_numpy(float)
-    tops = w.assign(_t=is_top).groupby("coll")["_t"].transform("sum").to_numpy()
-    others_max = np.where(is_top & (tops == 1), second, top)
-    w["last_vs_fair"] = (arrival >= others_max) & (w["n_ranks"].to_numpy() >= 2)
-    return w
-
-
-def _behind(w: pd.DataFrame, values: np.ndarray) -> np.ndarray:
-    """``values`` behind the median rank's at each collective (with two ranks, the other's)."""
-    import numpy as np
-
-    v = w.assign(_v=values).groupby("coll")["_v"]
-    n = v.transform("size").to_numpy()
-    med = v.transform("median").to_numpy(float)
-    other = (v.transform("sum").to_numpy(float) - values) / np.maximum(n - 1, 1)
-    return values - np.where(n > 2, med, other)
-
-
 def _rank_rows(
     multi: pd.DataFrame,
     windows: pd.DataFrame,
@@ -792,92 +489,3 @@ def _rank_rows(
             }
         )
     return rows
-
-
-class _Spread:
-    """How much a column of :func:`unit_rows` moves from one step to the next within a rank: the
-    pooled within-rank standard deviation, over every rank but one."""
-
-    def __init__(self, units: pd.DataFrame, column: str) -> None:
-        g = units.groupby("rank")[column]
-        dev = units[column] - g.transform("mean")
-        self.ss = (dev * dev).groupby(units["rank"]).sum()
-        self.df = g.size() - 1
-        self.total_ss, self.total_df = float(self.ss.sum()), int(self.df.sum())
-
-    def without(self, rank: int) -> float:
-        """The pooled standard deviation of the ranks other than ``rank`` (0: no degrees of
-        freedom, e.g. one step)."""
-        ss = self.total_ss - float(self.ss.get(rank, 0.0))
-        df = self.total_df - int(self.df.get(rank, 0))
-        return math.sqrt(ss / df) if df > 0 else 0.0
-
-
-def _own_extras(waits: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
-    """Per (collective, rank): how much later than the median rank it arrived, counted once, and
-    how much of that came from its own extra work in its window (vs the median rank), in ns.
-
-    ``late_ns`` is the arrival's distance behind the median rank's. Lateness is a level, not a
-    flow: a rank 20 ms late at the first of two DDP buckets is still 20 ms late at the second, and
-    on GPUs its compute stream stays behind across buckets whose NCCL kernels have ended. So
-    :func:`find_stragglers` counts lateness and own work once per sync interval
-    (:func:`once_per_sync_interval`): both then count each delay once.
-    """
-    import numpy as np
-    import pandas as pd
-
-    cols_out = [
-        "coll",
-        "rank",
-        "unit",
-        "window_start",
-        "window_end",
-        "is_last",
-        "late_ns",
-        "own_ns",
-    ]
-    cols_out += ["d_compute", "d_input", "d_idle", "d_comm"]
-    if len(windows) == 0:
-        return pd.DataFrame(columns=cols_out)
-    w = waits[["coll", "rank", "is_last", "arrival"]].merge(
-        windows.drop(columns=["arrival"]), on=["coll", "rank"], how="inner"
-    )
-    if "window_end" not in w:
-        w["window_end"] = w["arrival"]
-    step = w["step"].to_numpy(np.int64) if "step" in w else np.full(len(w), -1, np.int64)
-    w["unit"] = np.where(step >= 0, step, -1 - w["coll"].to_numpy(np.int64))
-    w["span"] = w["window_end"] - w["window_start"]
-    cols = {
-        "arrival": "late_ns",
-        "span": "own_ns",
-        "compute_ns": "d_compute",
-        "input_ns": "d_input",
-        "idle_ns": "d_idle",
-        "comm_ns": "d_comm",
-    }
-    for src, dst in cols.items():
-        vals = w[src].to_numpy(dtype=float)
-        g = w.groupby("coll")[src]
-        n = g.transform("size").to_numpy()
-        # median of the OTHER ranks: leave-one-out via sorting is costly; the median of all
-        # ranks is a close, robust stand-in when there are more than two ranks
-        med = g.transform("median").to_numpy(dtype=float)
-        other = (g.transform("sum").to_numpy(dtype=float) - vals) / np.maximum(n - 1, 1)
-        ref = np.where(n > 2, med, other)
-        w[dst] = vals - ref
-    return w[cols_out]
-
-
-def once_per_sync_interval(mine: pd.DataFrame) -> pd.DataFrame:
-    """One row per sync interval of one rank's rows of :func:`_own_extras`.
-
-    Collectives between two sync points share their window's start: their windows are nested,
-    and the rank's lateness carries from one to the next (still 20 ms late at the second DDP
-    bucket is the same 20 ms). Each interval keeps its largest window where the rank was last —
-    the most of its own work that was measured before an arrival — so summed over intervals
-    lateness and own work count each delay once and stay within the rank's profiled time.
-    """
-    if len(mine) == 0 or "window_start" not in mine:
-        return mine
-    order = mine.sort_values(["window_start", "window_end"], kind="stable")
-    return order.groupby("window_start", sort=False).tail(1)

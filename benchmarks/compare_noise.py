@@ -20,9 +20,10 @@ over the pairs, per number of profiled steps:
 * **job** — a pair with any job-level KPI called a regression or improvement in the table;
 * **any row** — a pair with any KPI row (job or rank) called one.
 
-Also printed per step count: the set's **run-to-run noise** (``rankscope.analysis.compare.run_noise``:
-the spread of the runs' mean step times beyond what their step noise explains, relative to the
-mean) — the figure to give ``--run-noise`` on this machine.
+Also printed per step count: the set's **run-to-run noise**
+(``rankscope.analysis.compare_stats.run_noise``: the spread of the runs' mean step times beyond
+what their step noise explains, relative to the mean) — the figure to give ``--run-noise`` on
+this machine.
 
 With ``--runs-per-side K`` each try is K runs against K (``rankscope compare --base-runs
 --new-runs``): the gate tests run means, the run-to-run noise measured from the runs.

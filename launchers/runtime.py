@@ -24,59 +24,52 @@
 
 Outside a rankscope run (no :data:`rundir.ENV_RUN_DIR`), :func:`step` is a no-op.
 
-Why one module of ~750 lines: the profiler schedule, windows, clock sync, failure capture and the
-per-step records (samples, FLOPs) of one rank share its state.
+The rank's state and lifecycle (start, close, failure capture, clock sync) are here; when the
+profiler steps (and what each step cost) is in ``stepping.py``, exporting and writing windows in
+``windows.py``: both are mixins of :class:`RankRuntime`, whose names this module re-exports.
 """
 
 from __future__ import annotations
 
 import atexit
-import bisect
 import contextlib
 import functools
-import gzip
 import os
 import platform
-import queue
 import re
-import signal
 import sys
 import threading
 import time
 import traceback
 import weakref
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from rankscope import __version__
-from rankscope.atomic import output_error, write_cause
+from rankscope.atomic import output_error
 from rankscope.launchers import clocksync, p2p, rundir
 from rankscope.launchers.spec import LauncherKind, ProfilerSettings, check_samples
+from rankscope.launchers.stepping import DEFERRED_SIGNALS as DEFERRED_SIGNALS
+from rankscope.launchers.stepping import STEP_CPU_KEY as STEP_CPU_KEY
+from rankscope.launchers.stepping import THREAD_SCHEDSTAT as THREAD_SCHEDSTAT
+from rankscope.launchers.stepping import TRACE_METADATA_KEY as TRACE_METADATA_KEY
+from rankscope.launchers.stepping import RankStepping as RankStepping
+from rankscope.launchers.stepping import _thread_times as _thread_times
+from rankscope.launchers.stepping import signals_deferred as signals_deferred
+from rankscope.launchers.windows import EXPORT_TMP_PREFIX as EXPORT_TMP_PREFIX
+from rankscope.launchers.windows import GZIP_LEVEL as GZIP_LEVEL
+from rankscope.launchers.windows import MAX_ERROR_CHARS as MAX_ERROR_CHARS
+from rankscope.launchers.windows import WRITER_TIMEOUT_S as WRITER_TIMEOUT_S
+from rankscope.launchers.windows import RankWindows as RankWindows
+from rankscope.launchers.windows import WindowWriter as WindowWriter
+from rankscope.launchers.windows import _write_failure_cause as _write_failure_cause
 
-#: gzip level of window files: 3 is ~3x faster than 9 for ~10% larger Kineto JSON.
-GZIP_LEVEL = 3
-#: Seconds the end of a rank waits for queued windows to be written.
-WRITER_TIMEOUT_S = 300.0
-#: The calling thread's scheduler counters (Linux): ns on a CPU, ns runnable but waiting for one
-#: (run-queue delay), time slices. Opened once by the training thread and read with ``pread`` at
-#: every step end (~8 µs under load; opening it each time cost ~100 µs); absent elsewhere.
-THREAD_SCHEDSTAT = Path("/proc/thread-self/schedstat")
-#: Key of meta.json holding ``{step: [wall_ns, cpu_ns, runq_ns]}`` per recorded step.
-STEP_CPU_KEY = "step_cpu"
-#: Prefix of the temporary Chrome-trace export next to the window files.
-EXPORT_TMP_PREFIX = ".export-"
-#: Key under which the rank's facts are added to every Kineto trace (``prof.add_metadata_json``).
-TRACE_METADATA_KEY = "rankscope"
 #: Index of a window file name (rundir.WINDOW_FORMAT).
 WINDOW_INDEX_RE = re.compile(r"window-(\d+)\.json\.gz")
 #: torchrun's count of restarts of the worker group (0 in the first attempt).
 TORCHRUN_RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"
 #: torchrun tells each worker where to write its error file (read for its failure summary).
 TORCHELASTIC_ERROR_ENV = "TORCHELASTIC_ERROR_FILE"
-#: Longest error message kept in meta.json, in characters.
-MAX_ERROR_CHARS = 500
 
 _runtime: RankRuntime | None = None
 
@@ -92,82 +85,7 @@ def _env_int(name: str, default: int) -> int:
         return default
 
 
-#: Signals whose Python handlers are held back while the profiler changes state.
-DEFERRED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
-@contextlib.contextmanager
-def signals_deferred() -> Iterator[None]:
-    """Hold back Ctrl-C/SIGTERM handlers for the duration; run them (raise) right after.
-
-    Only Python-level handlers are swapped (``signal.signal`` works in the main thread only;
-    elsewhere, or with SIG_DFL/SIG_IGN, nothing changes).
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    pending: list[int] = []
-
-    def defer(signum: int, frame: FrameType | None) -> None:
-        pending.append(signum)
-
-    saved = {sig: signal.getsignal(sig) for sig in DEFERRED_SIGNALS}
-    for sig, handler in saved.items():
-        if callable(handler):
-            signal.signal(sig, defer)
-    try:
-        yield
-    finally:
-        for sig, handler in saved.items():
-            if callable(handler):
-                signal.signal(sig, handler)
-        for signum in pending:
-            held = saved[signal.Signals(signum)]
-            if callable(held):
-                held(signum, None)
-
-
-class WindowWriter:
-    """One background thread that compresses and writes finished windows in order.
-
-    Exporting must happen in ``on_trace_ready`` (the profiler's data lives until the next
-    window), but gzip and two fsync'd writes need not hold up the training step that ends the
-    window: they cost ~10 ms of I/O wait per window here. A window queued but not yet written
-    when the process is SIGKILLed is lost (its exported JSON stays as a dot-file); every other
-    exit path waits for the queue in :meth:`finish`.
-    """
-
-    def __init__(self, write: Callable[[Path, dict[str, Any]], None]) -> None:
-        self._write = write
-        self._queue: queue.Queue[tuple[Path, dict[str, Any]] | None] = queue.Queue()
-        self._thread: threading.Thread | None = None
-
-    def submit(self, tmp: Path, window: dict[str, Any]) -> None:
-        """Queue an exported window (``tmp``) for compression and writing."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="rankscope-writer", daemon=True)
-            self._thread.start()
-        self._queue.put((tmp, window))
-
-    def finish(self, timeout_s: float = WRITER_TIMEOUT_S) -> bool:
-        """Write everything queued, then stop the thread (waits at most ``timeout_s`` s).
-
-        Returns False when the thread is still writing after ``timeout_s``.
-        """
-        if self._thread is None:
-            return True
-        self._queue.put(None)
-        self._thread.join(timeout_s)
-        done = not self._thread.is_alive()
-        self._thread = None
-        return done
-
-    def _run(self) -> None:
-        while (item := self._queue.get()) is not None:
-            self._write(*item)
-
-
-class RankRuntime:
+class RankRuntime(RankStepping, RankWindows):
     """State of the profiler in one rank (one instance per process, see :func:`start`)."""
 
     def __init__(
@@ -453,15 +371,6 @@ class RankRuntime:
         self._warned.add(message)
         print(f"rankscope: rank {self.rank}: {message} (training continues)", file=sys.stderr)
 
-    def _remove_exports(self) -> None:
-        """Remove what a failed export left in the rank's folder (the profiler's own temporary
-        ``.export-KKK.json.tmp`` included); called once the writer thread has stopped."""
-        if self.disabled:
-            return
-        for leftover in self.dir.glob(f"{EXPORT_TMP_PREFIX}*"):
-            with contextlib.suppress(OSError):
-                leftover.unlink()
-
     def _experimental_config(self) -> Any:
         """torch's ``_ExperimentalConfig`` recording Python GC events (``--record-gc``), or None
         (not asked, or a torch without ``record_python_gc_info``: said in meta.json, the job
@@ -475,224 +384,6 @@ class RankRuntime:
         except (ImportError, TypeError) as exc:
             self.meta["record_gc_error"] = f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
             return None
-
-    # ------------------------------------------------------------------ stepping
-    def step(self, samples: float | None = None) -> None:
-        """Advance the profiler by one step (explicit ``rankscope.step()``); ``samples``: what
-        the step that ends processed, recorded when that step is recorded (``step_samples``)."""
-        self.manual = True
-        prof = self.prof
-        if samples is not None and prof is not None and not self.exiting:
-            recording = prof.current_action in self._recording_actions
-            with self.lock:
-                if recording:
-                    self.meta["step_samples"].setdefault(str(prof.step_num), samples)
-        self._advance()
-
-    def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        """Global optimizer-step post hook: exactly one profiler step per training iteration.
-
-        * Several optimizers per iteration: one *lead* optimizer drives the profiler. The first
-          optimizer that steps leads; if another one steps after it before it steps again (GAN,
-          per-module optimizers), that later one closes the iteration and takes the lead, once.
-        * torch calls post hooks INSIDE the ``Optimizer.step#…`` profiler range, so stepping the
-          profiler here would end ``ProfilerStep#N`` inside that range (crossing ranges, an op
-          cut off at a window's end). So the hook marks the step as due, and a thin wrapper
-          around the optimizer class's ``step`` advances the profiler when the range has closed,
-          as a hand-written loop would.
-        """
-        if self.manual or self.prof is None:
-            return
-        lead = self._lead_optimizer() if self._lead_optimizer is not None else None
-        if lead is None:  # first optimizer step of the run (or the lead was garbage-collected)
-            self._lead_optimizer = weakref.ref(optimizer)
-            self._lead_settled = False
-            self._after_lead = None
-            self._wrap_optimizer_step(type(optimizer))
-        elif optimizer is not lead:
-            self._after_lead = weakref.ref(optimizer)
-            return
-        else:
-            later = self._after_lead() if self._after_lead is not None else None
-            self._after_lead = None
-            settled, self._lead_settled = self._lead_settled, True
-            if later is not None and not settled:
-                # `later` stepped after the lead within the iteration: it closes iterations
-                self._lead_optimizer = weakref.ref(later)
-                self._wrap_optimizer_step(type(later))
-                return
-        if self._step_depth > 0:
-            self._step_due = True  # the wrapper advances when the outermost step returns
-        else:
-            self._advance()
-
-    def _wrap_optimizer_step(self, cls: type) -> None:
-        """Wrap ``cls.step`` so the profiler advances after torch's ``Optimizer.step`` range."""
-        inner = cls.step  # type: ignore[attr-defined]
-        if getattr(inner, "_rankscope_outer", False):
-            return
-        runtime = self
-
-        @functools.wraps(inner)
-        def step(*args: Any, **kwargs: Any) -> Any:
-            runtime._step_depth += 1
-            try:
-                return inner(*args, **kwargs)
-            finally:
-                runtime._step_depth -= 1
-                if runtime._step_depth == 0 and runtime._step_due:
-                    runtime._step_due = False
-                    runtime._advance()
-
-        step._rankscope_outer = True  # type: ignore[attr-defined]
-        step.hooked = True  # type: ignore[attr-defined]  # torch's mark: do not wrap again
-        cls.step = step  # type: ignore[attr-defined]
-
-    def _advance(self) -> None:
-        if self.prof is None or self.exiting:
-            return
-        current = self.prof.current_action
-        self._record_step_cpu(current in self._recording_actions)
-        if current == self._save_action or self.prof.schedule(self.prof.step_num + 1) != current:
-            # the profiler changes state (a window starts or ends, the trace is exported): a
-            # Ctrl-C/SIGTERM in the middle would leave it half-way; let it land just after
-            with signals_deferred():
-                self.prof.step()
-        else:
-            self.prof.step()
-        self.meta["steps"] += 1
-        self._tag_window()
-        # the next step begins now, as the trace's ProfilerStep#N does: the profiler's own work
-        # in step() (starting a window, exporting one, counting FLOPs: milliseconds under load)
-        # is not the training step's
-        self._step_mark = _thread_times(self._schedstat)
-
-    def _record_step_cpu(self, recording: bool) -> None:
-        """The step that ends now: its wall time, the main thread's CPU time and run-queue delay
-        (``step_cpu``), when it was recorded. The first step has no start mark and is skipped."""
-        mark = _thread_times(self._schedstat)
-        before, self._step_mark = self._step_mark, None
-        if not recording or before is None or mark is None:
-            return
-        wall, cpu, runq = (now - then for now, then in zip(mark, before, strict=True))
-        with self.lock:
-            self.meta[STEP_CPU_KEY].setdefault(str(self.prof.step_num), [wall, cpu, runq])
-
-    def _tag_window(self) -> None:
-        """At the first recorded step of a window, add the rank's facts to the trace."""
-        recording = self.prof.current_action in self._recording_actions
-        if recording and not self.recording:
-            import json
-
-            facts = {
-                k: self.meta[k]
-                for k in ("rank", "local_rank", "world_size", "host", "pid", "device")
-            }
-            facts["clock_domain"] = self.meta["clock"]["domain"]
-            facts["run_id"] = self.meta["run_id"]
-            facts["window"] = self.window
-            with contextlib.suppress(Exception):  # a nicety: never break the job for it
-                self.prof.add_metadata_json(TRACE_METADATA_KEY, json.dumps(facts))
-        self.recording = recording
-
-    # ------------------------------------------------------------------ windows
-    def _on_trace_ready(self, prof: Any) -> None:
-        """A window ended: export it (the profiler's data is only valid now), hand the
-        compression and the fsync'd writes to the writer thread, then run a clock sync."""
-        index = self.window
-        self.window += 1
-        self.recording = False
-        last_step = prof.step_num - (0 if self.exiting else 1)
-        window = {
-            "index": index,
-            "file": rundir.WINDOW_FORMAT.format(window=index),
-            "first_step": max(0, last_step - self.settings.active + 1),
-            "last_step": last_step,
-            "complete": not self.exiting,
-            "attempt": self.meta["attempt"],
-        }
-        if self.settings.with_flops:
-            self._count_flops(prof)
-        tmp = self.dir / f"{EXPORT_TMP_PREFIX}{index:03d}.json"
-        # Kineto writes ``tmp`` through its own ``tmp.tmp`` and, when that write fails (a full
-        # disk), only logs it: the export returns, ``tmp`` is missing, ``tmp.tmp`` stays.
-        kineto_tmp = tmp.with_name(tmp.name + ".tmp")
-        try:
-            prof.export_chrome_trace(str(tmp))
-            exported = tmp.exists()
-            cause = None if exported else _write_failure_cause(self.dir)
-        except Exception as exc:
-            exported, cause = False, str(exc)
-        if exported:
-            self.writer.submit(tmp, window)
-        else:
-            for leftover in (tmp, kineto_tmp):
-                with contextlib.suppress(OSError):
-                    leftover.unlink(missing_ok=True)
-            self.warn(f"window {index} not written: {self.dir / window['file']}: {cause}")
-        if not self.exiting:
-            self._sync(f"window-{index:03d}")
-            self.write_meta()
-
-    def _count_flops(self, prof: Any) -> None:
-        """FLOPs per recorded step of the window that ended (``step_flops``): the sum of torch's
-        per-operator counts (``with_flops``) of the operators that start inside the step's
-        ``ProfilerStep#N`` range, 0 for a step without any. Never breaks the job."""
-        try:
-            events = prof.profiler.kineto_results.events()
-            steps: list[tuple[int, int, str]] = []
-            counted: list[tuple[int, int]] = []
-            for ev in events:
-                name = ev.name()
-                if name.startswith("ProfilerStep#"):
-                    number = name[len("ProfilerStep#") :]
-                    if number.isdigit():
-                        steps.append((ev.start_ns(), ev.start_ns() + ev.duration_ns(), number))
-                    continue
-                flops = ev.flops()
-                if flops:
-                    counted.append((ev.start_ns(), int(flops)))
-            steps.sort()
-            starts = [lo for lo, _, _ in steps]
-            totals = {number: 0 for _, _, number in steps}
-            for start, flops in counted:
-                i = bisect.bisect_right(starts, start) - 1
-                if i >= 0 and start < steps[i][1]:
-                    totals[steps[i][2]] += flops
-        except Exception as exc:
-            self.warn(f"FLOPs not counted: {type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS])
-            return
-        with self.lock:
-            recorded = self.meta.setdefault("step_flops", {})
-            for number, total in totals.items():
-                recorded.setdefault(number, total)
-
-    def _write_window(self, tmp: Path, window: dict[str, Any]) -> None:
-        """In the writer thread: gzip the exported trace, write it atomically, record it."""
-        try:
-            raw = tmp.read_bytes()
-            if not raw.rstrip().endswith(b"}"):  # Kineto renames what it could write, even 0 B
-                self.warn(
-                    f"window {window['index']} not written: {self.dir / window['file']}: "
-                    f"{_write_failure_cause(self.dir)} (the profiler's export is truncated)"
-                )
-                return
-            data = gzip.compress(raw, compresslevel=GZIP_LEVEL)
-            rundir.write_bytes_atomic(self.dir / window["file"], data)
-        except Exception as exc:
-            self.warn(f"window {window['index']} not written: {exc}")
-            return
-        finally:
-            tmp.unlink(missing_ok=True)
-        window.update(
-            events=raw.count(b'"ph":'),
-            bytes=len(data),
-            json_bytes=len(raw),
-            written_ns=time.time_ns(),
-        )
-        with self.lock:
-            self.meta["windows"].append(window)
-        self.write_meta()
 
     # ------------------------------------------------------------------ distributed
     def _wrap_init_process_group(self) -> None:
@@ -747,25 +438,6 @@ class RankRuntime:
         self.meta["clock"]["samples"].extend(samples)
 
 
-def _write_failure_cause(folder: Path) -> str:
-    """Why a write into ``folder`` failed when the writer did not say (Kineto only logs it)."""
-    import errno
-
-    try:
-        st = os.statvfs(folder)
-    except OSError as exc:
-        return f"cannot write ({write_cause(exc)})"
-    if st.f_flag & os.ST_RDONLY:
-        code = errno.EROFS
-    elif st.f_bavail == 0 or st.f_favail == 0:
-        code = errno.ENOSPC
-    elif not os.access(folder, os.W_OK | os.X_OK):
-        code = errno.EACCES
-    else:
-        return "the profiler could not write it (see its ERROR line above)"
-    return f"cannot write ({write_cause(OSError(code, os.strerror(code)))})"
-
-
 def start(script: str = "", script_args: list[str] | None = None) -> RankRuntime | None:
     """Start the runtime in this rank if it runs under rankscope (idempotent).
 
@@ -789,20 +461,6 @@ def start(script: str = "", script_args: list[str] | None = None) -> RankRuntime
 def current() -> RankRuntime | None:
     """The runtime of this process (None outside a rankscope run)."""
     return _runtime
-
-
-def _thread_times(fd: int | None) -> tuple[int, int, int] | None:
-    """(wall ns, the training thread's CPU ns, its run-queue ns) from its open
-    :data:`THREAD_SCHEDSTAT` ``fd``: the run-queue delay is the time the thread could have run but
-    another task held the core; None where Linux does not say."""
-    if fd is None:
-        return None
-    wall = time.monotonic_ns()
-    try:
-        fields = os.pread(fd, 128, 0).split()
-        return wall, int(fields[0]), int(fields[1])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def step(samples: float | None = None) -> None:

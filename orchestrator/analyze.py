@@ -47,7 +47,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="list every rank in the terminal tables (above 16 ranks they are summarised)",
     )
-    from rankscope.orchestrator.merge import add_rank_from
+    from rankscope.orchestrator.merge_cli import add_rank_from
 
     add_rank_from(parser)
 

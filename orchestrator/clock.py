@@ -40,6 +40,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rankscope.analysis.schema import ClockMethod
+from rankscope.orchestrator.clock_graph import constraints as _constraints
+from rankscope.orchestrator.clock_graph import shortest_from as shortest_from
 
 if TYPE_CHECKING:
     import numpy as np
@@ -49,9 +51,6 @@ if TYPE_CHECKING:
 MIN_DRIFT_SPAN_S = 0.05
 #: Iterations of the consensus/offset alternation of the collective fit.
 CONSENSUS_ITERATIONS = 5
-#: Causality constraints of collectives of one size are built together while their matrices
-#: hold at most this many elements (memory, ~8 bytes each); larger ones one by one.
-BATCH_ELEMENTS = 1 << 22
 
 
 @dataclass(frozen=True)
@@ -236,77 +235,6 @@ def repair_shifts(colls: pd.DataFrame, ranks: list[int], ref_rank: int) -> dict[
         a = new
     a = a - a[idx[ref_rank]] if ref_rank in idx else a
     return {r: int(a[idx[r]]) for r in ranks}
-
-
-def _constraints(colls: pd.DataFrame, ranks: list[int]) -> tuple[np.ndarray, int]:
-    """Causality as difference constraints: ``w[r, q]`` (ns) bounds ``a_q - a_r`` from above.
-
-    ``w[r, q]`` is the smallest ``end_cr - start_cq`` over shared collectives c; no constraint is
-    the returned sentinel (also on the diagonal).
-    """
-    import numpy as np
-    import pandas as pd
-
-    n = len(ranks)
-    inf = np.iinfo(np.int64).max // 4
-    w = np.full((n, n), inf, dtype=np.int64)
-    if colls.empty:
-        return w, inf
-    # Plain arrays sorted by (coll, rank index): a pandas group per collective cost ~1 ms each
-    # (13 s for the 13,600 collectives of a 32-rank TP x PP x DP job).
-    ri = pd.Index(ranks).get_indexer(colls["rank"].to_numpy())
-    keep = ri >= 0
-    c = colls["coll"].to_numpy()[keep]
-    rr_all, e_all = ri[keep], colls["end"].to_numpy(np.int64)[keep]
-    s_all = colls["start"].to_numpy(np.int64)[keep]
-    order = np.lexsort((rr_all, c))
-    c, rr_all, e_all, s_all = c[order], rr_all[order], e_all[order], s_all[order]
-    cuts = np.flatnonzero(c[1:] != c[:-1]) + 1
-    first = np.concatenate(([0], cuts))
-    size = np.diff(np.concatenate((first, [len(c)])))
-    every = np.arange(n)
-    for k in np.unique(size):
-        starts = first[size == k]
-        if k * k * len(starts) <= BATCH_ELEMENTS:  # small collectives of one size: at once
-            rows = starts[:, None] + np.arange(k)[None, :]
-            rr, e, s = rr_all[rows], e_all[rows], s_all[rows]
-            cand = e[:, :, None] - s[:, None, :]  # [c, r, q]
-            np.minimum.at(w, (rr[:, :, None].repeat(k, 2), rr[:, None, :].repeat(k, 1)), cand)
-            continue
-        for i0 in starts:
-            rr, e, s = rr_all[i0 : i0 + k], e_all[i0 : i0 + k], s_all[i0 : i0 + k]
-            cand = e[:, None] - s[None, :]  # [r, q]
-            if k == n and np.array_equal(rr, every):  # every rank once: the whole matrix
-                np.minimum(w, cand, out=w)
-            elif len(np.unique(rr)) == k:  # each rank once: one block
-                block = np.ix_(rr, rr)
-                w[block] = np.minimum(w[block], cand)
-            else:  # a rank twice in one collective: repeated indices need the unbuffered form
-                np.minimum.at(w, (rr[:, None].repeat(k, 1), rr[None, :].repeat(k, 0)), cand)
-    np.fill_diagonal(w, inf)
-    return w, inf
-
-
-def shortest_from(d: np.ndarray, src: int | None) -> np.ndarray | None:
-    """Shortest path lengths from ``src`` through the weights ``d`` (``d[r, q]``: edge r -> q,
-    ``inf``: none), vectorised Bellman-Ford: O(k·N²) for paths of k edges, instead of
-    Floyd-Warshall's O(N³) for every pair (14.5 s of a 1,024-rank merge). ``src`` None: from a
-    virtual source joined to every rank at 0 (finds a negative cycle anywhere). None when a
-    negative cycle is reachable (the constraints contradict each other)."""
-    import numpy as np
-
-    n = len(d)
-    if src is None:
-        dist = np.zeros(n)
-    else:
-        dist = np.full(n, np.inf)
-        dist[src] = 0.0
-    for _ in range(n + 1):
-        relaxed = np.minimum(dist, (dist[:, None] + d).min(axis=0))
-        if np.array_equal(relaxed, dist):
-            return dist
-        dist = relaxed
-    return None
 
 
 def feasible_offsets(

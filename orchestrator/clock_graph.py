@@ -47,6 +47,10 @@ if TYPE_CHECKING:
     import numpy as np
     import pandas as pd
 
+#: Causality constraints of collectives of one size are built together while their matrices
+#: hold at most this many elements (memory, ~8 bytes each); larger ones one by one.
+BATCH_ELEMENTS = 1 << 22
+
 #: Below this many measurements a band is their largest deviation (too few for a robust spread).
 FEW_COLLECTIVES = 20
 #: With more, it is this many robust standard deviations (1.4826·MAD) of them.
@@ -222,6 +226,77 @@ def tree_offsets(edges: list[Edge], groups: list[int]) -> dict[int, tuple[float,
     return value
 
 
+def constraints(colls: pd.DataFrame, ranks: list[int]) -> tuple[np.ndarray, int]:
+    """Causality as difference constraints: ``w[r, q]`` (ns) bounds ``a_q - a_r`` from above.
+
+    ``w[r, q]`` is the smallest ``end_cr - start_cq`` over shared collectives c; no constraint is
+    the returned sentinel (also on the diagonal).
+    """
+    import numpy as np
+    import pandas as pd
+
+    n = len(ranks)
+    inf = np.iinfo(np.int64).max // 4
+    w = np.full((n, n), inf, dtype=np.int64)
+    if colls.empty:
+        return w, inf
+    # Plain arrays sorted by (coll, rank index): a pandas group per collective cost ~1 ms each
+    # (13 s for the 13,600 collectives of a 32-rank TP x PP x DP job).
+    ri = pd.Index(ranks).get_indexer(colls["rank"].to_numpy())
+    keep = ri >= 0
+    c = colls["coll"].to_numpy()[keep]
+    rr_all, e_all = ri[keep], colls["end"].to_numpy(np.int64)[keep]
+    s_all = colls["start"].to_numpy(np.int64)[keep]
+    order = np.lexsort((rr_all, c))
+    c, rr_all, e_all, s_all = c[order], rr_all[order], e_all[order], s_all[order]
+    cuts = np.flatnonzero(c[1:] != c[:-1]) + 1
+    first = np.concatenate(([0], cuts))
+    size = np.diff(np.concatenate((first, [len(c)])))
+    every = np.arange(n)
+    for k in np.unique(size):
+        starts = first[size == k]
+        if k * k * len(starts) <= BATCH_ELEMENTS:  # small collectives of one size: at once
+            rows = starts[:, None] + np.arange(k)[None, :]
+            rr, e, s = rr_all[rows], e_all[rows], s_all[rows]
+            cand = e[:, :, None] - s[:, None, :]  # [c, r, q]
+            np.minimum.at(w, (rr[:, :, None].repeat(k, 2), rr[:, None, :].repeat(k, 1)), cand)
+            continue
+        for i0 in starts:
+            rr, e, s = rr_all[i0 : i0 + k], e_all[i0 : i0 + k], s_all[i0 : i0 + k]
+            cand = e[:, None] - s[None, :]  # [r, q]
+            if k == n and np.array_equal(rr, every):  # every rank once: the whole matrix
+                np.minimum(w, cand, out=w)
+            elif len(np.unique(rr)) == k:  # each rank once: one block
+                block = np.ix_(rr, rr)
+                w[block] = np.minimum(w[block], cand)
+            else:  # a rank twice in one collective: repeated indices need the unbuffered form
+                np.minimum.at(w, (rr[:, None].repeat(k, 1), rr[None, :].repeat(k, 0)), cand)
+    np.fill_diagonal(w, inf)
+    return w, inf
+
+
+def shortest_from(d: np.ndarray, src: int | None) -> np.ndarray | None:
+    """Shortest path lengths from ``src`` through the weights ``d`` (``d[r, q]``: edge r -> q,
+    ``inf``: none), vectorised Bellman-Ford: O(k·N²) for paths of k edges, instead of
+    Floyd-Warshall's O(N³) for every pair (14.5 s of a 1,024-rank merge). ``src`` None: from a
+    virtual source joined to every rank at 0 (finds a negative cycle anywhere). None when a
+    negative cycle is reachable (the constraints contradict each other)."""
+    import numpy as np
+
+    n = len(d)
+    if src is None:
+        dist = np.zeros(n)
+    else:
+        dist = np.full(n, np.inf)
+        dist[src] = 0.0
+    for _ in range(n + 1):
+        relaxed = np.minimum(dist, (dist[:, None] + d).min(axis=0))
+        if np.array_equal(relaxed, dist):
+            return dist
+        dist = relaxed
+    return None
+
+
 def causality_intervals(
     sync: pd.DataFrame,
     p2p: pd.DataFrame,
@@ -232,14 +307,13 @@ def causality_intervals(
     """Per group, [lo, hi] (ns) of its offset relative to ``ROOT`` that causality allows, after
     each group's drift correction ``corr[g] = (drift ns/ns, t_ref ns from base)``.
 
-    Collectives: ``o_b - o_a <= min end of a's members - max start of b's`` (``clock._constraints``
+    Collectives: ``o_b - o_a <= min end of a's members - max start of b's`` (:func:`constraints`
     on the per-group reduction); send/recv pairs: ``o_send - o_recv <= end_recv - start_send``.
-    Shortest paths from and to ``ROOT`` (``clock.shortest_from``). Empty when the constraints
+    Shortest paths from and to ``ROOT`` (:func:`shortest_from`). Empty when the constraints
     contradict each other; groups bounded on one side only are absent.
     """
     import numpy as np
     import pandas as pd
-    from rankscope.orchestrator.clock import _constraints, shortest_from
 
     n = max(group_of.values(), default=ROOT) + 1
     if n < 2:
@@ -266,7 +340,7 @@ def causality_intervals(
         parts.append(red[red.groupby("coll")["rank"].transform("size") >= 2])
     groups = list(range(n))
     cols = pd.concat(parts) if parts else pd.DataFrame(columns=["coll", "rank", "start", "end"])
-    w, inf = _constraints(cols, groups)
+    w, inf = constraints(cols, groups)
     if not p2p.empty:
         p = reduced(p2p)
         p["op"] = p2p.loc[p.index, "op"].to_numpy()

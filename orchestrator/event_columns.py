@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from rankscope.analysis.memory import memory_field_limits
+from rankscope.analysis.memory_events import memory_field_limits
 from rankscope.analysis.schema import EventKind, LaneKind
 from rankscope.orchestrator.kineto_json import KEvent, KFile, TraceReadError
 from rankscope.orchestrator.vocabulary import (
@@ -80,10 +80,10 @@ class FileTrace:
     """events left out and why (negative / missing duration ...)"""
     memory: dict[str, np.ndarray] | None = None
     """the ``[memory]`` events (None when there are none): the columns of
-    ``analysis.memory.MEMORY_COLUMNS`` but rank and window, ts raw ns, op and scope as codes
+    ``analysis.memory_events.MEMORY_COLUMNS`` but rank and window, ts raw ns, op and scope as codes
     into ``strings``, in file order"""
     memory_skipped: dict[str, int] = field(default_factory=dict)
-    """memory events left out and why (``memory.skip_reason``)"""
+    """memory events left out and why (``memory_events.skip_reason``)"""
     device_memory: dict[int, int] = field(default_factory=dict)
     """GPU index → total bytes (``deviceProperties``)"""
     process_groups: list[dict[str, Any]] = field(default_factory=list)
@@ -298,8 +298,9 @@ class EventColumns:
         """Keep one ``[memory]`` event (its values checked now; the rest waits for finish).
 
         Well-formed events (plain ints in range, a finite ts) pass one inline test, 5x cheaper
-        than :func:`rankscope.analysis.memory.bad_memory_field`, which only sees the others to
-        name what is wrong (a trace can hold 10^5 memory events: this is the reader's hot path).
+        than :func:`rankscope.analysis.memory_events.bad_memory_field`, which only sees the
+        others to name what is wrong (a trace can hold 10^5 memory events: this is the reader's
+        hot path).
         """
         a = ev.args
         t = ev.ts
@@ -322,7 +323,7 @@ class EventColumns:
         ):
             self.memory.append(ev)
             return
-        from rankscope.analysis.memory import bad_memory_field, skip_reason
+        from rankscope.analysis.memory_events import bad_memory_field, skip_reason
 
         values = None
         if a is not None:
@@ -357,9 +358,9 @@ class EventColumns:
 
     def _memory_columns(self, cols: dict[str, np.ndarray], base: int) -> dict[str, np.ndarray]:
         """The kept memory events as columns, with op, scope and step from the events' own
-        ranges (``analysis.memory.attribute``: the rule of ``memory_rows``); ts raw ns.
+        ranges (``analysis.memory_events.attribute``: the rule of ``memory_rows``); ts raw ns.
         ``cols``: the events' columns, ``ts`` with the time base already added."""
-        from rankscope.analysis.memory import attribute
+        from rankscope.analysis.memory_events import attribute
 
         out = {k: np.concatenate(v) for k, v in self.memory_parts.items()}
         out["ts"] = out["ts"] + np.int64(base)
@@ -463,7 +464,7 @@ class EventColumns:
             dropped["events with negative, NaN or missing durations"] = self.dropped
         if self.out_of_range:
             dropped["events with timestamps out of range"] = self.out_of_range
-        from rankscope.analysis.memory import device_total_memory
+        from rankscope.analysis.memory_events import device_total_memory
 
         return FileTrace(
             path=path,

@@ -79,7 +79,8 @@ def finalize(run_dir: Path | str, settle_s: float | None = None) -> int:
 def _merge(run_dir: Path) -> int:
     """``rankscope merge RUN --scheduler synchronous``, in this process."""
     from rankscope.analysis.scheduler import SYNCHRONOUS
-    from rankscope.orchestrator.merge import interrupt_wins, merge_run_dir
+    from rankscope.orchestrator.merge import merge_run_dir
+    from rankscope.orchestrator.merge_cli import interrupt_wins
 
     with interrupt_wins():
         merge_run_dir(run_dir, scheduler=SYNCHRONOUS)

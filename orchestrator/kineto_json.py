@@ -68,7 +68,8 @@ class KArgs(msgspec.Struct, gc=False):
     in_nelems: Any = msgspec.field(default=None, name="In msg nelems")
     out_nelems: Any = msgspec.field(default=None, name="Out msg nelems")
     dtype: Any = None
-    # [memory] instant events (profile_memory): kept as memory rows (rankscope.analysis.memory)
+    # [memory] instant events (profile_memory): kept as memory rows
+    # (rankscope.analysis.memory_events)
     device_type: Any = msgspec.field(default=None, name="Device Type")
     device_id: Any = msgspec.field(default=None, name="Device Id")
     addr: Any = msgspec.field(default=None, name="Addr")

@@ -13,9 +13,10 @@ Pipeline (docs/format.md, "How the merge works"; docs/architecture.md, "The path
    saying where and why. At most ``2 × workers`` tasks are in flight, and the parent parks each
    finished rank's columns on disk at once (:class:`Spill`) and drops them, so memory holds a
    few ranks, never all.
-3. **Decide** which ranks belong — of two files claiming a rank the first by name wins; ranks
-   from another job (world size, or a clock :data:`FOREIGN_TIME_NS` away from the others) are
-   left out — before anything is written.
+3. **Decide** which ranks belong (:mod:`~rankscope.orchestrator.rank_selection`) — of two files
+   claiming a rank the first by name wins; ranks from another job (world size, or a clock
+   :data:`~rankscope.orchestrator.rank_selection.FOREIGN_TIME_NS` away from the others) are left
+   out — before anything is written.
 4. **Match** collectives across ranks, **align** clocks (orchestrator/clock.py), then write each
    kept rank ONCE: ``ts`` already on the aligned clock, its ``coll`` column, its names and
    categories translated to the store's string table; then the run-wide tables.
@@ -35,12 +36,11 @@ where writing at once cost a compressed write, a read-back of ``ts`` and a compr
 Bad input never costs the other ranks: every problem is recorded in ``/problems`` and printed
 with its file; the exit status is non-zero only when no rank could be merged (or ``--strict``).
 
-The driver and its command stay one module (~560 lines): the decisions between parsing and
-writing (keep, leave out, align, write once) read best in one place; the files beside the output
-live in ``output.py``, the per-rank work in ``rank_columns.py``.
-
-Why one module of ~700 lines: the decisions between parsing and writing (keep, leave out, rank
-the rank-less, align, write once) are in one place.
+The driver stays one module: the decisions between parsing and writing (keep, leave out, align,
+write once) read best in one place. Beside it: which ranks are kept and how rank-less traces are
+ranked in ``rank_selection.py``, the problem lines and progress bar in ``merge_progress.py``, the
+command's arguments in ``merge_cli.py``, the files beside the output in ``staging.py``, the
+per-rank work in ``rank_columns.py``.
 """
 
 from __future__ import annotations
@@ -48,12 +48,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import itertools
 import os
 import re
 import shutil
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -62,6 +60,23 @@ from rankscope.atomic import translate_write_errors
 from rankscope.errors import InputFileError, UsageError
 from rankscope.launchers import rundir
 from rankscope.orchestrator.discovery import Problem, RankSource, discover, nothing_to_merge
+from rankscope.orchestrator.merge_cli import add_rank_from as add_rank_from
+from rankscope.orchestrator.merge_cli import configure as configure
+from rankscope.orchestrator.merge_cli import interrupt_wins as interrupt_wins
+from rankscope.orchestrator.merge_progress import _Progress, _say
+from rankscope.orchestrator.rank_selection import FOREIGN_TIME_NS as FOREIGN_TIME_NS
+from rankscope.orchestrator.rank_selection import MAX_RANKS as MAX_RANKS
+from rankscope.orchestrator.rank_selection import (
+    _accept,
+    _common,
+    _ranges,
+    _reject_foreign,
+    _world_claim,
+)
+from rankscope.orchestrator.rank_selection import rank_in_name as rank_in_name
+from rankscope.orchestrator.rank_selection import rank_pattern as rank_pattern
+from rankscope.orchestrator.rank_selection import rank_rankless as rank_rankless
+from rankscope.orchestrator.rank_selection import rankless_note as rankless_note
 from rankscope.orchestrator.staging import (
     SPILL_FORMAT,
     TMP_FORMAT,
@@ -77,11 +92,6 @@ if TYPE_CHECKING:
     from rankscope.analysis.scheduler import ClusterSpec
     from rankscope.orchestrator.rank_columns import RankResult
 
-#: A rank whose trace starts this far (ns) from the others' median start is from another job.
-FOREIGN_TIME_NS = 24 * 3600 * 10**9
-#: Ranks 0..MAX_RANKS-1 are merged; a trace claiming another rank, or a world size beyond it, is
-#: a problem (a hostile 2**70 would list that many missing ranks: docs/reliability.md).
-MAX_RANKS = 1 << 20
 #: Bytes of Kineto JSON per event, to size a merge before parsing it (:func:`estimate_events`).
 #: Measured on tests/data: 367-409 bytes per event (mean 380) over 21 plain traces.
 JSON_BYTES_PER_EVENT = 380
@@ -138,7 +148,7 @@ def merge_run_dir(
     :class:`InputFileError` when no rank could be merged (or, with ``strict``, when any problem
     was found — the store is still written). ``rank_from``: a regular expression whose first
     group (or whole match) in a file's name is its rank, for traces without ``distributedInfo``
-    (:func:`rank_rankless`).
+    (:func:`~rankscope.orchestrator.rank_selection.rank_rankless`).
     """
     if cluster is not None and scheduler is not None:
         raise ValueError("give merge_run_dir scheduler= or cluster=, not both")
@@ -355,138 +365,6 @@ def _merge_locked(
     return problems
 
 
-def rank_pattern(text: str | None) -> re.Pattern[str] | None:
-    """``--rank-from``'s regular expression, compiled; one-line UsageError when invalid."""
-    if text is None:
-        return None
-    try:
-        return re.compile(text)
-    except re.error as exc:
-        raise UsageError(f"--rank-from {text!r}: not a regular expression ({exc})") from None
-
-
-def rank_in_name(rx: re.Pattern[str], path: Path) -> int | None:
-    """The rank ``rx`` finds in ``path``'s file name: its first group, else the whole match."""
-    m = rx.search(path.name)
-    if m is None:
-        return None
-    text = m.group(1) if rx.groups else m.group(0)
-    return int(text) if text is not None and text.isdigit() else None
-
-
-def rank_rankless(
-    rankless: list[RankResult], taken: set[int], rank_from: re.Pattern[str] | None
-) -> list[tuple[RankResult, str]]:
-    """Give ranks to the parsed traces that hold no rank (no ``distributedInfo``, none in the
-    name), in the order given (command line, or name order inside a folder): the lowest ranks not
-    taken by the others — one such trace alone is rank 0. Never a silent guess: the caller says
-    which file got which rank (:func:`rankless_note`). With ``--rank-from``, the user's rule is
-    the only one: a file it does not match stays unranked (a problem naming the rule).
-    """
-    out: list[tuple[RankResult, str]] = []
-    free = (r for r in itertools.count() if r not in taken)
-    for res in rankless:
-        if rank_from is not None:
-            out.append(
-                (
-                    res,
-                    f"rank unknown (--rank-from {rank_from.pattern!r} finds no rank number in the file name)",
-                )
-            )
-            continue
-        res.rank = next(free)
-        out.append((res, ""))
-    return out
-
-
-def rankless_note(ranked: list[RankResult]) -> str:
-    """One line naming the rank each rank-less trace got and how to choose otherwise."""
-    if len(ranked) == 1:
-        res = ranked[0]
-        return (
-            f"{res.source.label}: no rank in the trace (no distributedInfo) or its name; "
-            f"merged as rank {res.rank}"
-        )
-    shown = ", ".join(f"{Path(r.source.label).name} → {r.rank}" for r in ranked[:6])
-    more = f", … ({len(ranked)} in all)" if len(ranked) > 6 else ""
-    return (
-        f"{len(ranked)} traces hold no rank; ranked in the order given: {shown}{more} "
-        "(--rank-from REGEX takes the rank from the file names)"
-    )
-
-
-def _accept(
-    result: RankResult,
-    parked: dict[int, RankResult],
-    spill: Spill,
-    problems: list[Problem],
-    quiet: bool,
-    progress: Any,
-) -> None:
-    """Park one parsed rank (duplicates: the first file in name order wins, deterministically)."""
-    rank = int(result.rank)  # type: ignore[arg-type]
-    if not 0 <= rank < MAX_RANKS:  # found by tests/test_fuzz.py: 2**70 ranks were "missing"
-        p = Problem(result.source.label, -1, f"rank {rank} out of range (0..{MAX_RANKS - 1})")
-        problems.append(p)
-        _say(p, quiet, progress)
-        return
-    if rank in parked:
-        old = parked[rank]
-        keep_old = old.source.label <= result.source.label
-        loser, winner = (result, old) if keep_old else (old, result)
-        p = Problem(
-            loser.source.label, rank, f"rank {rank} also claimed by {winner.source.label}; ignored"
-        )
-        problems.append(p)
-        _say(p, quiet, progress)
-        if keep_old:
-            return
-    assert result.columns is not None
-    spill.put(rank, result.columns)
-    result.columns = None  # only the small tables stay in memory
-    if result.memory is not None:
-        spill.put(rank, result.memory, part="memory")
-        result.memory = None
-    parked[rank] = result
-
-
-def _world_claim(value: Any) -> int:
-    """A claimed world size if it is a plausible one (1..MAX_RANKS), else 0 (unknown)."""
-    return value if type(value) is int and 0 < value <= MAX_RANKS else 0
-
-
-def _reject_foreign(
-    run: dict[str, Any],
-    parked: dict[int, RankResult],
-    spill: Spill,
-    problems: list[Problem],
-    quiet: bool,
-) -> None:
-    """Leave out ranks from another job (world size disagreeing with the run, far-apart times).
-
-    Runs before any rank is written, so a foreign rank never takes space in the store.
-    """
-    import numpy as np
-
-    expected = run.get("world_size") or _common(r.world_size for r in parked.values())
-    first = {r: res.t_first for r, res in parked.items()}
-    known = list(first.values())
-    median = float(np.median(known)) if known else None
-    for r, res in sorted(parked.items()):
-        why = None
-        if expected and res.world_size and res.world_size != expected:
-            why = f"trace from another job: world size {res.world_size}, this run has {expected}"
-        elif median is not None and abs(first[r] - median) > FOREIGN_TIME_NS:
-            hours = abs(first[r] - median) / 3.6e12
-            why = f"trace from another job: recorded {hours:.0f} h apart from the other ranks"
-        if why:
-            p = Problem(res.source.label, r, why + "; rank left out")
-            problems.append(p)
-            _say(p, quiet)
-            spill.drop(r)
-            del parked[r]
-
-
 def _write_rank(writer: Any, rank: int, result: RankResult, events: dict[str, np.ndarray]) -> None:
     """Write one kept rank: ``events`` aligned, with ``coll``; name/cat become the store's codes."""
     import numpy as np
@@ -559,29 +437,6 @@ def _share_domain_fits(inputs: list[Any]) -> list[Any]:
     ]
 
 
-def _ranges(ranks: list[int]) -> str:
-    """Compact text of sorted ranks: [0, 1, 2, 5] -> '0-2, 5'."""
-    parts: list[str] = []
-    start = prev = ranks[0]
-    for r in [*ranks[1:], None]:
-        if r is not None and r == prev + 1:
-            prev = r
-            continue
-        parts.append(str(start) if start == prev else f"{start}-{prev}")
-        if r is not None:
-            start = prev = r
-    return ", ".join(parts)
-
-
-def _common(values: Any) -> Any:
-    vals = [v for v in values if v]
-    if not vals:
-        return None
-    from collections import Counter
-
-    return Counter(vals).most_common(1)[0][0]
-
-
 def _empty_colls() -> pd.DataFrame:
     import pandas as pd
     from rankscope.analysis.schema import COLLECTIVE_COLUMNS
@@ -605,130 +460,6 @@ def _tool_versions() -> dict[str, str]:
         "numpy": numpy.__version__,
         "pandas": pandas.__version__,
     }
-
-
-def _say(problem: Problem, quiet: bool, progress: Any = None) -> None:
-    """Print one problem on one line (stderr), naming the file."""
-    if quiet:
-        return
-    line = f"rankscope merge: {problem.file}: {problem.problem}"
-    if progress is not None and getattr(progress, "console", None) is not None:
-        progress.console.print(line, markup=False, highlight=False, soft_wrap=True)
-    else:
-        print(line, file=sys.stderr)
-
-
-class _Progress:
-    """Rich progress bar: bytes of input parsed (files on disk) and ranks done, on stderr."""
-
-    def __init__(self, quiet: bool, n: int, total_bytes: int) -> None:
-        self.console: Any = None
-        self._bar: Any = None
-        self._n = n
-        self._done = 0
-        if quiet:
-            return
-        from rich.console import Console
-        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
-
-        self.console = Console(stderr=True)
-        self._bar = Progress(
-            TextColumn("merging {task.description}"),
-            BarColumn(),
-            DownloadColumn(),
-            TimeElapsedColumn(),
-            console=self.console,
-            transient=True,
-        )
-        self._task = self._bar.add_task(f"0/{n} ranks", total=max(total_bytes, 1))
-
-    def advance(self, result: RankResult) -> None:
-        """One rank source finished (its files' sizes count as done)."""
-        self._done += 1
-        if self._bar is not None:
-            size = sum(p.stat().st_size for _, p in result.source.files if p.exists())
-            self._bar.update(self._task, advance=size, description=f"{self._done}/{self._n} ranks")
-
-    def __enter__(self) -> _Progress:
-        if self._bar is not None:
-            self._bar.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._bar is not None:
-            self._bar.stop()
-
-
-def configure(parser: argparse.ArgumentParser) -> None:
-    """Arguments of ``rankscope merge`` (import-light)."""
-    from rankscope.analysis.cluster_flags import add_cluster_flags
-
-    parser.add_argument(
-        "inputs",
-        nargs="+",
-        metavar="PATH",
-        help="a run directory, a folder of Kineto traces (searched recursively), or trace files",
-    )
-    parser.add_argument(
-        "-o",
-        "--output",
-        type=Path,
-        default=None,
-        help="store to write (default: trace.h5 in the run directory / folder, or beside the "
-        "first trace file)",
-    )
-    add_cluster_flags(parser)  # --scheduler | --slurm-workers N [--slurm-partition], as analyze
-    parser.add_argument(
-        "--strict", action="store_true", help="exit non-zero when any input problem was found"
-    )
-    add_rank_from(parser)
-    parser.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
-
-
-def add_rank_from(parser: argparse.ArgumentParser) -> None:
-    """``--rank-from REGEX`` (merge, and analyze when it merges)."""
-    parser.add_argument(
-        "--rank-from",
-        default=None,
-        metavar="REGEX",
-        help="for traces without distributedInfo: take the rank from the file name, the first "
-        "group of REGEX (e.g. 'gpu(\\d+)'); default: such traces are ranked in the order given",
-    )
-
-
-@contextlib.contextmanager
-def interrupt_wins() -> Iterator[None]:
-    """Ctrl-C during the block is reported as an interrupt, whatever code it lands in.
-
-    A ``KeyboardInterrupt`` raised while h5py runs Cython code can come out as another exception
-    (seen in CI: a ``TypeError`` from h5py's type-conversion setup), which would print a traceback
-    instead of "interrupted" (exit 130). The handler notes that SIGINT arrived; an exception that
-    escapes after it becomes the ``KeyboardInterrupt`` it stands for. Only Python's default
-    handler is replaced (a user who ignores SIGINT keeps that).
-    """
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread() or (
-        signal.getsignal(signal.SIGINT) is not signal.default_int_handler
-    ):
-        yield
-        return
-    fired: list[int] = []
-
-    def handler(signum: int, frame: Any) -> None:
-        fired.append(signum)
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGINT, handler)
-    try:
-        yield
-    except Exception as exc:
-        if fired:
-            raise KeyboardInterrupt from exc
-        raise
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -49,8 +49,8 @@ class RankResult:
     t_first: int = 0
     """first event start (ns, the rank's raw clock)"""
     memory: dict[str, np.ndarray] | None = None
-    """the ``[memory]`` events (None without any): ``analysis.memory.MEMORY_COLUMNS`` but rank,
-    ts raw ns, op/scope codes into ``strings``, sorted by ts"""
+    """the ``[memory]`` events (None without any): ``analysis.memory_events.MEMORY_COLUMNS``
+    but rank, ts raw ns, op/scope codes into ``strings``, sorted by ts"""
     device_memory: dict[int, int] | None = None
     """GPU index → total bytes, from the traces' ``deviceProperties``"""
     process_groups: list[dict[str, Any]] | None = None

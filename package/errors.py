@@ -44,3 +44,14 @@ class OutputError(RankscopeError, OSError):
     def __str__(self) -> str:
         # OSError's own text would become "[Errno 28] None: 'path'" once errno is set.
         return str(self.args[0]) if self.args else ""
+
+
+class WorkersError(RankscopeError):
+    """The workers of a merge or an analysis could not be started, or were lost before the
+    tasks finished (``rankscope.analysis.scheduler``, ``slurm_workers``, ``forked_workers``).
+
+    One line saying what happened (sbatch's refusal, the jobs' queue state and reason, the last
+    line of a job's log, a forked worker killed); the CLI prints it without a traceback.
+    """
+
+    exit_code = 1

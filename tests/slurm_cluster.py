@@ -126,7 +126,7 @@ def interruptible(*args: str) -> list[str]:
     A test session started with SIGINT ignored (a background job of a non-interactive shell,
     ``pytest &`` or ``nohup``, as CI runners start it) passes that on through fork and exec;
     Python keeps an inherited SIG_IGN, and rankscope keeps a user's choice to ignore SIGINT
-    (``merge.interrupt_wins``), so the test's SIGINT would never reach the command, which then
+    (``merge_cli.interrupt_wins``), so the test's SIGINT would never reach the command, which then
     runs on until the test's timeout (seen: ``SigIgn: 0000000001001007`` in the merge's
     ``/proc/PID/status``, its main thread still waiting for results 240 s later). The command
     gets Python's own SIGINT handler first, as from a terminal.

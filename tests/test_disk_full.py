@@ -336,7 +336,7 @@ def test_a_seek_to_an_undefined_address_is_an_io_error(tmp_path: Path) -> None:
     """After a dropped write HDF5 can read garbage back and seek to 2**64 - 1 (a CI run where
     the disk filled mid-rank): that must be an OSError, which the writer turns into its one
     disk-full line, not an OverflowError escaping as a traceback."""
-    from rankscope.analysis.store import _GuardedFile
+    from rankscope.analysis.store_writer import _GuardedFile
 
     f = _GuardedFile(tmp_path / "x.h5")
     try:

@@ -205,7 +205,7 @@ def test_summary_json_equals_the_golden_file(analyses: dict[str, Analysis], name
     """summary.json, less the ``findings`` key, equals tests/data/golden/summary-<name>.json.
 
     The golden files were written before the findings model existed, from
-    ``rankscope.analysis.report.render_json`` with ``store`` set to ``<name>.h5``. When a result
+    ``rankscope.analysis.report_json.render_json`` with ``store`` set to ``<name>.h5``. When a result
     changes ON PURPOSE (a better analysis, a new field), regenerate them and review the diff:
 
         RANKSCOPE_REGEN_GOLDEN=1 python -m pytest tests/test_findings.py -k golden

@@ -3,7 +3,10 @@
 atomic output) live in the ``rankscope`` umbrella (``package/``), which anyone may import.
 
 Imports are read from the source with ``ast`` — module level and inside functions alike, since
-the project imports heavy modules lazily — so a sideways import cannot hide in a function body.
+the project imports heavy modules lazily — so a sideways import cannot hide in a function body;
+every folder is read recursively, so a subpackage (``orchestrator/synth/``) cannot escape. Inside
+the floors no two modules import each other, directly or around a cycle (imports under ``if
+TYPE_CHECKING:`` do not run and do not count), and no module is over 600 lines.
 """
 
 from __future__ import annotations
@@ -22,10 +25,19 @@ FORBIDDEN = {
 }
 
 
-def imported_modules(path: Path) -> list[tuple[int, str]]:
-    """(line, module) of every import in ``path`` (``from x import y`` gives ``x`` and ``x.y``)."""
+def imported_modules(path: Path, *, runtime_only: bool = False) -> list[tuple[int, str]]:
+    """(line, module) of every import in ``path`` (``from x import y`` gives ``x`` and ``x.y``);
+    ``runtime_only``: leave out those under ``if TYPE_CHECKING:`` (they never run)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    skip: set[int] = set()
+    if runtime_only:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                skip.update(id(n) for b in node.body for n in ast.walk(b))
     out: list[tuple[int, str]] = []
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
         if isinstance(node, ast.Import):
             out.extend((node.lineno, a.name) for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -34,12 +46,12 @@ def imported_modules(path: Path) -> list[tuple[int, str]]:
     return out
 
 
-def violations(floor: str) -> list[str]:
+def violations(floor: str, root: Path = ROOT) -> list[str]:
     bad = []
-    for path in sorted((ROOT / floor).glob("*.py")):
+    for path in sorted((root / floor).rglob("*.py")):
         for line, module in imported_modules(path):
             if any(module == f or module.startswith(f + ".") for f in FORBIDDEN[floor]):
-                bad.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
+                bad.append(f"{path.relative_to(root)}:{line} imports {module}")
     return bad
 
 
@@ -52,6 +64,110 @@ def test_the_guard_sees_imports_inside_functions(tmp_path: Path) -> None:
     src = tmp_path / "mod.py"
     src.write_text("def f():\n    from rankscope.analysis.schema import EventKind\n")
     assert (2, "rankscope.analysis.schema") in imported_modules(src)
+
+
+def test_the_guard_reads_subpackages(tmp_path: Path) -> None:
+    sub = tmp_path / "analysis" / "views"
+    sub.mkdir(parents=True)
+    (sub / "mod.py").write_text("from rankscope.orchestrator.merge import merge_run_dir\n")
+    assert violations("analysis", tmp_path) == [
+        "analysis/views/mod.py:1 imports rankscope.orchestrator.merge",
+        "analysis/views/mod.py:1 imports rankscope.orchestrator.merge.merge_run_dir",
+    ]
+
+
+#: folder -> the package it is installed as (pyproject.toml's package-dir)
+PACKAGES = {
+    "orchestrator": "rankscope.orchestrator",
+    "launchers": "rankscope.launchers",
+    "analysis": "rankscope.analysis",
+    "package": "rankscope",
+}
+
+
+def module_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """Module -> the project modules it imports when it runs (functions included, ``if
+    TYPE_CHECKING:`` blocks left out); ``from pkg import mod`` counts as importing ``pkg.mod``."""
+    files: dict[str, Path] = {}
+    for folder, package in PACKAGES.items():
+        for path in (root / folder).rglob("*.py"):
+            parts = [p for p in path.relative_to(root / folder).with_suffix("").parts]
+            parts = [p for p in parts if p != "__init__"]
+            files[".".join([package, *parts])] = path
+    graph: dict[str, set[str]] = {m: set() for m in files}
+    for module, path in files.items():
+        for _, name in imported_modules(path, runtime_only=True):
+            while name and name not in files:
+                name = name.rpartition(".")[0]
+            if name and name not in (module, "rankscope"):
+                graph[module].add(name)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycle_inside_the_floors() -> None:
+    assert cycles(module_graph()) == []
+
+
+def test_the_cycle_guard_sees_a_cycle_through_a_function(tmp_path: Path) -> None:
+    pkg = tmp_path / "analysis"
+    pkg.mkdir()
+    (pkg / "a.py").write_text("from rankscope.analysis.b import x\n")
+    (pkg / "b.py").write_text("def f():\n    from rankscope.analysis import a\n")
+    (pkg / "c.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from rankscope.analysis import a\n"
+    )
+    for folder in ("orchestrator", "launchers", "package"):
+        (tmp_path / folder).mkdir()
+    assert cycles(module_graph(tmp_path)) == [["rankscope.analysis.a", "rankscope.analysis.b"]]
+
+
+#: No module may be longer than this, whatever its docstring says (issue 25).
+MAX_MODULE_LINES = 600
+
+
+def test_no_module_over_600_lines() -> None:
+    long = [
+        f"{path.relative_to(ROOT)} ({n} lines)"
+        for folder in PACKAGES
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    ]
+    assert long == []
 
 
 def test_one_word_for_the_in_process_scheduler() -> None:
@@ -71,12 +187,12 @@ def test_long_modules_say_why_they_are_one_module() -> None:
     import ast
 
     silent = []
-    for folder in ("orchestrator", "launchers", "analysis", "package"):
-        for path in sorted((ROOT / folder).glob("*.py")):
+    for folder in PACKAGES:
+        for path in sorted((ROOT / folder).rglob("*.py")):
             text = path.read_text()
             if len(text.splitlines()) <= LONG_MODULE_LINES:
                 continue
             doc = ast.get_docstring(ast.parse(text)) or ""
             if "Why one module" not in doc:
-                silent.append(f"{folder}/{path.name} ({len(text.splitlines())} lines)")
+                silent.append(f"{path.relative_to(ROOT)} ({len(text.splitlines())} lines)")
     assert not silent, f"long modules without a 'Why one module' sentence: {silent}"

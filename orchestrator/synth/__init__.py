@@ -37,8 +37,9 @@ from rankscope.orchestrator.synth.config import (
     SynthConfig,
 )
 from rankscope.orchestrator.synth.ddp import Job, nccl_kernel_name, transfer_ns
-from rankscope.orchestrator.synth.render import base_time_ns, generate, render_rank
+from rankscope.orchestrator.synth.render import base_time_ns, render_rank
 from rankscope.orchestrator.synth.truth import clock_params, host_clock
+from rankscope.orchestrator.synth.write import generate
 
 if TYPE_CHECKING:
     from rankscope.orchestrator.synth.parallel import ParallelJob

@@ -188,7 +188,7 @@ def main(args: argparse.Namespace) -> int:
     """Entry point of ``rankscope synth``."""
     import time
 
-    from rankscope.orchestrator.synth.render import generate
+    from rankscope.orchestrator.synth.write import generate
 
     config = config_from_args(args)
     out: Path = args.out

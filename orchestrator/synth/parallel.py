@@ -27,6 +27,10 @@ Faults are multipliers and pauses on that program, never a change of its random 
 comes from one stream per rank, the fault draws from their own streams, so the same job without a
 fault (:mod:`.parallel_truth`) draws the same numbers (except the extra layers of stage
 imbalance, which draw their own).
+
+Why one module of ~540 lines: one rank's program (the schedule, the layers' collectives, the
+faults applied to it) and the rendezvous that advances every rank's program are one simulation,
+read together; the groups and the transfer times live in ``layout.py`` and ``comm.py``.
 """
 
 from __future__ import annotations

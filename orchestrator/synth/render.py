@@ -1,27 +1,22 @@
-"""The Kineto JSON writer of synthetic jobs and :func:`generate` (rank files + truth.json).
+"""The Kineto JSON text of a data-parallel synthetic job's ranks (``write.generate`` writes it).
 
 Torch 2.x Kineto layout, one event per block, ``ts``/``dur`` in µs with 3 decimals relative to
-``baseTimeNanoseconds`` (docs/synth.md, "The traces"). Files are written to a temporary name and
-renamed, gzipped with a fixed header: the same configuration writes byte-identical files.
+``baseTimeNanoseconds`` (docs/synth.md, "The traces"); the tensor × pipeline × data
+parallel jobs' ranks are rendered by ``parallel_render.py`` with this module's shared pieces.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rankscope.orchestrator.synth.config import (
     COMPUTE_STREAM,
     NCCL_STREAM,
     NCCL_VERSION,
-    RANK_FILE,
-    RANK_FILE_PATTERN,
     TRIMONTH_S,
-    TRUTH_FILE,
     SynthConfig,
 )
-from rankscope.orchestrator.synth.ddp import simulate
-from rankscope.orchestrator.synth.truth import _host_name, clock_params, host_clock, truth
+from rankscope.orchestrator.synth.truth import _host_name, clock_params, host_clock
 
 if TYPE_CHECKING:
     from rankscope.orchestrator.synth.ddp import Job
@@ -204,69 +199,3 @@ def base_time_ns(config: SynthConfig) -> int:
     offset, _ = clock_params(config)
     earliest = config.start_ns + min(0, int(offset.min())) - 10**9
     return (earliest // 10**9 // TRIMONTH_S) * TRIMONTH_S * 10**9
-
-
-def write_gz(path: Path, text: bytes) -> None:
-    """Write ``text`` gzipped with a fixed header (no name, mtime 0: byte-identical for the same
-    config) to a temporary name, then rename it to ``path``."""
-    import os
-    import zlib
-
-    comp = zlib.compressobj(1, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
-    data = comp.compress(text) + comp.flush()
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
-def generate(config: SynthConfig, out: Path, *, overwrite: bool = False) -> dict[str, Any]:
-    """Simulate ``config`` and write ``out/rank-N.json.gz`` for every rank and ``out/truth.json``.
-
-    Deterministic: the same config (seed included) writes byte-identical files. Returns a
-    summary ``{"events", "bytes", "files"}`` (parallel jobs add ``mean_step_ns`` and
-    ``saving_ns`` / ``saving_pct``: the counterfactual without the faults). With ``overwrite``,
-    earlier rank files and truth.json in ``out`` are removed first.
-    """
-    import json
-    import os
-
-    config.validate()
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    if overwrite:
-        for p in out.iterdir():
-            if RANK_FILE_PATTERN.match(p.name) or p.name == TRUTH_FILE:
-                p.unlink()
-    base = base_time_ns(config)
-    total_events = 0
-    total_bytes = 0
-    files = []
-    summary: dict[str, Any] = {}
-    if config.is_parallel():
-        from rankscope.orchestrator.synth.parallel import simulate_parallel
-        from rankscope.orchestrator.synth.parallel_render import render_parallel_rank
-        from rankscope.orchestrator.synth.parallel_truth import parallel_truth
-
-        pjob = simulate_parallel(config)
-        texts = (render_parallel_rank(pjob, rank, base) for rank in range(config.ranks))
-        result = parallel_truth(pjob)
-        summary = {
-            "mean_step_ns": result["mean_step_ns"],
-            "saving_ns": result["counterfactual"]["saving_ns"],
-            "saving_pct": result["counterfactual"]["saving_pct"],
-        }
-    else:
-        job = simulate(config)
-        texts = (render_rank(job, rank, base) for rank in range(config.ranks))
-        result = truth(job)
-    for rank, (text, events) in enumerate(texts):
-        total_events += events
-        total_bytes += len(text)
-        path = out / RANK_FILE.format(rank=rank)
-        write_gz(path, text)
-        files.append(path)
-    result["base_time_ns"] = base
-    tmp = out / f".{TRUTH_FILE}.tmp"
-    tmp.write_text(json.dumps(result, indent=1) + "\n")
-    os.replace(tmp, out / TRUTH_FILE)
-    return {"events": total_events, "bytes": total_bytes, "files": files, **summary}

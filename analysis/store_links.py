@@ -1,0 +1,86 @@
+"""What a store may point to: nothing outside itself. Opening a store walks its links first
+and refuses external links, virtual datasets, external raw storage, soft and user-defined links,
+and nesting deeper than :data:`MAX_GROUP_DEPTH`, without following any (docs/security.md).
+
+Why a module apart from ``store.py``: it is the reader's security check, a walk of the HDF5
+link graph that reads no table; kept alone it can be read and reviewed as one rule, and the
+reader stays about reading. It runs once per file version and process (:data:`_CHECKED_FILES`:
+the walk costs ~20 ms per open).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rankscope.errors import InputFileError
+
+if TYPE_CHECKING:
+    import h5py
+
+#: Deepest group nesting a store may have (its own layout is 3 deep: /ranks/NNNNN/events).
+MAX_GROUP_DEPTH = 8
+
+
+def refuse_outside_references(path: Path, root: h5py.Group) -> None:
+    """Refuse a store whose links or datasets point outside it, without following any.
+
+    rankscope writes hard links and plain datasets only. External links, virtual datasets and
+    datasets with external raw storage would make HDF5 read other files; soft links and
+    user-defined links are refused as well (the layout has none), and so is nesting deeper
+    than :data:`MAX_GROUP_DEPTH`. Each link is read with ``getlink=True`` (nothing resolved).
+    """
+    import h5py
+
+    stack: list[tuple[h5py.Group, str, int]] = [(root, "", 0)]
+    while stack:
+        group, prefix, depth = stack.pop()
+        if depth > MAX_GROUP_DEPTH:
+            raise InputFileError(f"{path}: not a rankscope store (groups nested too deep)")
+        for name in group:
+            where = f"{prefix}/{name}"
+            link = group.get(name, getlink=True)
+            if isinstance(link, h5py.ExternalLink):
+                raise InputFileError(
+                    f"{path}: refused: {where} is an external link to "
+                    f"{link.filename}:{link.path} (a store never points outside itself)"
+                )
+            if not isinstance(link, h5py.HardLink):
+                raise InputFileError(
+                    f"{path}: refused: {where} is a {type(link).__name__} "
+                    "(a rankscope store holds hard links only)"
+                )
+            obj = group[name]
+            if isinstance(obj, h5py.Group):
+                stack.append((obj, where, depth + 1))
+            elif isinstance(obj, h5py.Dataset):
+                if obj.is_virtual:
+                    raise InputFileError(
+                        f"{path}: refused: {where} is a virtual dataset "
+                        "(a store never points outside itself)"
+                    )
+                if obj.external:
+                    raise InputFileError(
+                        f"{path}: refused: {where} keeps its data in external file(s) "
+                        f"{[str(e[0]) for e in obj.external]} (a store never points outside itself)"
+                    )
+
+
+#: Store files (device, inode, size, mtime) already walked by this process and found clean: the
+#: analysis opens the store once per rank task, and the walk costs ~20 ms per open.
+_CHECKED_FILES: set[tuple[int, int, int, int]] = set()
+
+
+def refuse_outside_references_once(path: Path, root: h5py.Group) -> None:
+    """:func:`refuse_outside_references`, skipped for a file version already found clean."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        refuse_outside_references(path, root)
+        return
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    if key in _CHECKED_FILES:
+        return
+    refuse_outside_references(path, root)
+    _CHECKED_FILES.add(key)
