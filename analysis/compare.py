@@ -38,7 +38,7 @@ machine's measured run-to-run noise (``GateConfig.run_noise``, :func:`run_noise`
 test's variance. With fewer than :data:`MIN_SAMPLES` steps on a side no test is possible: the
 gate then decides on the threshold alone and says so (:class:`GateRule`).
 
-The pieces: the statistics (rank-sum test, Holm, Welch t: ``compare_stats.py``), the model
+The pieces: the statistics (rank-sum test, Holm, Welch t: ``statistics.py``), the model
 (verdicts, configs, column contracts, :class:`Comparison`: ``compare_model.py``), the tables
 (``compare_tables.py``) and the gate (``compare_gate.py``). This module is the entry point — it
 assembles the comparison and words its findings — and every name of those modules is importable
@@ -78,15 +78,6 @@ from rankscope.analysis.compare_model import GateConfig as GateConfig
 from rankscope.analysis.compare_model import OpChange as OpChange
 from rankscope.analysis.compare_model import StragglerChange as StragglerChange
 from rankscope.analysis.compare_model import _pct as _pct
-from rankscope.analysis.compare_stats import EXACT_MAX_SAMPLES as EXACT_MAX_SAMPLES
-from rankscope.analysis.compare_stats import hodges_lehmann as hodges_lehmann
-from rankscope.analysis.compare_stats import holm as holm
-from rankscope.analysis.compare_stats import mann_whitney as mann_whitney
-from rankscope.analysis.compare_stats import mann_whitney_min_p as mann_whitney_min_p
-from rankscope.analysis.compare_stats import midranks as midranks
-from rankscope.analysis.compare_stats import run_noise as run_noise
-from rankscope.analysis.compare_stats import runs_exceed as runs_exceed
-from rankscope.analysis.compare_stats import welch_exceeds as welch_exceeds
 from rankscope.analysis.compare_tables import _collective_rates as _collective_rates
 from rankscope.analysis.compare_tables import _empty as _empty
 from rankscope.analysis.compare_tables import _frame as _frame
@@ -98,10 +89,19 @@ from rankscope.analysis.compare_tables import compare_ops as compare_ops
 from rankscope.analysis.compare_tables import compare_stragglers as compare_stragglers
 from rankscope.analysis.compare_tables import compare_whatif as compare_whatif
 from rankscope.analysis.kpis import JOB_RANK, TIME_CATEGORIES, KpiConfig
+from rankscope.analysis.statistics import EXACT_MAX_SAMPLES as EXACT_MAX_SAMPLES
 
 # the Student t tail (and its incomplete beta) written once, for the leak test and the gate
-from rankscope.analysis.memory import _betainc as betainc  # noqa: F401  (tested here)
-from rankscope.analysis.memory import t_sf as t_sf
+from rankscope.analysis.statistics import betainc as betainc
+from rankscope.analysis.statistics import hodges_lehmann as hodges_lehmann
+from rankscope.analysis.statistics import holm as holm
+from rankscope.analysis.statistics import mann_whitney as mann_whitney
+from rankscope.analysis.statistics import mann_whitney_min_p as mann_whitney_min_p
+from rankscope.analysis.statistics import midranks as midranks
+from rankscope.analysis.statistics import run_noise as run_noise
+from rankscope.analysis.statistics import runs_exceed as runs_exceed
+from rankscope.analysis.statistics import t_sf as t_sf
+from rankscope.analysis.statistics import welch_exceeds as welch_exceeds
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -26,8 +26,8 @@ from rankscope.analysis.compare_model import (
     GateConfig,
     _pct,
 )
-from rankscope.analysis.compare_stats import holm, runs_exceed, welch_exceeds
 from rankscope.analysis.kpis import HIGHER_IS_BETTER, JOB_RANK, Kpi
+from rankscope.analysis.statistics import holm, runs_exceed, welch_exceeds
 
 if TYPE_CHECKING:
     from rankscope.analysis.compare_model import Comparison

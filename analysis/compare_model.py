@@ -16,8 +16,8 @@ import enum
 import math
 from typing import TYPE_CHECKING, Any
 
-from rankscope.analysis.compare_stats import EXACT_MAX_SAMPLES
 from rankscope.analysis.kpis import JOB_RANK, Kpi
+from rankscope.analysis.statistics import EXACT_MAX_SAMPLES
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -4,7 +4,7 @@ test and its verdict), ops, collectives, stragglers and what-if savings.
 Each returns a DataFrame following its ``*_COLUMNS`` contract (``compare_model.py``);
 :func:`rankscope.analysis.compare.compare` assembles them into a
 :class:`~rankscope.analysis.compare_model.Comparison`. Times are seconds per step. Separate from
-the statistics (``compare_stats.py``: math on arrays) and from the entry point and its findings
+the statistics (``statistics.py``: math on arrays) and from the entry point and its findings
 (``compare.py``): this is the part that knows the analysis' frames (``Analysis.op_stats``,
 ``waits``, ``breakdown``, ``stragglers``, ``whatif``) and the KPI samples. numpy and pandas are
 imported inside the functions, so ``rankscope compare`` starts fast.
@@ -29,7 +29,6 @@ from rankscope.analysis.compare_model import (
     OpChange,
     StragglerChange,
 )
-from rankscope.analysis.compare_stats import hodges_lehmann, holm, mann_whitney
 from rankscope.analysis.kpis import (
     HIGHER_IS_BETTER,
     JOB_RANK,
@@ -37,6 +36,7 @@ from rankscope.analysis.kpis import (
     UNITS,
     Kpi,
 )
+from rankscope.analysis.statistics import hodges_lehmann, holm, mann_whitney
 
 if TYPE_CHECKING:
     import numpy as np

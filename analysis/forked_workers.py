@@ -44,6 +44,7 @@ def run_forked(
         max_workers=workers,
         mp_context=multiprocessing.get_context("fork"),
         initializer=_forked_worker_start,
+        initargs=(os.getpid(),),
     )
     finished = False
     try:
@@ -67,16 +68,41 @@ def run_forked(
             _end(set(multiprocessing.active_children()) - before)
 
 
-def _forked_worker_start() -> None:
-    """First thing in a forked worker: ignore Ctrl-C (the parent ends its workers) and write
-    through stream objects of its own. A thread of the parent (a progress bar) may have held the
-    lock of ``sys.stderr`` at the fork, which no thread of the child would ever release."""
+def _forked_worker_start(parent: int | None = None) -> None:
+    """First thing in a forked worker: ignore Ctrl-C (the parent ends its workers), end with
+    the parent, and write through stream objects of its own.
+
+    A parent killed outright (SIGKILL, the out-of-memory killer) cannot end its workers, and one
+    blocked in its task (reading a pipe, waiting on a file) would outlive it forever: the kernel
+    sends it SIGTERM when the parent dies (``PR_SET_PDEATHSIG``; if the parent is already gone,
+    the worker ends at once). A thread of the parent (a progress bar) may have held the lock of
+    ``sys.stderr`` at the fork, which no thread of the child would ever release."""
     import signal
     import sys
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent(parent)
     sys.stdout = _own_stream(1)
     sys.stderr = _own_stream(2)
+
+
+#: ``prctl`` option: the signal the kernel sends this process when its parent dies (Linux).
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent: int | None) -> None:
+    """SIGTERM to this process when its parent (pid ``parent``) dies; at once if it has."""
+    import ctypes
+    import ctypes.util
+    import signal
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
+    except (OSError, AttributeError):
+        return  # not Linux' libc: the parent's own cleanup is all there is
+    if parent is not None and os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGTERM)  # the parent died before the request took effect
 
 
 def _own_stream(fd: int) -> Any:

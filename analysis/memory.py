@@ -10,7 +10,7 @@ tail), :func:`memory_series` (here). :func:`rankscope.analysis.memory_findings.m
 words their conclusions.
 
 This module is the way in: it puts the analyses together for the pipeline — one rank's share
-(:func:`rank_memory`) and the cross-rank rest (:func:`across_ranks`, into a
+(:func:`rank_memory`) and the cross-rank rest (:func:`memory_analysis`, into a
 :class:`MemoryAnalysis`) — and every name of the pieces above can still be imported from here.
 
 What the counters mean (measured on torch 2.x; it decides how the analyses read them):
@@ -56,12 +56,10 @@ from rankscope.analysis.memory_events import skip_reason as skip_reason
 from rankscope.analysis.memory_leaks import LEAK_ALPHA as LEAK_ALPHA
 from rankscope.analysis.memory_leaks import LEAK_MATERIAL_STEPS as LEAK_MATERIAL_STEPS
 from rankscope.analysis.memory_leaks import LEAK_TEST_COLUMNS as LEAK_TEST_COLUMNS
-from rankscope.analysis.memory_leaks import _betainc as _betainc
 from rankscope.analysis.memory_leaks import judge_leaks as judge_leaks
 from rankscope.analysis.memory_leaks import leak_tests as leak_tests
 from rankscope.analysis.memory_leaks import leaks as leaks
 from rankscope.analysis.memory_leaks import slope_test as slope_test
-from rankscope.analysis.memory_leaks import t_sf as t_sf
 from rankscope.analysis.memory_peaks import HEADROOM_LOW_SHARE as HEADROOM_LOW_SHARE
 from rankscope.analysis.memory_peaks import IMBALANCE_MIN_BYTES as IMBALANCE_MIN_BYTES
 from rankscope.analysis.memory_peaks import IMBALANCE_MIN_SHARE as IMBALANCE_MIN_SHARE
@@ -71,6 +69,7 @@ from rankscope.analysis.memory_peaks import holders_at_peak as holders_at_peak
 from rankscope.analysis.memory_peaks import imbalance as imbalance
 from rankscope.analysis.memory_peaks import peaks as peaks
 from rankscope.analysis.memory_peaks import step_peaks as step_peaks
+from rankscope.analysis.statistics import t_sf as t_sf
 
 #: The message of a store without memory events (renderers show it instead of zeros).
 NO_MEMORY_EVENTS = "no memory events (run with --profile-memory)"
@@ -190,7 +189,9 @@ def rank_memory(store: Any, rank: int) -> dict[str, Any] | None:
     }
 
 
-def across_ranks(per_rank: Iterable[dict[str, Any] | None], *, requested: bool) -> MemoryAnalysis:
+def memory_analysis(
+    per_rank: Iterable[dict[str, Any] | None], *, requested: bool
+) -> MemoryAnalysis:
     """The cross-rank memory steps on :func:`rank_memory`'s results (any order): leaks judged
     over all series, imbalance of the peaks, headroom."""
     results = [r for r in per_rank if r is not None]

@@ -1,12 +1,12 @@
-"""The memory leak test: a regression of allocated-at-step-start on the step number, with its
-own Student's t tail (no scipy at run time).
+"""The memory leak test: a regression of allocated-at-step-start on the step number, one-sided
+by Student's t tail (``statistics.t_sf``).
 
 :func:`leaks` = :func:`judge_leaks` of :func:`leak_tests`: the per-device slope test
 (:func:`slope_test`, one-sided p from :func:`t_sf`) runs per rank, the decision — significance
 split over every series tested, and materiality — across ranks.
 
-Why a module apart from ``memory.py``: the statistics (the incomplete beta function, the t
-tail, the fixed-effects slope) are a self-contained piece that ``compare`` reuses as well; the
+Why a module apart from ``memory.py``: the test (the fixed-effects slope and the decision across
+ranks) is a self-contained piece; its t tail is ``statistics.py``'s, shared with ``compare``; the
 peaks it reads come from ``memory_peaks.py``. What the CPU and CUDA counters mean, which decides
 how the test groups steps, is in ``memory.py``'s docstring.
 
@@ -21,63 +21,12 @@ import numpy as np
 import pandas as pd
 from rankscope.analysis.memory_events import DEVICE_KEY, DeviceType
 from rankscope.analysis.memory_peaks import peaks, step_peaks
+from rankscope.analysis.statistics import t_sf
 
 #: Family-wise false-positive rate of :func:`leaks` over all (rank, device) series of one analysis.
 LEAK_ALPHA = 0.01
 #: A significant slope is a leak when it would add the device's peak within this many steps.
 LEAK_MATERIAL_STEPS = 1000
-
-
-def _betacf(a: float, b: float, x: float) -> float:
-    """Continued fraction of the regularized incomplete beta function (modified Lentz)."""
-    tiny = 1e-300
-    qab, qap, qam = a + b, a + 1.0, a - 1.0
-    c, d = 1.0, 1.0 - qab * x / qap
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 500):
-        m2 = 2 * m
-        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        h *= d * c
-        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        delta = d * c
-        h *= delta
-        if abs(delta - 1.0) < 1e-15:
-            break
-    return h
-
-
-def _betainc(a: float, b: float, x: float) -> float:
-    """Regularized incomplete beta I_x(a, b) for a, b > 0 and 0 ≤ x ≤ 1."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    log_front = (
-        math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
-    )
-    front = math.exp(log_front)
-    if x < (a + 1.0) / (a + b + 2.0):
-        return front * _betacf(a, b, x) / a
-    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
-
-
-def t_sf(t: float, df: float) -> float:
-    """P(T > t) for Student's t with ``df`` degrees of freedom (no scipy at run time)."""
-    if math.isnan(t) or not df > 0:
-        return math.nan
-    if math.isinf(t):
-        return 0.0 if t > 0 else 1.0
-    tail = 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t))
-    return tail if t > 0 else 1.0 - tail
 
 
 def slope_test(x: np.ndarray, y: np.ndarray, groups: np.ndarray) -> tuple[float, float, int, float]:

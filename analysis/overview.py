@@ -35,6 +35,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -280,7 +282,7 @@ def overview_of(store: StoreLike, spec: ClusterSpec | None = None) -> Overview |
     from rankscope.analysis.store import open_store
 
     spec = spec or ClusterSpec()
-    with open_store(store.path if hasattr(store, "events") else store) as s:
+    with open_store(Path(store) if isinstance(store, str | os.PathLike) else store.path) as s:
         path, ranks = str(s.path), s.ranks
         colls = s.collectives()
         grid = grid_for(s.steps(), len(ranks))

@@ -254,7 +254,9 @@ def overview_plot(
     from rankscope.analysis.timeline import use_bokeh
 
     use_bokeh()
-    if hasattr(source, "overview") and hasattr(source, "flagged_ranks"):
+    from rankscope.analysis.pipeline import Analysis
+
+    if isinstance(source, Analysis):
         analysis = analysis or source
         ov = source.overview
     elif isinstance(source, Overview):

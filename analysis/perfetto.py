@@ -280,7 +280,9 @@ def export_perfetto(
     import gzip
     import io
 
-    if not hasattr(store, "events"):
+    from rankscope.analysis.store import Store
+
+    if not isinstance(store, Store):
         from rankscope.analysis.store import open_store
 
         with open_store(cast("str | Path", store)) as opened:

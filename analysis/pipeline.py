@@ -1,6 +1,6 @@
 """Run every analysis on a store with Dask: one task per rank, then small cross-rank steps.
 
-Each per-rank task (:func:`rank_task`) opens the HDF5 store itself (h5py handles do not pickle;
+Each per-rank task (``rank_task.rank_task``, returning a typed ``RankResult``) opens the HDF5 store itself (h5py handles do not pickle;
 the task gets the *path*), reads ONE rank's events, and returns small tables: the breakdown per
 step, HTA's temporal numbers, what the rank did before each collective, op and range statistics.
 The full store is never loaded into one pandas frame. The cross-rank steps (waits, stragglers,
@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Union
 
+from rankscope.analysis.rank_task import RankResult as RankResult
+from rankscope.analysis.rank_task import rank_task as rank_task
 from rankscope.analysis.scheduler import ANALYSIS_RANK_S, run_each
 from rankscope.analysis.scheduler import AUTO as AUTO
 from rankscope.analysis.scheduler import LOCAL as LOCAL
@@ -35,6 +38,7 @@ if TYPE_CHECKING:
     import pandas as pd
     from rankscope.analysis.memory import MemoryAnalysis
     from rankscope.analysis.overview import Overview
+    from rankscope.analysis.store import Store
 
 
 @dataclasses.dataclass
@@ -201,73 +205,6 @@ def _whatif_and_root(
         return _no_whatif(), None
 
 
-def rank_task(
-    path: str,
-    rank: int,
-    coll_rows: pd.DataFrame,
-    grid_phase_ns: int,
-    drop_last_step: bool | None,
-    whatif_times: Any = None,
-    grid: Any = None,
-) -> dict[str, Any]:
-    """Everything computed from ONE rank's events; opens the store itself (runs on a worker).
-
-    ``whatif_times``: the rank's own points (whatif_graph.own_points), measured for the what-if
-    replay with the painter built here (whatif_graph.rank_clock); None: not measured.
-    ``grid``: the overview's bins (overview.Grid); None: no overview."""
-    import numpy as np
-    from rankscope.analysis import breakdown as bd
-    from rankscope.analysis.arrivals import arrival_points
-    from rankscope.analysis.attention import attention_calls
-    from rankscope.analysis.gc_pauses import gc_per_step
-    from rankscope.analysis.memory import rank_memory
-    from rankscope.analysis.ops import annotation_stats, op_stats, op_table
-    from rankscope.analysis.overview import rank_cells
-    from rankscope.analysis.schema import EVENT_COLUMNS, EventKind
-    from rankscope.analysis.store import open_store
-    from rankscope.analysis.whatif_graph import rank_clock
-
-    with open_store(path) as store:
-        shapes = store.has_shapes(rank)
-        events = store.events(
-            rank, columns=[*EVENT_COLUMNS, "shapes", "dtypes"] if shapes else None
-        )
-        lanes = store.lanes(rank)
-        host = str(store.rank_meta(rank).get("host", ""))
-        memory = rank_memory(store, rank)
-    device, sets = bd.rank_sets(events, lanes)
-    measure = bd.measurer(device, sets)
-    steps = bd.step_windows(events, lanes, device)
-    profiled = steps[steps["step"] >= 0] if (steps["step"] >= 0).any() else steps
-    out: dict[str, Any] = {
-        "rank": rank,
-        "host": host,
-        "breakdown": bd.measure_windows(measure, device, steps, rank),
-        "points": arrival_points(coll_rows, measure, steps, rank),
-        "op_stats": op_stats(events, rank, spans=profiled),
-        "annotations": annotation_stats(events, rank, spans=profiled),
-        "hta": None,
-        "memory": memory,
-        "whatif_clock": None,
-        "op_table": op_table(events, rank, lanes=lanes, group_by_shape=shapes),
-        "attention": attention_calls(events, rank, lanes),
-        "gc": gc_per_step(events, rank),
-        "overview": None,
-    }
-    if grid is not None:
-        out["overview"] = rank_cells(events, lanes, coll_rows, grid, rank, (device, sets))
-    if whatif_times is not None and len(whatif_times):
-        out["whatif_clock"] = rank_clock(events, lanes, whatif_times, (device, measure))
-    if device is bd.Device.GPU:
-        if drop_last_step is None:
-            is_step = events["kind"].to_numpy() == int(EventKind.PROFILER_STEP)
-            drop_last_step = len(np.unique(events["step"].to_numpy()[is_step])) >= 2
-        out["hta"] = bd.hta_temporal_breakdown(
-            events, lanes, rank=rank, grid_phase_ns=grid_phase_ns, drop_last_step=drop_last_step
-        )
-    return out
-
-
 def analyze(
     path: str | Path,
     spec: ClusterSpec | None = None,
@@ -342,14 +279,14 @@ def analyze(
         if progress is not None:
             progress(done[0], len(calls))
 
-    results = []
+    results: list[RankResult] = []
     for result in run_each(rank_task, calls, spec, len(ranks)):
         results.append(result)
         tick()
-    results.sort(key=lambda r: r["rank"])
+    results.sort(key=lambda r: r.rank)
 
     def cat(key: str) -> pd.DataFrame:
-        frames = [r[key] for r in results if r[key] is not None and len(r[key])]
+        frames = [f for r in results if (f := getattr(r, key)) is not None and len(f)]
         return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
     breakdown = cat("breakdown")
@@ -366,7 +303,7 @@ def analyze(
         path=store_path,
         meta=meta,
         world_size=world,
-        hosts={int(r["rank"]): r["host"] for r in results},
+        hosts={r.rank: r.host for r in results},
         breakdown=breakdown,
         hta=cat("hta"),
         waits=waits,
@@ -388,7 +325,7 @@ def analyze(
         clock=clock,
         problems=problems,
         scheduler=choice,
-        memory=mem.across_ranks((r["memory"] for r in results), requested=mem.requested_in(meta)),
+        memory=mem.memory_analysis((r.memory for r in results), requested=mem.requested_in(meta)),
     )
     from rankscope.analysis.attention import attention_by_backend
     from rankscope.analysis.ops import op_sort_of, op_table_across_ranks
@@ -397,9 +334,10 @@ def analyze(
     out.op_table_across = op_table_across_ranks(out.op_table, sort_by=op_sort_of(out.op_table))
     out.attention_calls = cat("attention")
     out.attention = attention_by_backend(out.attention_calls)
-    clocks = {int(r["rank"]): r["whatif_clock"] for r in results if r["whatif_clock"] is not None}
+    clocks = {r.rank: r.whatif_clock for r in results if r.whatif_clock is not None}
     if grid is not None:
-        out.overview = assemble([r["overview"] for r in results], grid, out.hosts)
+        out.overview = assemble([r.overview for r in results if r.overview is not None], grid,
+                                out.hosts)  # fmt: skip
     layered = None
     if rootcause.applies(colls):
         groups = {int(r): m.get("process_groups") for r, m in rank_metas.items()}
@@ -423,17 +361,18 @@ def analyze(
 
 # -- one DataFrame per call, from a store (for notebooks) ------------------------------------
 
-StoreLike = Any
-"""An :class:`Analysis`, a :class:`rankscope.analysis.store.Store`, a ``trace.h5`` path or a run
-directory."""
+StoreLike = Union["Analysis", "Store", str, "os.PathLike[str]"]
+"""What every "give me a store" function takes: an :class:`Analysis`, an open
+:class:`rankscope.analysis.store.Store`, a ``trace.h5`` path or a run directory — told apart by
+``isinstance``, never by which attributes an object happens to have."""
 
 #: Analyses kept in this process for the ``*_table`` helpers (most recent stores).
 CACHED_ANALYSES = 4
 
 
 def _path_of(store: StoreLike) -> Path:
-    path = getattr(store, "path", None)
-    return Path(path if path is not None else store)
+    """The path a :data:`StoreLike` names (an analysis' or an open store's own file)."""
+    return Path(store) if isinstance(store, str | os.PathLike) else Path(store.path)
 
 
 _CACHE: collections.OrderedDict[tuple[Path, int, int, str], Analysis] = collections.OrderedDict()

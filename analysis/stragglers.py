@@ -58,6 +58,8 @@ from rankscope.analysis.lateness import once_per_sync_interval as once_per_sync_
 from rankscope.analysis.lateness import runq_excess as runq_excess
 from rankscope.analysis.lateness import step_cpu_table as step_cpu_table
 from rankscope.analysis.lateness import unit_rows as unit_rows
+from rankscope.analysis.statistics import EXACT_BINOMIAL_N as EXACT_BINOMIAL_N
+from rankscope.analysis.statistics import binomial_p_value as binomial_p_value
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -165,59 +167,6 @@ def min_wait_share(world: int) -> float:
     """
     w = max(world, 2)
     return (1 + 1 / w) / 2
-
-
-#: Up to this many trials the first term of the tail is computed from the exact binomial
-#: coefficient (``math.comb`` stays below the float range up to ~1020); beyond, in log space.
-EXACT_BINOMIAL_N = 1000
-
-
-def binomial_p_value(times_last: int, collectives: int, chance: float) -> float:
-    """P(X >= times_last) for X ~ Binomial(collectives, chance): last this often by luck.
-
-    Computed with :mod:`math` (no scipy import: 0.8 s of a command's start-up for one tail).
-    The first probability mass term is exact up to :data:`EXACT_BINOMIAL_N` trials, in log space
-    (``lgamma``) beyond, and the tail is summed outward from ``times_last`` only while terms
-    still matter: above the mean the tail is summed directly (full relative precision for the tiny p-values that name stragglers); at or
-    below it, ``1 - P(X < times_last)`` (the p-value is then at least about one half). Terms fall
-    off geometrically away from the mean, so a sum takes O(sqrt(n)) terms, not O(n).
-    """
-    n, k, p = collectives, times_last, chance
-    if n <= 0 or k <= 0:
-        return 1.0
-    if k > n:
-        return 0.0
-    if p <= 0.0:
-        return 0.0
-    if p >= 1.0:
-        return 1.0
-    upper = k > n * p
-    i = k if upper else k - 1
-    if n <= EXACT_BINOMIAL_N:
-        term = math.comb(n, i) * p**i * (1.0 - p) ** (n - i)
-    else:
-        log_pmf = (
-            math.lgamma(n + 1)
-            - math.lgamma(i + 1)
-            - math.lgamma(n - i + 1)
-            + i * math.log(p)
-            + (n - i) * math.log1p(-p)
-        )
-        term = math.exp(log_pmf)
-    total = term
-    odds = p / (1.0 - p)
-    step = 1 if upper else -1
-    while 0 <= i + step <= n:
-        if step > 0:
-            term *= (n - i) / (i + 1) * odds
-        else:
-            term *= i / (n - i + 1) / odds
-        i += step
-        total += term
-        if term <= total * 1e-17:
-            break
-    tail = total if upper else 1.0 - total
-    return min(1.0, max(0.0, tail))
 
 
 def find_stragglers(

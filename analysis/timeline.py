@@ -400,7 +400,9 @@ def timeline(
     import holoviews as hv
 
     use_bokeh()
-    if not hasattr(store, "events"):
+    from rankscope.analysis.store import Store
+
+    if not isinstance(store, Store):
         from rankscope.analysis.store import open_store
 
         store = open_store(cast("str | Path", store))

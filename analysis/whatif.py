@@ -156,9 +156,10 @@ def what_if(
     :class:`~rankscope.analysis.store.Store`, a ``trace.h5`` or a run directory (then without
     ``stragglers`` / ``bottlenecks`` the store is analysed to name them). ``custom``: scenarios,
     or a function of the model that makes them (e.g. with :func:`scale_events`)."""
-    from rankscope.analysis.store import open_store
+    from rankscope.analysis.pipeline import Analysis
+    from rankscope.analysis.store import Store, open_store
 
-    analysis = source if hasattr(source, "straggler_ranks") else None
+    analysis = source if isinstance(source, Analysis) else None
     if analysis is None and (stragglers is None or bottlenecks is None):
         from rankscope.analysis.pipeline import analysis_of
 
@@ -167,7 +168,7 @@ def what_if(
         stragglers = analysis.straggler_ranks() if analysis is not None else []
     if bottlenecks is None:
         bottlenecks = analysis.bottleneck_ranks() if analysis is not None else []
-    if hasattr(source, "collectives") and hasattr(source, "events"):
+    if isinstance(source, Store):
         model = model_of_store(source)
     else:
         path = analysis.path if analysis is not None else Path(source)

@@ -21,7 +21,7 @@ over the pairs, per number of profiled steps:
 * **any row** — a pair with any KPI row (job or rank) called one.
 
 Also printed per step count: the set's **run-to-run noise**
-(``rankscope.analysis.compare_stats.run_noise``: the spread of the runs' mean step times beyond
+(``rankscope.analysis.statistics.run_noise``: the spread of the runs' mean step times beyond
 what their step noise explains, relative to the mean) — the figure to give ``--run-noise`` on
 this machine.
 

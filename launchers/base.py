@@ -393,7 +393,7 @@ def warn(message: str) -> None:
     print(f"rankscope: warning: {message}", file=sys.stderr, flush=True)
 
 
-def launcher_for(kind: LauncherKind | str) -> Launcher:
+def launcher_for_kind(kind: LauncherKind | str) -> Launcher:
     """An instance of the backend for ``kind`` (imported on demand)."""
     kind = LauncherKind(kind)
     if kind not in LAUNCHERS:
@@ -404,16 +404,16 @@ def launcher_for(kind: LauncherKind | str) -> Launcher:
     return launcher
 
 
-def launcher_of(run_dir: Path | str, record: dict[str, Any] | None = None) -> Launcher:
+def launcher_for_run(run_dir: Path | str, record: dict[str, Any] | None = None) -> Launcher:
     """The backend named in a run's ``run.json`` (local when it names none)."""
     record = load_run(run_dir) if record is None else record
     try:
         kind = LauncherKind(record.get("launcher", LauncherKind.LOCAL))
     except ValueError as exc:
         raise InputFileError(f"{Path(run_dir) / rundir.RUN_JSON}: unknown launcher") from exc
-    return launcher_for(kind)
+    return launcher_for_kind(kind)
 
 
 def open_run(run_dir: Path | str) -> RunHandle:
     """A handle on an existing run, with the backend named in its ``run.json``."""
-    return launcher_of(run_dir).attach(run_dir)
+    return launcher_for_run(run_dir).attach(run_dir)

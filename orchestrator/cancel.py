@@ -19,8 +19,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Cancel the run through its backend (Slurm: scancel); say what happens next."""
-    from rankscope.launchers.base import launcher_of
+    from rankscope.launchers.base import launcher_for_run
 
     run_dir = Path(args.run_dir).resolve()
-    print(f"rankscope cancel: {launcher_of(run_dir).cancel_run(run_dir)}")
+    print(f"rankscope cancel: {launcher_for_run(run_dir).cancel_run(run_dir)}")
     return 0

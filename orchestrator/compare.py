@@ -4,8 +4,8 @@ BASE and NEW are run directories, folders of traces or stores (merged first when
 ``rankscope analyze`` does). Both are analysed, compared by
 :func:`rankscope.analysis.compare.compare` (pure), and rendered: the terminal table
 (regressions red, improvements green, noise grey), ``--json`` and ``--markdown`` (a CI job
-summary or PR comment) by ``orchestrator/compare_render.py``, ``--html`` (self-contained) by
-``orchestrator/compare_html.py``. ``--fail-above PCT`` and the ``[thresholds]``
+summary or PR comment) by ``analysis/compare_render.py``, ``--html`` (self-contained) by
+``analysis/compare_html.py``. ``--fail-above PCT`` and the ``[thresholds]``
 of ``--config FILE`` make it a gate: exit 1 when a job-level KPI is worse than its threshold —
 by a one-sided Welch t test on the per-step means, or, with fewer than 3 steps a run, by the
 threshold alone (said loudly) — 0 otherwise; every rendering names the rule that decided.
@@ -23,24 +23,24 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from rankscope.analysis.compare_html import render_html as render_html
+from rankscope.analysis.compare_render import JSON_SCHEMA as JSON_SCHEMA
+from rankscope.analysis.compare_render import JSON_VERSION as JSON_VERSION
+from rankscope.analysis.compare_render import MARK as MARK
+from rankscope.analysis.compare_render import OP_HEADERS as OP_HEADERS
+from rankscope.analysis.compare_render import STYLE as STYLE
+from rankscope.analysis.compare_render import fmt_p as fmt_p
+from rankscope.analysis.compare_render import fmt_pct as fmt_pct
+from rankscope.analysis.compare_render import fmt_value as fmt_value
+from rankscope.analysis.compare_render import gate_line as gate_line
+from rankscope.analysis.compare_render import gate_rule as gate_rule
+from rankscope.analysis.compare_render import headline as headline
+from rankscope.analysis.compare_render import op_cells as op_cells
+from rankscope.analysis.compare_render import print_comparison as print_comparison
+from rankscope.analysis.compare_render import render_markdown as render_markdown
+from rankscope.analysis.compare_render import shown_kpi_rows as shown_kpi_rows
+from rankscope.analysis.compare_render import to_json as to_json
 from rankscope.errors import InputFileError, UsageError
-from rankscope.orchestrator.compare_html import render_html as render_html
-from rankscope.orchestrator.compare_render import JSON_SCHEMA as JSON_SCHEMA
-from rankscope.orchestrator.compare_render import JSON_VERSION as JSON_VERSION
-from rankscope.orchestrator.compare_render import MARK as MARK
-from rankscope.orchestrator.compare_render import OP_HEADERS as OP_HEADERS
-from rankscope.orchestrator.compare_render import STYLE as STYLE
-from rankscope.orchestrator.compare_render import fmt_p as fmt_p
-from rankscope.orchestrator.compare_render import fmt_pct as fmt_pct
-from rankscope.orchestrator.compare_render import fmt_value as fmt_value
-from rankscope.orchestrator.compare_render import gate_line as gate_line
-from rankscope.orchestrator.compare_render import gate_rule as gate_rule
-from rankscope.orchestrator.compare_render import headline as headline
-from rankscope.orchestrator.compare_render import op_cells as op_cells
-from rankscope.orchestrator.compare_render import print_comparison as print_comparison
-from rankscope.orchestrator.compare_render import render_markdown as render_markdown
-from rankscope.orchestrator.compare_render import shown_kpi_rows as shown_kpi_rows
-from rankscope.orchestrator.compare_render import to_json as to_json
 
 if TYPE_CHECKING:
     from rankscope.analysis.compare import GateConfig

@@ -513,7 +513,7 @@ def after_run(run_dir: Path, *, merge: bool, analyze: bool) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Validate, launch, wait (Ctrl-C → interrupted, 130), summarise, merge, analyse."""
-    from rankscope.launchers.base import EXIT_INTERRUPTED, launcher_for
+    from rankscope.launchers.base import EXIT_INTERRUPTED, launcher_for_kind
     from rankscope.launchers.rundir import RunState
 
     parser = build_parser()
@@ -521,7 +521,7 @@ def main(args: argparse.Namespace) -> int:
     if spec is None:
         parser.print_help()
         return 0
-    launcher = launcher_for(spec.launcher)
+    launcher = launcher_for_kind(spec.launcher)
     handle = launcher.launch(spec)
     print(f"rankscope run: {handle.run_dir}", flush=True)
     try:

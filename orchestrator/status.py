@@ -29,17 +29,17 @@ def refresh(run_dir: Path) -> tuple[dict[str, Any], str | None]:
     The note says why the backend could not be asked (Slurm down): the record is then shown
     as last written.
     """
-    from rankscope.launchers.base import launcher_of
+    from rankscope.launchers.base import launcher_for_run
     from rankscope.launchers.rundir import load_run
 
-    note = launcher_of(run_dir).refresh(run_dir)
+    note = launcher_for_run(run_dir).refresh(run_dir)
     return load_run(run_dir), note
 
 
 def describe(run_dir: Path, record: dict[str, Any]) -> dict[str, Any]:
     """The figures ``status`` prints (also handy for tests): state, tasks, merge, failures."""
     from rankscope.launchers import rundir
-    from rankscope.launchers.base import launcher_of
+    from rankscope.launchers.base import launcher_for_run
 
     out: dict[str, Any] = {
         "run_dir": str(run_dir),
@@ -54,7 +54,7 @@ def describe(run_dir: Path, record: dict[str, Any]) -> dict[str, Any]:
         if (run_dir / rundir.STORE_NAME).exists()
         else None,
     }
-    out.update(launcher_of(run_dir, record).status_details(run_dir, record))
+    out.update(launcher_for_run(run_dir, record).status_details(run_dir, record))
     return out
 
 

@@ -156,6 +156,20 @@ def test_the_cycle_guard_sees_a_cycle_through_a_function(tmp_path: Path) -> None
     assert cycles(module_graph(tmp_path)) == [["rankscope.analysis.a", "rankscope.analysis.b"]]
 
 
+def test_the_generator_is_independent_of_the_analysis() -> None:
+    """``rankscope synth`` writes the ground truth the analysis is judged against
+    (tests/test_scenarios.py): it may share nothing with the analysis or the merge that read its
+    traces, or a mistake in either could agree with itself."""
+    bad = [
+        f"{path.relative_to(ROOT)}:{line} imports {module}"
+        for path in sorted((ROOT / "orchestrator" / "synth").rglob("*.py"))
+        for line, module in imported_modules(path)
+        if module.startswith(("rankscope.analysis", "rankscope.orchestrator."))
+        and not module.startswith("rankscope.orchestrator.synth")
+    ]
+    assert bad == []
+
+
 #: No module may be longer than this, whatever its docstring says (issue 25).
 MAX_MODULE_LINES = 600
 

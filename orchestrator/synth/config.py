@@ -16,6 +16,9 @@ from typing import Any
 
 from rankscope.errors import UsageError
 
+#: The name torch's profiler gives a Python garbage collection's event (``record_python_gc_info``),
+#: spelled here, not taken from the analysis: the generator imitates torch on its own.
+GC_EVENT_NAME = "Python GC"
 #: Kineto's base time: the start of the current "trimonth" (libkineto ChromeTraceBaseTime).
 TRIMONTH_S = 7889238
 #: The files the generator writes in OUT_DIR (and replaces with --overwrite).

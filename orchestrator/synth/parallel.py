@@ -39,7 +39,6 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from rankscope.analysis.gc_pauses import GC_EVENT_NAME
 from rankscope.orchestrator.synth.comm import (
     COLL_NAMES,
     CollOp,
@@ -48,7 +47,13 @@ from rankscope.orchestrator.synth.comm import (
     p2p_names,
     transfer_ns,
 )
-from rankscope.orchestrator.synth.config import COMPUTE_STREAM, DATALOADER, Schedule, SynthConfig
+from rankscope.orchestrator.synth.config import (
+    COMPUTE_STREAM,
+    DATALOADER,
+    GC_EVENT_NAME,
+    Schedule,
+    SynthConfig,
+)
 from rankscope.orchestrator.synth.ddp import (
     D2H,
     GEMM_BWD,

@@ -4,7 +4,7 @@ What :func:`rankscope.analysis.compare.compare` found, worded for people (ms / Â
 TFLOP/s, signed percentages) the same way in every rendering, plus the headline and the gate's
 rule. Separate from the command (``orchestrator/compare.py``), which resolves the two runs and
 decides the gate, because these functions only render a finished :class:`Comparison`; the
-self-contained HTML page, the longest rendering, is in ``orchestrator/compare_html.py``.
+self-contained HTML page, the longest rendering, is in ``analysis/compare_html.py``.
 Formats: docs/compare.md.
 """
 

@@ -1,19 +1,20 @@
-"""The statistics of a run-to-run comparison: pure math on arrays of per-step (or per-run)
-samples, no DataFrames of runs.
+"""The project's statistics, written once: pure math on numbers and arrays, no scipy at run time.
 
-The comparison table's rank test — the two-sided **Mann–Whitney U** with its exact null
-distribution (ties included) up to :data:`EXACT_MAX_SAMPLES` samples and the tie-corrected
-normal approximation above, the **Hodges–Lehmann** shift it estimates, and **Holm**'s step-down
-correction — and the gate's one-sided tests: **Welch t** on per-step samples
-(:func:`welch_exceeds`), t on run means (:func:`runs_exceed`), and the run-to-run noise of
-same-settings runs (:func:`run_noise`). The Student t tail is written once, in
-``analysis/memory.py`` (the leak test uses it too). Why these tests, and what their samples are:
-:mod:`rankscope.analysis.compare`'s docstring and docs/compare.md.
+* Student's **t** tail (:func:`t_sf`, from the regularized incomplete beta :func:`betainc`): the
+  memory leak test's slope (``memory_leaks.py``) and the compare gate's Welch and run-mean tests;
+* the **binomial** tail (:func:`binomial_p_value`): a rank last in k of n sync points (or the
+  slowest of its peers in k of n steps) by chance (``stragglers.py``, ``rootcause.py``);
+* the two-sided **Mann–Whitney U** with its exact null distribution (ties included) up to
+  :data:`EXACT_MAX_SAMPLES` samples and the tie-corrected normal approximation above, the
+  **Hodges–Lehmann** shift it estimates, **Holm**'s step-down correction, and the gate's
+  one-sided tests: **Welch t** on per-step samples (:func:`welch_exceeds`), t on run means
+  (:func:`runs_exceed`), the run-to-run noise of same-settings runs (:func:`run_noise`)
+  (``rankscope compare``: why these tests and what their samples are, docs/compare.md).
 
-Separate from the tables (``compare_tables.py``) and the gate (``compare_gate.py``) because this
-is the part checked against reference values and distributions on its own (tests/test_compare.py):
-functions of arrays, whatever a sample is a sample of. numpy is imported inside the functions, as
-everywhere in ``rankscope compare``, so the command starts fast.
+Why no scipy: importing it costs ~0.8 s of a command's start-up for one tail. scipy stays the
+oracle: tests/test_stragglers.py, test_memory.py and test_compare.py check every function here
+against it. numpy is imported inside the functions that take arrays, so importing this module
+is light.
 """
 
 from __future__ import annotations
@@ -21,11 +22,114 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-# the Student t tail written once, for the leak test and the gate
-from rankscope.analysis.memory import t_sf
-
 if TYPE_CHECKING:
     import numpy as np
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """Continued fraction of the regularized incomplete beta function (modified Lentz)."""
+    tiny = 1e-300
+    qab, qap, qam = a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 500):
+        m2 = 2 * m
+        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c
+        c = c if abs(c) > tiny else tiny
+        h *= d * c
+        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c
+        c = c if abs(c) > tiny else tiny
+        delta = d * c
+        h *= delta
+        if abs(delta - 1.0) < 1e-15:
+            break
+    return h
+
+
+def betainc(a: float, b: float, x: float) -> float:
+    """Regularized incomplete beta I_x(a, b) for a, b > 0 and 0 ≤ x ≤ 1."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    log_front = (
+        math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    )
+    front = math.exp(log_front)
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _betacf(a, b, x) / a
+    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
+
+
+def t_sf(t: float, df: float) -> float:
+    """P(T > t) for Student's t with ``df`` degrees of freedom (no scipy at run time)."""
+    if math.isnan(t) or not df > 0:
+        return math.nan
+    if math.isinf(t):
+        return 0.0 if t > 0 else 1.0
+    tail = 0.5 * betainc(df / 2.0, 0.5, df / (df + t * t))
+    return tail if t > 0 else 1.0 - tail
+
+
+#: Up to this many trials the first term of the tail is computed from the exact binomial
+#: coefficient (``math.comb`` stays below the float range up to ~1020); beyond, in log space.
+EXACT_BINOMIAL_N = 1000
+
+
+def binomial_p_value(times_last: int, collectives: int, chance: float) -> float:
+    """P(X >= times_last) for X ~ Binomial(collectives, chance): last this often by luck.
+
+    Computed with :mod:`math` (no scipy import: 0.8 s of a command's start-up for one tail).
+    The first probability mass term is exact up to :data:`EXACT_BINOMIAL_N` trials, in log space
+    (``lgamma``) beyond, and the tail is summed outward from ``times_last`` only while terms
+    still matter: above the mean the tail is summed directly (full relative precision for the tiny p-values that name stragglers); at or
+    below it, ``1 - P(X < times_last)`` (the p-value is then at least about one half). Terms fall
+    off geometrically away from the mean, so a sum takes O(sqrt(n)) terms, not O(n).
+    """
+    n, k, p = collectives, times_last, chance
+    if n <= 0 or k <= 0:
+        return 1.0
+    if k > n:
+        return 0.0
+    if p <= 0.0:
+        return 0.0
+    if p >= 1.0:
+        return 1.0
+    upper = k > n * p
+    i = k if upper else k - 1
+    if n <= EXACT_BINOMIAL_N:
+        term = math.comb(n, i) * p**i * (1.0 - p) ** (n - i)
+    else:
+        log_pmf = (
+            math.lgamma(n + 1)
+            - math.lgamma(i + 1)
+            - math.lgamma(n - i + 1)
+            + i * math.log(p)
+            + (n - i) * math.log1p(-p)
+        )
+        term = math.exp(log_pmf)
+    total = term
+    odds = p / (1.0 - p)
+    step = 1 if upper else -1
+    while 0 <= i + step <= n:
+        if step > 0:
+            term *= (n - i) / (i + 1) * odds
+        else:
+            term *= i / (n - i + 1) / odds
+        i += step
+        total += term
+        if term <= total * 1e-17:
+            break
+    tail = total if upper else 1.0 - total
+    return min(1.0, max(0.0, tail))
+
 
 #: Largest total number of steps (BASE + NEW) tested with the exact Mann–Whitney distribution.
 EXACT_MAX_SAMPLES = 80

@@ -1,7 +1,7 @@
 """The ``--html`` rendering of ``rankscope compare``: one self-contained page.
 
 Inline CSS, no scripts, opens offline. Separate from the other renderings
-(``orchestrator/compare_render.py``, whose wording of figures, headline and gate rule it reuses)
+(``analysis/compare_render.py``, whose wording of figures, headline and gate rule it reuses)
 because the page's tables of KPIs, ops, collectives, stragglers and what-if savings are the
 longest rendering of one comparison. Format: docs/compare.md.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import html
 from typing import TYPE_CHECKING
 
-from rankscope.orchestrator.compare_render import (
+from rankscope.analysis.compare_render import (
     OP_HEADERS,
     _ops_shown,
     _rank,
