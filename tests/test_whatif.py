@@ -8,8 +8,9 @@
   interleave a 20 ms straggler (rank 1), a 10 ms slow batch and neither: the straggler's
   predicted saving within 25 % of the difference of the per-step medians of the measured wall
   times of the steps with and without it (cross-checked against the example's own clock,
-  ``--step-times``); the input stall's within -40 %/+25 % (under load a wait costs more than
-  its length: the wake-up is not modelled).
+  ``--step-times``); the input stall's covers the injected delay (≥ 90 % of it) and is at most
+  25 % above the measured saving (under load a wait costs more than its length: the wake-up is
+  not modelled, so the measured saving only bounds the prediction from above).
 * Real pipeline run (slow): one ``examples/train_pipeline.py`` run (3 stages, 45 profiled steps)
   whose steps alternate a slow stage 1 (2 micro-batches x 25 ms wait) and none: the bottleneck's
   predicted saving within 25 % of the measured one, the same way. And a unit case: an op that
@@ -348,15 +349,17 @@ def test_real_run_straggler_saving_within_25_percent(real_run: tuple) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_real_run_input_stall_saving_is_the_traced_stall(real_run: tuple) -> None:
-    """The prediction is the stall the trace records (the DataLoader range); the measured step
-    grows by more on this 2-core machine under other load (10 ms delay: predicted 10.3-13.6 ms,
-    measured 10.2-15.9 ms over 7 runs): a rank that waits gives its core away and pays to get it
-    back after the wait, in the compute that follows, which the model leaves in place
-    (docs/analysis.md, 7). So the claim here is an under-prediction by at most 40 %, an
-    over-prediction by at most 25 %."""
+    """The prediction is the stall the trace records (the DataLoader range), so it covers the
+    injected delay (the truth: ``INPUT_MS`` of sleep on those steps) and promises at most 25 %
+    more than the run measured. The measured step grows by more than the delay on this 2-core
+    machine under other load (10 ms delay: predicted 10.3-13.6 ms, measured 10.2-15.9 ms over 7
+    runs, 17.9 ms for 10.4 predicted under a CI busy loop): a rank that waits gives its core away
+    and pays to get it back after the wait, in the compute that follows, which the model leaves
+    in place (docs/analysis.md, 7) — so the measured step is a bound from above, not the truth."""
     got = _compare(real_run, INPUT_PHASE, wi.Scenario(wi.NO_INPUT_STALL, wi.without_input))
     assert got["measured"] > 0.5 * INPUT_MS * 1e6, got
-    assert 0.6 * got["measured"] <= got["predicted"] <= 1.25 * got["measured"], got
+    assert got["predicted"] >= 0.9 * INPUT_MS * 1e6, got  # the injected stall, found
+    assert got["predicted"] <= 1.25 * got["measured"], got  # never more than the run showed
 
 
 # -- real run of the pipeline example (torchrun, 4 stages, gloo) -----------------------------
