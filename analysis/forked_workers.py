@@ -13,7 +13,10 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from concurrent.futures import Executor
 
 #: What a task returns.
 Result = TypeVar("Result")
@@ -36,10 +39,9 @@ def run_forked(
     the caller as raised.
     """
     import multiprocessing
-    from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+    from concurrent.futures import ProcessPoolExecutor
 
     before = set(multiprocessing.active_children())
-    pending = iter(calls)
     pool = ProcessPoolExecutor(
         max_workers=workers,
         mp_context=multiprocessing.get_context("fork"),
@@ -48,17 +50,7 @@ def run_forked(
     )
     finished = False
     try:
-        running: set[Future[Result]] = {
-            pool.submit(func, *a) for a in itertools.islice(pending, limit)
-        }
-        while running:
-            done, running = wait(running, return_when=FIRST_COMPLETED)
-            for fut in done:
-                result = fut.result()
-                nxt = next(pending, None)
-                if nxt is not None:
-                    running.add(pool.submit(func, *nxt))
-                yield result
+        yield from in_flight(pool, func, calls, limit)
         finished = True
     finally:
         if finished:
@@ -66,6 +58,25 @@ def run_forked(
         else:
             pool.shutdown(wait=False, cancel_futures=True)
             _end(set(multiprocessing.active_children()) - before)
+
+
+def in_flight(
+    pool: Executor, func: Callable[..., Result], calls: Sequence[tuple[Any, ...]], limit: int
+) -> Iterator[Result]:
+    """``func(*args)`` for each of ``calls`` on ``pool`` (threads or processes), as each finishes,
+    at most ``limit`` submitted and not yet handed over: finished results never pile up."""
+    from concurrent.futures import FIRST_COMPLETED, Future, wait
+
+    pending = iter(calls)
+    running: set[Future[Result]] = {pool.submit(func, *a) for a in itertools.islice(pending, limit)}
+    while running:
+        done, running = wait(running, return_when=FIRST_COMPLETED)
+        for fut in done:
+            result = fut.result()
+            nxt = next(pending, None)
+            if nxt is not None:
+                running.add(pool.submit(func, *nxt))
+            yield result
 
 
 def _forked_worker_start(parent: int | None = None) -> None:

@@ -48,6 +48,10 @@ MIN_INSTANCES = 3
 #: many distinct groups that each span many hosts).
 MAX_PAIRS_PER_CLASS = 200_000
 
+#: What makes two instances' transfers comparable (a *class*): the same op, message size,
+#: number of members and number of hosts spanned.
+CLASS_COLUMNS = ["op", "bytes", "members", "n_hosts"]
+
 #: Columns of :func:`instance_transfers`: one row per collective / send-recv instance.
 INSTANCE_COLUMNS: dict[str, str] = {
     "coll": "int64",
@@ -141,7 +145,7 @@ def link_table(inst: pd.DataFrame) -> pd.DataFrame:
 
     evidence: dict[tuple[str, str], _Evidence] = {}
     crossing = inst[inst["n_hosts"] >= 2]
-    for key, cls in crossing.groupby(["op", "bytes", "members", "n_hosts"], sort=False):
+    for key, cls in crossing.groupby(CLASS_COLUMNS, sort=False):
         sets = {h: part["transfer_ns"].to_numpy(np.int64) for h, part in cls.groupby("hosts")}
         if len(sets) < 2:
             continue  # every instance spans the same hosts: nothing to compare with
@@ -236,9 +240,7 @@ def link_fix_factors(inst: pd.DataFrame, links: pd.DataFrame) -> dict[int, float
     if not slow:
         return {}
     out: dict[int, float] = {}
-    for _, cls in inst[inst["n_hosts"] >= 2].groupby(
-        ["op", "bytes", "members", "n_hosts"], sort=False
-    ):
+    for _, cls in inst[inst["n_hosts"] >= 2].groupby(CLASS_COLUMNS, sort=False):
         sets = cls["hosts"].tolist()
         crosses = {hs: any(p in slow for p in itertools.combinations(hs, 2)) for hs in set(sets)}
         hit = np.fromiter((crosses[hs] for hs in sets), bool, len(sets))

@@ -278,20 +278,12 @@ def _run_threads(
     func: Callable[..., Result], calls: Sequence[tuple[Any, ...]], workers: int, limit: int
 ) -> Iterator[Result]:
     """A thread pool in this process (no child processes: safe from a plain script)."""
-    from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+    from concurrent.futures import ThreadPoolExecutor
 
-    pending = iter(calls)
+    from rankscope.analysis.forked_workers import in_flight
+
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        running: set[Future[Result]] = {
-            pool.submit(func, *a) for a in itertools.islice(pending, limit)
-        }
-        while running:
-            done, running = wait(running, return_when=FIRST_COMPLETED)
-            for fut in done:
-                nxt = next(pending, None)
-                if nxt is not None:
-                    running.add(pool.submit(func, *nxt))
-                yield fut.result()
+        yield from in_flight(pool, func, calls, limit)
 
 
 #: Dask's own log records of a lost worker that this module handles and says in one line
