@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -56,8 +57,14 @@ def run_forked(
         if finished:
             pool.shutdown(wait=True)
         else:
+            # the pool's manager thread also ends and reaps the workers once one died: it is
+            # joined (bounded) too, or a worker it is still reaping would look alive to the
+            # caller for a moment (a reaped pid is never seen again by another waitpid)
+            manager: threading.Thread | None = getattr(pool, "_executor_manager_thread", None)
             pool.shutdown(wait=False, cancel_futures=True)
             _end(set(multiprocessing.active_children()) - before)
+            if manager is not None:
+                manager.join(FORK_STOP_S)
 
 
 def in_flight(

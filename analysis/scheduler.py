@@ -17,6 +17,7 @@ of a local pool, ends the run with ONE :class:`WorkersError` line, never a hang 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import logging
@@ -324,7 +325,46 @@ def _drop_handled_dask_logs() -> None:
             log.addFilter(_HandledByUs(prefix, exception))
 
 
+#: Level of Dask's own stderr handlers while a run and its clean-up last: its INFO records
+#: (a scheduler's "State start", "Batched Comm Closed" with a traceback when a worker we cancelled
+#: goes away) are not the user's business; what fails reaches the user as one line of ours.
+DASK_LOG_LEVEL = logging.ERROR
+
+
+@contextlib.contextmanager
+def quiet_dask_logs(level: int = DASK_LOG_LEVEL) -> Iterator[None]:
+    """Dask's stderr handlers at ``level`` inside, restored after.
+
+    A SLURMCluster (like a LocalCluster) quiets them only until its own close ends, and records
+    of the scheduler's connections to workers that are being cancelled can come later, while
+    the client or the cluster is still closing: this context spans the whole run, clean-up
+    included (:func:`_run_distributed`)."""
+    handlers = [
+        h
+        for h in logging.getLogger("distributed").handlers
+        if isinstance(h, logging.StreamHandler) and h.level < level
+    ]
+    old = [h.level for h in handlers]
+    for h in handlers:
+        h.setLevel(level)
+    try:
+        yield
+    finally:
+        for h, was in zip(handlers, old, strict=True):
+            h.setLevel(was)
+
+
 def _run_distributed(
+    func: Callable[..., Result], calls: Sequence[tuple[Any, ...]], spec: ClusterSpec, n_ranks: int
+) -> Iterator[Result]:
+    """:func:`_run_on_cluster` with Dask's own log records quiet (:func:`quiet_dask_logs`)."""
+    import distributed  # noqa: F401  (sets up Dask's log handlers, which are quieted here)
+
+    with quiet_dask_logs():
+        yield from _run_on_cluster(func, calls, spec, n_ranks)
+
+
+def _run_on_cluster(
     func: Callable[..., Result], calls: Sequence[tuple[Any, ...]], spec: ClusterSpec, n_ranks: int
 ) -> Iterator[Result]:
     """dask.distributed: a LocalCluster, a SLURMCluster, or a running scheduler's address.
