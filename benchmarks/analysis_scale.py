@@ -98,8 +98,8 @@ def build_store(out: Path, ranks: int, target: int = EVENTS_PER_RANK) -> tuple[P
     """
     import numpy as np
     import pandas as pd
-    from rankscope.analysis import schema
-    from rankscope.analysis.store import StoreWriter, open_store
+    from rankscope.analysis.store import schema
+    from rankscope.analysis.store.reader import StoreWriter, open_store
     from rankscope.orchestrator.merge import merge_run_dir
 
     out.mkdir(parents=True, exist_ok=True)
@@ -170,7 +170,7 @@ def build_store(out: Path, ranks: int, target: int = EVENTS_PER_RANK) -> tuple[P
 
 
 def part_scale(ranks: int) -> dict[str, Any]:
-    from rankscope.analysis.pipeline import LOCAL, SYNCHRONOUS, ClusterSpec, analyze
+    from rankscope.analysis.engine.driver import LOCAL, SYNCHRONOUS, ClusterSpec, analyze
 
     store, n = build_store(CACHE, ranks)
     size = store.stat().st_size
@@ -194,7 +194,7 @@ def part_scale(ranks: int) -> dict[str, Any]:
 
 
 def part_hta(hta_python: Path) -> dict[str, Any]:
-    from rankscope.analysis.pipeline import LOCAL, SYNCHRONOUS, ClusterSpec, analyze
+    from rankscope.analysis.engine.driver import LOCAL, SYNCHRONOUS, ClusterSpec, analyze
     from rankscope.orchestrator.merge import merge_run_dir
 
     out: dict[str, Any] = {}

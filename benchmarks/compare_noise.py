@@ -21,7 +21,7 @@ over the pairs, per number of profiled steps:
 * **any row** — a pair with any KPI row (job or rank) called one.
 
 Also printed per step count: the set's **run-to-run noise**
-(``rankscope.analysis.statistics.run_noise``: the spread of the runs' mean step times beyond
+(``rankscope.analysis.compute.statistics.run_noise``: the spread of the runs' mean step times beyond
 what their step noise explains, relative to the mean) — the figure to give ``--run-noise`` on
 this machine.
 
@@ -77,9 +77,9 @@ def kept(out: Path, steps: int, pairs: int) -> list[Path]:
 def report_runs(runs: list[Path], steps: int, k: int) -> int:
     """Each try: K runs against the next K, the gate on run means (``--base-runs`` /
     ``--new-runs``); print and count the tries that fail."""
-    from rankscope.analysis.compare import GateConfig, compare, gate_checks
-    from rankscope.analysis.kpis import kpis
-    from rankscope.analysis.pipeline import SYNCHRONOUS, ClusterSpec, analyze
+    from rankscope.analysis.conclude.compare import GateConfig, compare, gate_checks
+    from rankscope.analysis.conclude.kpis import kpis
+    from rankscope.analysis.engine.driver import SYNCHRONOUS, ClusterSpec, analyze
 
     spec = ClusterSpec(scheduler=SYNCHRONOUS)
     tries = len(runs) // (2 * k)
@@ -112,9 +112,9 @@ def report(runs: list[Path], steps: int, noise: float) -> dict[str, int]:
     """Compare each pair as ``rankscope compare --fail-above 5%`` does (and with ``--run-noise``
     ``noise`` when given); print and count."""
     import numpy as np
-    from rankscope.analysis.compare import GateConfig, compare, gate_checks, run_noise
-    from rankscope.analysis.kpis import JOB_RANK
-    from rankscope.analysis.pipeline import SYNCHRONOUS, ClusterSpec, analyze
+    from rankscope.analysis.conclude.compare import GateConfig, compare, gate_checks, run_noise
+    from rankscope.analysis.conclude.kpis import JOB_RANK
+    from rankscope.analysis.engine.driver import SYNCHRONOUS, ClusterSpec, analyze
 
     spec = ClusterSpec(scheduler=SYNCHRONOUS)
     pairs = len(runs) // 2
@@ -218,7 +218,7 @@ def main() -> int:
             ]
         if args.record_only:
             return 0
-        from rankscope.analysis.compare import parse_fraction
+        from rankscope.analysis.conclude.compare import parse_fraction
 
         for steps, rs in runs.items():
             if args.runs_per_side > 1:

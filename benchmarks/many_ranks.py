@@ -339,7 +339,7 @@ def one(args: argparse.Namespace, n: int, steps: int, expect: float) -> dict[str
         raise SystemExit(f"merge failed ({merge.rc}, {merge.killed}):\n{merge.text()[-3000:]}")
     print(f"[{n}] {first_line(merge.text(), 'merge:')}", flush=True)
     store = job / "trace.h5"
-    from rankscope.analysis.store import open_store
+    from rankscope.analysis.store.reader import open_store
 
     with open_store(store) as s:
         events = sum(int(s.rank_meta(r).get("events", 0)) for r in s.ranks)
@@ -415,7 +415,7 @@ def hta_try(args: argparse.Namespace, n: int) -> dict[str, Any]:
 
 def writer_probe(job: Path, output: Path) -> dict[str, Any]:
     """Merge ``job`` in this process (synchronous) with timers around each phase's functions."""
-    from rankscope.analysis.store import StoreWriter
+    from rankscope.analysis.store.reader import StoreWriter
     from rankscope.orchestrator import clock, matching, rank_columns, staging
     from rankscope.orchestrator.merge import merge_run_dir
 

@@ -63,7 +63,7 @@ def hwm():
             return int(line.split()[1]) * 1024
 import h5py, msgspec, numpy, pandas  # the merge's imports, loaded before the baseline
 from rankscope.orchestrator import merge, decode, discovery, rank_columns, clock, collectives
-import rankscope.analysis.store
+import rankscope.analysis.store.reader
 base = hwm()
 merge.merge_run_dir(Path(sys.argv[1]), output=Path(sys.argv[2]), scheduler="synchronous", quiet=True)
 print(base, hwm())

@@ -40,9 +40,9 @@ POLL_S = 0.05
 def in_process(store: Path, repeat: int) -> dict[str, Any]:
     import holoviews as hv
     from bokeh.embed import json_item
-    from rankscope.analysis.overview import RankOrder, rank_order
-    from rankscope.analysis.overview_plot import overview_image
-    from rankscope.analysis.pipeline import ClusterSpec, analyze
+    from rankscope.analysis.engine.driver import ClusterSpec, analyze
+    from rankscope.analysis.engine.overview import RankOrder, rank_order
+    from rankscope.analysis.views.overview_plot import overview_image
 
     t = time.perf_counter()
     a = analyze(store, ClusterSpec(main_is_guarded=True))

@@ -69,7 +69,7 @@ def run(cmd: list[str]) -> float:
 
 
 def one(root: Path, ranks: int, name: str, kwargs: dict[str, Any]) -> dict[str, Any]:
-    from rankscope.analysis.pipeline import SYNCHRONOUS, ClusterSpec, analyze
+    from rankscope.analysis.engine.driver import SYNCHRONOUS, ClusterSpec, analyze
     from rankscope.orchestrator.synth import SynthConfig, generate
 
     out = root / f"{ranks}-{name}"
@@ -159,7 +159,7 @@ BENCH_LAYOUTS: dict[int, Layout] = {
 
 def layered_one(root: Path, ranks: int, name: str) -> dict[str, Any]:
     """One layered case: generated, merged and analysed as whole processes, then judged."""
-    from rankscope.analysis import whatif as wi
+    from rankscope.analysis.engine import whatif as wi
     from test_scenarios import generate_layered, layered_verdict, links_of, root_causes_of
 
     out = root / f"{ranks}-{name}"

@@ -4,7 +4,7 @@
     python benchmarks/scheduler_crossover.py --events 250000 1000000
 
 ``rankscope merge`` and ``rankscope analyze`` choose in-process work below a size where a
-LocalCluster cannot pay for its start-up (``analysis/scheduler.py``: processes when
+LocalCluster cannot pay for its start-up (``analysis/engine/scheduler.py``: processes when
 ``T·(1−1/w) > CLUSTER_START_S`` with ``T = events / IN_PROCESS_EVENTS_PER_S`` and ``w`` workers).
 This script measures both sides on synthetic 8-rank jobs (``rankscope synth``) of growing size,
 whole processes (``--scheduler synchronous`` vs ``--scheduler local``), and prints what the rule
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ranks", type=int, default=8)
     ap.add_argument("--events", type=int, nargs="+", default=[250_000, 1_000_000, 4_000_000])
     args = ap.parse_args(argv)
-    from rankscope.analysis.scheduler import ClusterSpec, choose
+    from rankscope.analysis.engine.scheduler import ClusterSpec, choose
 
     load = os.getloadavg()
     print(f"{os.cpu_count()} cores, load average {load[0]:.1f} (1 min)")

@@ -73,7 +73,7 @@ def record(out: Path, name: str, straggler: int, ms: float, busy: int, steps: in
 
 def verdict(run: Path) -> tuple[list[int], list[str]]:
     """The ranks named as stragglers (top first) and their causes."""
-    from rankscope.analysis.pipeline import SYNCHRONOUS, ClusterSpec, analyze
+    from rankscope.analysis.engine.driver import SYNCHRONOUS, ClusterSpec, analyze
 
     s = analyze(run, ClusterSpec(scheduler=SYNCHRONOUS)).stragglers
     named = s[s["is_straggler"]]

@@ -24,7 +24,7 @@ of the step in ``record_function("rankscope_example::extra_memory")`` and releas
 backward pass, so it is live at the rank's peak). It is released before the optimizer step, inside
 the profiled step: the optimizer step ends the step, and a window's last step would otherwise free
 it with memory profiling off, which the CPU allocator's counter never subtracts (a 64 MiB phantom
-in every later window when the next block lands at another address; analysis/memory.py).
+in every later window when the next block lands at another address; analysis/compute/memory.py).
 """
 
 from __future__ import annotations

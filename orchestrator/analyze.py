@@ -17,7 +17,7 @@ from rankscope.errors import InputFileError, RankscopeError
 from rankscope.launchers import rundir
 
 if TYPE_CHECKING:
-    from rankscope.analysis.scheduler import ClusterSpec
+    from rankscope.analysis.engine.scheduler import ClusterSpec
 
 #: Width of the summary when stdout is not a terminal (rich would use 80 columns).
 PIPE_WIDTH = 110
@@ -36,7 +36,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", type=Path, metavar="FILE", help="write summary.json here")
     parser.add_argument("--html", type=Path, metavar="FILE", help="write the HTML report here")
-    from rankscope.analysis.cluster_flags import add_cluster_flags
+    from rankscope.analysis.engine.cluster_flags import add_cluster_flags
 
     add_cluster_flags(parser)  # the merge's flags too: a merge analyze runs first uses them
     parser.add_argument(
@@ -70,7 +70,7 @@ def resolve_store(
     already). ``rank_from``: ``--rank-from`` of the merge.
     """
     if cluster is None:
-        from rankscope.analysis.scheduler import AUTO, ClusterSpec
+        from rankscope.analysis.engine.scheduler import AUTO, ClusterSpec
 
         cluster = ClusterSpec(scheduler=scheduler or AUTO, main_is_guarded=True)
     elif scheduler is not None:
@@ -108,7 +108,7 @@ def _store_for_trace(
     this very file and is newer than it. One merged from other inputs (the whole folder) is
     never overwritten by a merge of one of its files.
     """
-    from rankscope.analysis.store import open_store
+    from rankscope.analysis.store.reader import open_store
     from rankscope.orchestrator.discovery import TraceHead, is_trace_name, sniff
 
     head = sniff(trace)
@@ -164,7 +164,7 @@ def _newer_input(store: Path, inputs: list[Path]) -> Path | None:
 
 def _checked(store: Path) -> Path:
     """``store`` once it opens as a rankscope store (InputFileError naming it otherwise)."""
-    from rankscope.analysis.store import open_store
+    from rankscope.analysis.store.reader import open_store
 
     with open_store(store):
         return store
@@ -172,7 +172,7 @@ def _checked(store: Path) -> Path:
 
 def run_analysis(store: Path, spec: Any, *, show_progress: bool = True) -> Any:
     """Analyse ``store`` with a progress bar on stderr."""
-    from rankscope.analysis.pipeline import analyze
+    from rankscope.analysis.engine.driver import analyze
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -210,7 +210,7 @@ def write_reports(
     :class:`~rankscope.errors.OutputError`: one line naming it and the cause, the previous file
     untouched, no temporary file left (``rankscope.atomic``; docs/reliability.md).
     """
-    from rankscope.analysis.report import render_html, render_json
+    from rankscope.analysis.render.report import render_html, render_json
 
     written = []
     if json_path is not None:
@@ -230,8 +230,8 @@ def _console() -> Any:
 
 def main(args: argparse.Namespace) -> int:
     """Entry point of ``rankscope analyze``."""
-    from rankscope.analysis.cluster_flags import cluster_spec_from_args
-    from rankscope.analysis.report import print_summary
+    from rankscope.analysis.engine.cluster_flags import cluster_spec_from_args
+    from rankscope.analysis.render.report import print_summary
 
     path: Path = args.path
     # One spec for both: a merge that must run first uses the same workers (its own "auto"
@@ -274,8 +274,8 @@ def _refuse_unprofiled_run(path: Path) -> None:
 
 def print_run_summary(run_dir: Path) -> None:
     """End of ``rankscope run``: analyse the merged run, print the summary, write RUN/report/."""
-    from rankscope.analysis.pipeline import ClusterSpec
-    from rankscope.analysis.report import print_summary
+    from rankscope.analysis.engine.driver import ClusterSpec
+    from rankscope.analysis.render.report import print_summary
 
     run_dir = Path(run_dir)
     store = resolve_store(run_dir, merge=False)

@@ -39,7 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from rankscope.analysis.schema import ClockMethod
+from rankscope.analysis.store.schema import ClockMethod
 from rankscope.orchestrator.clock_graph import constraints as _constraints
 from rankscope.orchestrator.clock_graph import shortest_from as shortest_from
 
@@ -292,7 +292,7 @@ def align(
     """
     import numpy as np
     import pandas as pd
-    from rankscope.analysis.schema import P2P_OPS
+    from rankscope.analysis.store.schema import P2P_OPS
     from rankscope.orchestrator import clock_graph as cg
     from rankscope.orchestrator.matching import SYNCHRONIZING_OPS
 

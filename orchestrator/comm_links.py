@@ -38,8 +38,8 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from rankscope.analysis.ops import launch_rows
-from rankscope.analysis.schema import P2P_OPS, EventKind
+from rankscope.analysis.compute.ops import launch_rows
+from rankscope.analysis.store.schema import P2P_OPS, EventKind
 from rankscope.orchestrator.vocabulary import NCCL_COALESCED, PEER_OPS
 
 if TYPE_CHECKING:

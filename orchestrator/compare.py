@@ -2,10 +2,10 @@
 
 BASE and NEW are run directories, folders of traces or stores (merged first when needed, as
 ``rankscope analyze`` does). Both are analysed, compared by
-:func:`rankscope.analysis.compare.compare` (pure), and rendered: the terminal table
+:func:`rankscope.analysis.conclude.compare.compare` (pure), and rendered: the terminal table
 (regressions red, improvements green, noise grey), ``--json`` and ``--markdown`` (a CI job
-summary or PR comment) by ``analysis/compare_render.py``, ``--html`` (self-contained) by
-``analysis/compare_html.py``. ``--fail-above PCT`` and the ``[thresholds]``
+summary or PR comment) by ``analysis/render/compare.py``, ``--html`` (self-contained) by
+``analysis/render/compare_html.py``. ``--fail-above PCT`` and the ``[thresholds]``
 of ``--config FILE`` make it a gate: exit 1 when a job-level KPI is worse than its threshold —
 by a one-sided Welch t test on the per-step means, or, with fewer than 3 steps a run, by the
 threshold alone (said loudly) — 0 otherwise; every rendering names the rule that decided.
@@ -23,27 +23,27 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from rankscope.analysis.compare_html import render_html as render_html
-from rankscope.analysis.compare_render import JSON_SCHEMA as JSON_SCHEMA
-from rankscope.analysis.compare_render import JSON_VERSION as JSON_VERSION
-from rankscope.analysis.compare_render import MARK as MARK
-from rankscope.analysis.compare_render import OP_HEADERS as OP_HEADERS
-from rankscope.analysis.compare_render import STYLE as STYLE
-from rankscope.analysis.compare_render import fmt_p as fmt_p
-from rankscope.analysis.compare_render import fmt_pct as fmt_pct
-from rankscope.analysis.compare_render import fmt_value as fmt_value
-from rankscope.analysis.compare_render import gate_line as gate_line
-from rankscope.analysis.compare_render import gate_rule as gate_rule
-from rankscope.analysis.compare_render import headline as headline
-from rankscope.analysis.compare_render import op_cells as op_cells
-from rankscope.analysis.compare_render import print_comparison as print_comparison
-from rankscope.analysis.compare_render import render_markdown as render_markdown
-from rankscope.analysis.compare_render import shown_kpi_rows as shown_kpi_rows
-from rankscope.analysis.compare_render import to_json as to_json
+from rankscope.analysis.render.compare import JSON_SCHEMA as JSON_SCHEMA
+from rankscope.analysis.render.compare import JSON_VERSION as JSON_VERSION
+from rankscope.analysis.render.compare import MARK as MARK
+from rankscope.analysis.render.compare import OP_HEADERS as OP_HEADERS
+from rankscope.analysis.render.compare import STYLE as STYLE
+from rankscope.analysis.render.compare import fmt_p as fmt_p
+from rankscope.analysis.render.compare import fmt_pct as fmt_pct
+from rankscope.analysis.render.compare import fmt_value as fmt_value
+from rankscope.analysis.render.compare import gate_line as gate_line
+from rankscope.analysis.render.compare import gate_rule as gate_rule
+from rankscope.analysis.render.compare import headline as headline
+from rankscope.analysis.render.compare import op_cells as op_cells
+from rankscope.analysis.render.compare import print_comparison as print_comparison
+from rankscope.analysis.render.compare import render_markdown as render_markdown
+from rankscope.analysis.render.compare import shown_kpi_rows as shown_kpi_rows
+from rankscope.analysis.render.compare import to_json as to_json
+from rankscope.analysis.render.compare_html import render_html as render_html
 from rankscope.errors import InputFileError, UsageError
 
 if TYPE_CHECKING:
-    from rankscope.analysis.compare import GateConfig
+    from rankscope.analysis.conclude.compare import GateConfig
 
 #: Exit status when the gate fails (a gated KPI worse than its threshold).
 EXIT_REGRESSION = 1
@@ -135,7 +135,7 @@ _D = TypeVar("_D", float, None)
 
 
 def _fraction(value: Any, what: str) -> float:
-    from rankscope.analysis.compare import parse_fraction
+    from rankscope.analysis.conclude.compare import parse_fraction
 
     try:
         return parse_fraction(value)
@@ -157,7 +157,7 @@ def load_config(path: Path | None) -> dict[str, Any]:
     """The ``--config`` TOML file as a dict (empty without one); one-line errors."""
     import tomllib
 
-    from rankscope.analysis.kpis import Kpi
+    from rankscope.analysis.conclude.kpis import Kpi
 
     if path is None:
         return {}
@@ -186,8 +186,8 @@ def load_config(path: Path | None) -> dict[str, Any]:
 
 def configs(args: argparse.Namespace) -> tuple[Any, GateConfig, Any]:
     """(CompareConfig, GateConfig, KpiConfig) from the flags over the config file."""
-    from rankscope.analysis.compare import CompareConfig, GateConfig
-    from rankscope.analysis.kpis import KpiConfig
+    from rankscope.analysis.conclude.compare import CompareConfig, GateConfig
+    from rankscope.analysis.conclude.kpis import KpiConfig
 
     doc = load_config(args.config)
     where = str(args.config)
@@ -230,7 +230,7 @@ def configs(args: argparse.Namespace) -> tuple[Any, GateConfig, Any]:
 
 
 def _analysis(path: Path) -> Any:
-    from rankscope.analysis.pipeline import ClusterSpec, analyze
+    from rankscope.analysis.engine.driver import ClusterSpec, analyze
     from rankscope.orchestrator.analyze import resolve_store
 
     store = resolve_store(path)
@@ -239,8 +239,8 @@ def _analysis(path: Path) -> Any:
 
 def main(args: argparse.Namespace) -> int:
     """Entry point of ``rankscope compare``: 0, or EXIT_REGRESSION when the gate fails."""
-    from rankscope.analysis.compare import compare, gate_checks
-    from rankscope.analysis.kpis import kpis
+    from rankscope.analysis.conclude.compare import compare, gate_checks
+    from rankscope.analysis.conclude.kpis import kpis
     from rankscope.launchers import rundir
     from rich.console import Console
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from rankscope.analysis.perfetto import GENERATOR as PERFETTO_GENERATOR
+from rankscope.analysis.render.perfetto import GENERATOR as PERFETTO_GENERATOR
 from rankscope.launchers import rundir
 
 #: Trace files found in a folder (torch.profiler / tensorboard_trace_handler / rankscope names).

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from rankscope.analysis.memory_events import memory_field_limits
-from rankscope.analysis.schema import EventKind, LaneKind
+from rankscope.analysis.store.memory_table import memory_field_limits
+from rankscope.analysis.store.schema import EventKind, LaneKind
 from rankscope.orchestrator.kineto_json import KEvent, KFile, TraceReadError
 from rankscope.orchestrator.vocabulary import (
     GPU_CATS,
@@ -298,7 +298,7 @@ class EventColumns:
         """Keep one ``[memory]`` event (its values checked now; the rest waits for finish).
 
         Well-formed events (plain ints in range, a finite ts) pass one inline test, 5x cheaper
-        than :func:`rankscope.analysis.memory_events.bad_memory_field`, which only sees the
+        than :func:`rankscope.analysis.store.memory_table.bad_memory_field`, which only sees the
         others to name what is wrong (a trace can hold 10^5 memory events: this is the reader's
         hot path).
         """
@@ -323,7 +323,7 @@ class EventColumns:
         ):
             self.memory.append(ev)
             return
-        from rankscope.analysis.memory_events import bad_memory_field, skip_reason
+        from rankscope.analysis.store.memory_table import bad_memory_field, skip_reason
 
         values = None
         if a is not None:
@@ -360,7 +360,7 @@ class EventColumns:
         """The kept memory events as columns, with op, scope and step from the events' own
         ranges (``analysis.memory_events.attribute``: the rule of ``memory_rows``); ts raw ns.
         ``cols``: the events' columns, ``ts`` with the time base already added."""
-        from rankscope.analysis.memory_events import attribute
+        from rankscope.analysis.store.memory_table import attribute
 
         out = {k: np.concatenate(v) for k, v in self.memory_parts.items()}
         out["ts"] = out["ts"] + np.int64(base)
@@ -464,7 +464,7 @@ class EventColumns:
             dropped["events with negative, NaN or missing durations"] = self.dropped
         if self.out_of_range:
             dropped["events with timestamps out of range"] = self.out_of_range
-        from rankscope.analysis.memory_events import device_total_memory
+        from rankscope.analysis.store.memory_table import device_total_memory
 
         return FileTrace(
             path=path,

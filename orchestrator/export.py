@@ -2,7 +2,7 @@
 
 Writes Chrome trace-event JSON (ui.perfetto.dev and chrome://tracing load it): one process per
 rank, one thread per lane, µs on the aligned clock, collectives linked across ranks by flow
-events (format: :mod:`rankscope.analysis.perfetto`). A run directory without ``trace.h5`` is
+events (format: :mod:`rankscope.analysis.render.perfetto`). A run directory without ``trace.h5`` is
 merged first. The output is written to a temporary name beside it and renamed; a write that
 fails (full disk, quota, read-only) is one line naming the file and the cause, the previous file
 untouched and no temporary file left (docs/reliability.md).
@@ -83,9 +83,9 @@ def _check_output(out: Path) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Entry point of ``rankscope export``."""
-    from rankscope.analysis.perfetto import export_perfetto
-    from rankscope.analysis.store import open_store
-    from rankscope.analysis.timeline import step_window
+    from rankscope.analysis.render.perfetto import export_perfetto
+    from rankscope.analysis.store.reader import open_store
+    from rankscope.analysis.views.timeline import step_window
     from rankscope.orchestrator.analyze import resolve_store
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn

@@ -78,7 +78,7 @@ def finalize(run_dir: Path | str, settle_s: float | None = None) -> int:
 
 def _merge(run_dir: Path) -> int:
     """``rankscope merge RUN --scheduler synchronous``, in this process."""
-    from rankscope.analysis.scheduler import SYNCHRONOUS
+    from rankscope.analysis.engine.scheduler import SYNCHRONOUS
     from rankscope.orchestrator.merge import merge_run_dir
     from rankscope.orchestrator.merge_cli import interrupt_wins
 
@@ -89,7 +89,7 @@ def _merge(run_dir: Path) -> int:
 
 def _analyze(run_dir: Path) -> int:
     """``rankscope analyze RUN --scheduler synchronous``, in this process (its own defaults)."""
-    from rankscope.analysis.scheduler import SYNCHRONOUS
+    from rankscope.analysis.engine.scheduler import SYNCHRONOUS
     from rankscope.orchestrator import analyze
 
     parser = argparse.ArgumentParser(prog="rankscope analyze")

@@ -69,7 +69,7 @@ class KArgs(msgspec.Struct, gc=False):
     out_nelems: Any = msgspec.field(default=None, name="Out msg nelems")
     dtype: Any = None
     # [memory] instant events (profile_memory): kept as memory rows
-    # (rankscope.analysis.memory_events)
+    # (rankscope.analysis.store.memory_table)
     device_type: Any = msgspec.field(default=None, name="Device Type")
     device_id: Any = msgspec.field(default=None, name="Device Id")
     addr: Any = msgspec.field(default=None, name="Addr")

@@ -18,7 +18,7 @@ Inputs are the per-rank communication events found by the reader (NCCL kernels o
 Send/recv kernels of NCCL (``SendRecv``, used by all-to-all) are matched the same way; this is
 what all-to-all in DLRM-style models produces: every rank runs the same grouped send/recv.
 
-Point-to-point ops (``send`` / ``recv``, :data:`~rankscope.analysis.schema.P2P_OPS`) are not
+Point-to-point ops (``send`` / ``recv``, :data:`~rankscope.analysis.store.schema.P2P_OPS`) are not
 collectives of their group: in a pipeline rank 1 receives from 0 and sends to 2, so neither a
 sequence number nor "the k-th recv" lines them up across ranks (the ``Seq`` PyTorch passed for
 a send was the group's next collective number, the same for every p2p op between two
@@ -76,7 +76,7 @@ def rank_keys(comm: pd.DataFrame, rank: int) -> pd.Series:
     """
     import numpy as np
     import pandas as pd
-    from rankscope.analysis.schema import P2P_OPS
+    from rankscope.analysis.store.schema import P2P_OPS
 
     if comm.empty:
         return pd.Series([], dtype=object)

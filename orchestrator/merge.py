@@ -7,7 +7,7 @@ Pipeline (docs/format.md, "How the merge works"; docs/architecture.md, "The path
    inputs), or trace files.
 2. **Parse** one task per rank source (:func:`~rankscope.orchestrator.rank_columns.parse_source`,
    which decodes with :mod:`~rankscope.orchestrator.decode` in the words of
-   :mod:`~rankscope.orchestrator.vocabulary`) where :mod:`rankscope.analysis.scheduler` says:
+   :mod:`~rankscope.orchestrator.vocabulary`) where :mod:`rankscope.analysis.engine.scheduler` says:
    the analysis' scheduler, chosen the same way (in-process until worker processes pay for their
    start-up, on the events :func:`estimate_events` expects), with the same one line on stderr
    saying where and why. At most ``2 × workers`` tasks are in flight, and the parent parks each
@@ -55,7 +55,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rankscope.analysis.scheduler import SYNCHRONOUS as SYNCHRONOUS  # the one word, for callers
+from rankscope.analysis.engine.scheduler import (
+    SYNCHRONOUS as SYNCHRONOUS,  # the one word, for callers
+)
 from rankscope.atomic import translate_write_errors
 from rankscope.errors import InputFileError, UsageError
 from rankscope.launchers import rundir
@@ -89,7 +91,7 @@ from rankscope.orchestrator.staging import (
 if TYPE_CHECKING:
     import numpy as np
     import pandas as pd
-    from rankscope.analysis.scheduler import ClusterSpec
+    from rankscope.analysis.engine.scheduler import ClusterSpec
     from rankscope.orchestrator.rank_columns import RankResult
 
 #: Bytes of Kineto JSON per event, to size a merge before parsing it (:func:`estimate_events`).
@@ -104,7 +106,7 @@ MERGE_JOB_NAME = "rankscope-merge"
 def estimate_events(sources: list[RankSource]) -> int:
     """Events the sources hold, estimated from their size on disk (nothing is read).
 
-    Enough to choose where to parse (:func:`rankscope.analysis.scheduler.choose` weighs it
+    Enough to choose where to parse (:func:`rankscope.analysis.engine.scheduler.choose` weighs it
     against what worker processes cost). Parsing an event costs more than analysing one, so the
     estimate errs toward in-process, the choice that costs least when it is wrong on small runs.
     """
@@ -135,7 +137,7 @@ def merge_run_dir(
     """Merge the traces under ``run_dir`` (a run directory or any folder of traces) into a store.
 
     Returns the store path (``run_dir/trace.h5`` unless ``output``). ``scheduler`` takes the
-    analysis' words (:class:`rankscope.analysis.scheduler.ClusterSpec`): None or ``"auto"``
+    analysis' words (:class:`rankscope.analysis.engine.scheduler.ClusterSpec`): None or ``"auto"``
     parses in-process unless worker processes pay for their start-up, ``"processes"`` forks
     them (Linux), ``"local"`` starts a LocalCluster (one single-threaded worker process per core, at most one per rank),
     ``"threads"`` and ``"synchronous"`` stay in this process, anything else is the address of a
@@ -189,9 +191,9 @@ def _merge_locked(
     import numpy as np
     import pandas as pd
     from rankscope import __version__
-    from rankscope.analysis.scheduler import AUTO, ClusterSpec, choose, run_each
-    from rankscope.analysis.schema import P2P_WITHOUT_PEER_ATTR
-    from rankscope.analysis.store import StoreWriter
+    from rankscope.analysis.engine.scheduler import AUTO, ClusterSpec, choose, run_each
+    from rankscope.analysis.store.reader import StoreWriter
+    from rankscope.analysis.store.schema import P2P_WITHOUT_PEER_ATTR
     from rankscope.orchestrator import clock as clk
     from rankscope.orchestrator.matching import match, renumber, without_peer
     from rankscope.orchestrator.rank_columns import parse_source
@@ -439,7 +441,7 @@ def _share_domain_fits(inputs: list[Any]) -> list[Any]:
 
 def _empty_colls() -> pd.DataFrame:
     import pandas as pd
-    from rankscope.analysis.schema import COLLECTIVE_COLUMNS
+    from rankscope.analysis.store.schema import COLLECTIVE_COLUMNS
 
     return pd.DataFrame({c: [] for c in COLLECTIVE_COLUMNS})
 
@@ -468,7 +470,7 @@ def main(args: argparse.Namespace) -> int:
     missing = [p for p in paths if not p.exists()]
     if missing:
         raise UsageError(f"{missing[0]}: no such file or directory")
-    from rankscope.analysis.cluster_flags import cluster_spec_from_args
+    from rankscope.analysis.engine.cluster_flags import cluster_spec_from_args
 
     cluster = cluster_spec_from_args(args, main_is_guarded=True)
     with interrupt_wins():

@@ -17,7 +17,7 @@ from typing import Any
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``rankscope merge`` (import-light)."""
-    from rankscope.analysis.cluster_flags import add_cluster_flags
+    from rankscope.analysis.engine.cluster_flags import add_cluster_flags
 
     parser.add_argument(
         "inputs",

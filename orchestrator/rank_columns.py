@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from rankscope.analysis.ops import launch_rows
-from rankscope.analysis.schema import EventKind
+from rankscope.analysis.compute.ops import launch_rows
+from rankscope.analysis.store.schema import EventKind
 from rankscope.orchestrator.discovery import Problem, RankSource
 from rankscope.orchestrator.vocabulary import GPU_KINDS
 
@@ -305,7 +305,7 @@ def _p2p_peers(
     Events outside any annotation keep their op and peer -1.
     """
     import numpy as np
-    from rankscope.analysis.schema import P2P_OPS
+    from rankscope.analysis.store.schema import P2P_OPS
     from rankscope.launchers.rundir import P2P_ANNOTATION_PATTERN
 
     peers = np.full(len(ev), -1, dtype=np.int64)

@@ -83,7 +83,7 @@ def free_port(address: str) -> int:
 
 
 def _analysis(store_path: Path) -> Any:
-    from rankscope.analysis.pipeline import ClusterSpec
+    from rankscope.analysis.engine.driver import ClusterSpec
     from rankscope.orchestrator.analyze import run_analysis
 
     spec = ClusterSpec(main_is_guarded=True)
@@ -92,8 +92,8 @@ def _analysis(store_path: Path) -> Any:
 
 def _overview(store_path: Path) -> Any:
     """The rank × time overview alone (``--no-analysis``): one pass over the ranks."""
-    from rankscope.analysis.overview import overview_of
-    from rankscope.analysis.pipeline import ClusterSpec
+    from rankscope.analysis.engine.driver import ClusterSpec
+    from rankscope.analysis.engine.overview import overview_of
 
     return overview_of(store_path, ClusterSpec(main_is_guarded=True))
 
@@ -102,7 +102,7 @@ def main(args: argparse.Namespace) -> int:
     """Entry point of ``rankscope view``: serve until interrupted (Ctrl-C or SIGTERM)."""
     import signal
 
-    from rankscope.analysis.store import open_store
+    from rankscope.analysis.store.reader import open_store
     from rankscope.orchestrator.analyze import resolve_store
 
     if not 0 <= args.port <= 65535:
@@ -113,7 +113,7 @@ def main(args: argparse.Namespace) -> int:
         analysis = None if args.no_analysis else _analysis(store_path)
         overview = _overview(store_path) if args.no_analysis else None
         import panel as pn
-        from rankscope.analysis.app import APP_TITLE, build_app
+        from rankscope.analysis.views.app import APP_TITLE, build_app
 
         port = args.port or free_port(args.address)
         warning = exposure_warning(args.address, port)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from rankscope.analysis.schema import EventKind
+from rankscope.analysis.store.schema import EventKind
 
 #: NCCL kernels: ncclKernel_* (older) and ncclDevKernel_* (newer).
 NCCL_KERNEL = re.compile(r"^nccl.*Kernel", re.IGNORECASE)

@@ -13,12 +13,12 @@ __version__ = "0.1.0"
 __all__ = ["__version__", "open", "step"]
 
 if TYPE_CHECKING:
-    from rankscope.analysis.store import Store
+    from rankscope.analysis.store.reader import Store
 
 
 def open(path: str | Any) -> Store:
     """Open a merged ``trace.h5`` store (or a run directory holding one) for reading."""
-    from rankscope.analysis.store import open_store
+    from rankscope.analysis.store.reader import open_store
 
     return open_store(path)
 

@@ -48,7 +48,7 @@ class OutputError(RankscopeError, OSError):
 
 class WorkersError(RankscopeError):
     """The workers of a merge or an analysis could not be started, or were lost before the
-    tasks finished (``rankscope.analysis.scheduler``, ``slurm_workers``, ``forked_workers``).
+    tasks finished (``rankscope.analysis.engine.scheduler``, ``slurm_workers``, ``forked_workers``).
 
     One line saying what happened (sbatch's refusal, the jobs' queue state and reason, the last
     line of a job's log, a forked worker killed); the CLI prints it without a traceback.

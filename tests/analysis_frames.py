@@ -1,7 +1,7 @@
 """Small hand-built frames and stores in the store's format, with answers known by hand.
 
 Shared by the analysis tests (breakdown, collectives, stragglers, CLI). Stores are real HDF5
-files written through ``rankscope.analysis.store.StoreWriter``.
+files written through ``rankscope.analysis.store.reader.StoreWriter``.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from rankscope.analysis import schema
-from rankscope.analysis.schema import EventKind as K
-from rankscope.analysis.schema import LaneKind
+from rankscope.analysis.store import schema
+from rankscope.analysis.store.schema import EventKind as K
+from rankscope.analysis.store.schema import LaneKind
 
 #: (ts, dur, name, kind, lane[, step[, corr[, coll]]])
 Row = tuple[Any, ...]
@@ -120,7 +120,7 @@ def write_store(
     hosts: dict[int, str] | None = None,
 ) -> Path:
     """A real HDF5 store holding ``ranks`` (events frames as from :func:`events`)."""
-    from rankscope.analysis.store import StoreWriter
+    from rankscope.analysis.store.reader import StoreWriter
 
     with StoreWriter(path, attrs={"world_size": len(ranks), "run_id": "test"}) as w:
         steps = []
@@ -202,7 +202,7 @@ def synthetic_store(
 ) -> Path:
     """A ``rankscope synth`` job in ``folder`` (truth.json beside it), merged in-process; returns
     the store. ``stragglers``: (rank, extra ms, fraction of steps)."""
-    from rankscope.analysis.scheduler import SYNCHRONOUS
+    from rankscope.analysis.engine.scheduler import SYNCHRONOUS
     from rankscope.orchestrator.merge import merge_run_dir
     from rankscope.orchestrator.synth import SynthConfig, generate
 

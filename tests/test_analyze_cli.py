@@ -12,8 +12,8 @@ import h5py
 import pandas as pd
 import pytest
 from analysis_frames import merged
-from rankscope.analysis.pipeline import LOCAL, SYNCHRONOUS, Analysis, ClusterSpec, analyze
-from rankscope.analysis.report import SUMMARY_SCHEMA, SUMMARY_VERSION
+from rankscope.analysis.engine.driver import LOCAL, SYNCHRONOUS, Analysis, ClusterSpec, analyze
+from rankscope.analysis.render.report import SUMMARY_SCHEMA, SUMMARY_VERSION
 from rankscope.orchestrator.cli import main as cli_main
 
 FRAMES = (

@@ -63,7 +63,7 @@ def test_plain_script_asking_for_processes_gets_threads_not_a_bootstrap_error(
         tmp_path,
         f"""
         from rankscope.analysis import analyze
-        from rankscope.analysis.pipeline import ClusterSpec
+        from rankscope.analysis.engine.driver import ClusterSpec
         print("top of the script")
         a = analyze({str(store)!r}, ClusterSpec(scheduler="local"))
         print("stragglers", a.straggler_ranks(), "ran", a.scheduler.scheduler)
@@ -86,7 +86,7 @@ def test_plain_script_asking_for_forked_processes_runs_them_once(
         tmp_path,
         f"""
         from rankscope.analysis import analyze
-        from rankscope.analysis.pipeline import ClusterSpec
+        from rankscope.analysis.engine.driver import ClusterSpec
         print("top of the script")
         a = analyze({str(store)!r}, ClusterSpec(scheduler="processes", workers=2))
         print("stragglers", a.straggler_ranks(), "ran", a.scheduler.scheduler)
@@ -103,7 +103,7 @@ def test_forked_workers_pay_sooner_than_a_cluster(monkeypatch: pytest.MonkeyPatc
     """Where this process can fork, ``auto`` forks its workers once the work saves more than
     their start (``FORK_START_S``, milliseconds) — all cores count, the parent only waits — and
     stays in-process below that; one core or one rank never forks."""
-    from rankscope.analysis import scheduler
+    from rankscope.analysis.engine import scheduler
 
     monkeypatch.setattr(scheduler, "can_fork", lambda: True)
     monkeypatch.setattr(scheduler, "_cores", lambda: 2)
@@ -128,8 +128,8 @@ def test_forked_workers_pay_sooner_than_a_cluster(monkeypatch: pytest.MonkeyPatc
 
 def test_scheduler_choice_follows_the_work(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where this process cannot fork (macOS, Windows): a LocalCluster once it pays."""
-    from rankscope.analysis import scheduler
-    from rankscope.analysis.pipeline import (
+    from rankscope.analysis.engine import scheduler
+    from rankscope.analysis.engine.driver import (
         LOCAL,
         SYNCHRONOUS,
         THREADS,
@@ -161,7 +161,7 @@ def test_scheduler_choice_follows_the_work(monkeypatch: pytest.MonkeyPatch) -> N
 def test_unsized_cluster_counts_the_parents_core(monkeypatch: pytest.MonkeyPatch) -> None:
     """Unsized, the parent's core adds nothing to a LocalCluster: 2 cores stay in-process, 16
     cores pay (where this process cannot fork)."""
-    from rankscope.analysis import scheduler
+    from rankscope.analysis.engine import scheduler
 
     monkeypatch.setattr(scheduler, "can_fork", lambda: False)
     guarded = scheduler.ClusterSpec(main_is_guarded=True)
@@ -228,8 +228,8 @@ def test_run_without_steps_warns_at_the_end_and_analyze_says_why(tmp_path: Path)
 def test_many_small_ranks_count_as_work(monkeypatch: pytest.MonkeyPatch) -> None:
     """1,024 ranks of 1,000 events: the fixed cost per rank task makes it ~50 s of work, which
     a LocalCluster pays for where cores allow (issue 15: the events alone said 1.3 s)."""
-    from rankscope.analysis import scheduler
-    from rankscope.analysis.scheduler import ANALYSIS_RANK_S, ClusterSpec, choose
+    from rankscope.analysis.engine import scheduler
+    from rankscope.analysis.engine.scheduler import ANALYSIS_RANK_S, ClusterSpec, choose
 
     monkeypatch.setattr(scheduler, "can_fork", lambda: False)
 

@@ -10,16 +10,16 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from analysis_frames import events, lanes
-from rankscope.analysis.attention import (
+from rankscope.analysis.compute.attention import (
     SdpaBackend,
     attention_by_backend,
     attention_calls,
     classify_kernel,
     math_fallback_findings,
 )
-from rankscope.analysis.findings import FindingKind, Severity
-from rankscope.analysis.schema import EventKind as K
-from rankscope.analysis.schema import LaneKind
+from rankscope.analysis.conclude.findings import FindingKind, Severity
+from rankscope.analysis.store.schema import EventKind as K
+from rankscope.analysis.store.schema import LaneKind
 
 ROOT = Path(__file__).resolve().parents[1]
 LANES = lanes([(LaneKind.THREAD, "main"), (LaneKind.GPU_STREAM, "stream 7")])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from analysis_frames import cpu_rank, gpu_rank
-from rankscope.analysis import breakdown as bd
+from rankscope.analysis.compute import breakdown as bd
 
 
 def test_interval_union_merges_overlaps_and_touching() -> None:
@@ -140,7 +140,7 @@ def test_equals_hta_on_every_gpu_set(name: str, data_dir, store_dir) -> None:
     import json
 
     from analysis_frames import merged
-    from rankscope.analysis.pipeline import SYNCHRONOUS, ClusterSpec, analyze
+    from rankscope.analysis.engine.driver import SYNCHRONOUS, ClusterSpec, analyze
 
     ref = json.loads((data_dir / "hta_reference.json").read_text())["sets"][name]["ranks"]
     a = analyze(merged(data_dir, name, store_dir), ClusterSpec(scheduler=SYNCHRONOUS))
@@ -166,7 +166,7 @@ def test_equals_hta_on_every_gpu_set(name: str, data_dir, store_dir) -> None:
 
 def test_cpu_gloo_breakdown_partitions_the_steps(data_dir, store_dir) -> None:
     from analysis_frames import merged
-    from rankscope.analysis.pipeline import SYNCHRONOUS, ClusterSpec, analyze
+    from rankscope.analysis.engine.driver import SYNCHRONOUS, ClusterSpec, analyze
 
     a = analyze(
         merged(data_dir, "cpu_gloo_4rank_straggler", store_dir), ClusterSpec(scheduler=SYNCHRONOUS)
@@ -220,7 +220,7 @@ def test_verdict_names_the_largest_share(
     parts: dict, wait_xfer: tuple[int, int], verdict: str
 ) -> None:
     import pandas as pd
-    from rankscope.analysis.verdict import verdicts
+    from rankscope.analysis.compute.verdict import verdicts
 
     whole = pd.DataFrame([_whole(0, **parts)])
     totals = pd.DataFrame(
@@ -233,7 +233,7 @@ def test_verdict_names_the_largest_share(
 
 def test_ops_across_ranks_spread_and_slowest_rank() -> None:
     from analysis_frames import cpu_rank
-    from rankscope.analysis.ops import across_ranks, annotation_stats, op_stats
+    from rankscope.analysis.compute.ops import across_ranks, annotation_stats, op_stats
 
     ev0, _ = cpu_rank()
     ev1, _ = cpu_rank(extra_compute=300)  # rank 1's second aten::mm takes 300 ns longer
@@ -264,8 +264,8 @@ def test_grouped_unions_equal_one_union_per_group() -> None:
     """The vectorised unions of all groups equal interval_union group by group (random sets,
     touching, nested and negative-length intervals included), and so do clipped walls."""
     import numpy as np
-    from rankscope.analysis.breakdown import grouped_unions, interval_union, measure_below
-    from rankscope.analysis.ops import _walls
+    from rankscope.analysis.compute.breakdown import grouped_unions, interval_union, measure_below
+    from rankscope.analysis.compute.ops import _walls
 
     rng = np.random.default_rng(7)
     for _ in range(200):

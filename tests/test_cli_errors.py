@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from rankscope.analysis.store import open_store
+from rankscope.analysis.store.reader import open_store
 from rankscope.orchestrator.cli import main as cli
 from rankscope.orchestrator.staging import LOCK_FORMAT, output_lock
 

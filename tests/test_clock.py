@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from rankscope.analysis.schema import ClockMethod
-from rankscope.analysis.store import open_store
+from rankscope.analysis.store.reader import open_store
+from rankscope.analysis.store.schema import ClockMethod
 from rankscope.launchers import rundir
 from rankscope.orchestrator import clock
 from rankscope.orchestrator.merge import merge_run_dir

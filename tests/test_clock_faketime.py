@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from rankscope.analysis.store import open_store
+from rankscope.analysis.store.reader import open_store
 from rankscope.orchestrator.clock import apply_transform
 from rankscope.orchestrator.merge import merge_run_dir
 

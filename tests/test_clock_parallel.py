@@ -41,7 +41,7 @@ def _errors(clock: pd.DataFrame, truth: dict[str, Any]) -> dict[int, tuple[float
 
 
 def _merge(tmp: Path, **config: Any) -> tuple[pd.DataFrame, dict[str, Any]]:
-    from rankscope.analysis.store import open_store
+    from rankscope.analysis.store.reader import open_store
     from rankscope.orchestrator.merge import merge_run_dir
     from rankscope.orchestrator.synth import SynthConfig, generate
 

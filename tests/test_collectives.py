@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 from analysis_frames import collectives
-from rankscope.analysis.collectives import collective_summary, collective_waits, wait_totals
+from rankscope.analysis.compute.collectives import collective_summary, collective_waits, wait_totals
 
 
 def _clock(unc: int) -> pd.DataFrame:
@@ -76,7 +76,7 @@ def test_empty_table() -> None:
 
 
 def test_disagreements_on_one_exact_clock_are_explained_as_timing_not_clock_error() -> None:
-    from rankscope.analysis.report import _disagree_hint
+    from rankscope.analysis.render.report import _disagree_hint
 
     exact = [{"rank": r, "uncertainty_ns": 0} for r in range(2)]
     fitted = [{"rank": 0, "uncertainty_ns": 0}, {"rank": 1, "uncertainty_ns": 40_000}]

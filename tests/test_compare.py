@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
-from rankscope.analysis import compare as cmp
-from rankscope.analysis.kpis import JOB_RANK, KPI_COLUMNS, SAMPLE_COLUMNS, Kpi, Kpis
+from rankscope.analysis.conclude import compare as cmp
+from rankscope.analysis.conclude.kpis import JOB_RANK, KPI_COLUMNS, SAMPLE_COLUMNS, Kpi, Kpis
 
 DATA = Path(__file__).parent / "data"
 GATE_DATA = DATA / "compare_ddp_4rank"
@@ -141,7 +141,7 @@ def _synthetic(
 ) -> Kpis:
     """Kpis whose per-step samples are skewed noise (lognormal, ``sd``, an occasional 30 %
     outlier) around fixed medians; ``shift``: relative change of a KPI on every rank."""
-    from rankscope.analysis.kpis import UNITS, _summary_row
+    from rankscope.analysis.conclude.kpis import UNITS, _summary_row
 
     medians = medians or {Kpi.STEP_TIME: 0.1, Kpi.COMPUTE: 0.06, Kpi.WAIT: 0.02}
     shift = shift or {}
@@ -480,7 +480,7 @@ def test_gate_directions_thresholds_and_kpis_without_spread() -> None:
 @pytest.fixture(scope="module")
 def pipeline_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
     """The slow-stage pipeline run and its balanced twin (4 ranks, steps 2-4), analysed."""
-    from rankscope.analysis.pipeline import SYNCHRONOUS, ClusterSpec, analyze
+    from rankscope.analysis.engine.driver import SYNCHRONOUS, ClusterSpec, analyze
     from rankscope.orchestrator.merge import merge_run_dir
 
     out = []
@@ -492,7 +492,7 @@ def pipeline_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
 
 
 def test_kpis_of_a_stored_run(pipeline_runs: tuple[Any, Any]) -> None:
-    from rankscope.analysis.kpis import kpis, to_json
+    from rankscope.analysis.conclude.kpis import kpis, to_json
 
     k = kpis(pipeline_runs[0])
     assert k.world_size == 4 and k.steps == [2, 3, 4]
@@ -693,7 +693,7 @@ def cmp_exit() -> int:
 def test_wider_model_is_a_compute_regression_pointing_at_the_matmuls(
     runs: dict[str, Path],
 ) -> None:
-    from rankscope.analysis.pipeline import SYNCHRONOUS, ClusterSpec, analyze
+    from rankscope.analysis.engine.driver import SYNCHRONOUS, ClusterSpec, analyze
 
     spec = ClusterSpec(scheduler=SYNCHRONOUS)
     c = cmp.compare(analyze(runs["base"], spec), analyze(runs["wide"], spec))

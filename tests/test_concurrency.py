@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from rankscope.analysis.store import open_store
+from rankscope.analysis.store.reader import open_store
 from rankscope.atomic import atomic_output
 from rankscope.orchestrator.merge import merge_run_dir
 
@@ -115,7 +115,7 @@ def test_a_finished_result_whose_worker_died_is_not_waited_for_forever() -> None
     import time
 
     from distributed import Client, LocalCluster
-    from rankscope.analysis.scheduler import result_of
+    from rankscope.analysis.engine.scheduler import result_of
 
     with (
         LocalCluster(n_workers=0, processes=True, dashboard_address=None) as cluster,
@@ -169,7 +169,7 @@ def test_dask_logs_of_a_lost_worker_are_not_printed_beside_our_one_line(
     import logging
 
     from distributed.client import AllExit
-    from rankscope.analysis.scheduler import _drop_handled_dask_logs
+    from rankscope.analysis.engine.scheduler import _drop_handled_dask_logs
 
     _drop_handled_dask_logs()
     _drop_handled_dask_logs()  # once per process, however often the runner starts
@@ -196,7 +196,7 @@ QUIET_SCRIPT = """
 import logging
 import distributed
 from distributed.comm.core import CommClosedError
-from rankscope.analysis.scheduler import quiet_dask_logs
+from rankscope.analysis.engine.scheduler import quiet_dask_logs
 
 def closed(name):
     try:

@@ -162,8 +162,8 @@ STORE_SCRIPT = """
 import sys
 import numpy as np, pandas as pd
 from pathlib import Path
-from rankscope.analysis import schema
-from rankscope.analysis.store import StoreWriter
+from rankscope.analysis.store import schema
+from rankscope.analysis.store.reader import StoreWriter
 from rankscope.errors import OutputError
 
 tmp, target = Path(sys.argv[1]), Path(sys.argv[2])
@@ -336,7 +336,7 @@ def test_a_seek_to_an_undefined_address_is_an_io_error(tmp_path: Path) -> None:
     """After a dropped write HDF5 can read garbage back and seek to 2**64 - 1 (a CI run where
     the disk filled mid-rank): that must be an OSError, which the writer turns into its one
     disk-full line, not an OverflowError escaping as a traceback."""
-    from rankscope.analysis.store_writer import _GuardedFile
+    from rankscope.analysis.store.writer import _GuardedFile
 
     f = _GuardedFile(tmp_path / "x.h5")
     try:

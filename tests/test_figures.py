@@ -30,7 +30,7 @@ ROUND_S = 2e-6
 @pytest.fixture(scope="module")
 def analyses(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     from analysis_frames import merged
-    from rankscope.analysis.pipeline import SYNCHRONOUS, ClusterSpec, analyze
+    from rankscope.analysis.engine.driver import SYNCHRONOUS, ClusterSpec, analyze
 
     out = tmp_path_factory.mktemp("figures")
     return {
@@ -41,7 +41,7 @@ def analyses(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[s
 
 @pytest.mark.parametrize("name", STORES)
 def test_each_share_is_within_the_ranks_total(analyses: dict, name: str) -> None:
-    from rankscope.analysis.report import summary
+    from rankscope.analysis.render.report import summary
 
     doc = summary(analyses[name])
     assert doc["ranks"]
@@ -110,7 +110,7 @@ def test_straggler_evidence_matches_the_injected_delay(analyses: dict) -> None:
 
 
 def test_shortened_op_names_stay_distinct() -> None:
-    from rankscope.analysis.report import short_names
+    from rankscope.analysis.render.report import short_names
 
     names = [
         "autograd::engine::evaluate_function: AddmmBackward0",
@@ -140,7 +140,7 @@ def test_run_table_speaks_the_merges_clock_words() -> None:
 def test_terminal_summary_points_to_how_to_read_it(analyses: dict) -> None:
     import io
 
-    from rankscope.analysis.report import READING_DOC, print_summary
+    from rankscope.analysis.render.report import READING_DOC, print_summary
     from rich.console import Console
 
     out = io.StringIO()

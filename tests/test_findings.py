@@ -1,6 +1,6 @@
 """One findings model: every renderer shows the same sentences, and summary.json does not drift.
 
-The findings (``rankscope.analysis.findings``) are worded once; the terminal summary, the HTML
+The findings (``rankscope.analysis.conclude.findings``) are worded once; the terminal summary, the HTML
 report, the Panel app's findings column and summary.json's ``findings[]`` only render them. The
 golden files pin summary.json on the real test stores, so that a refactor cannot change a result
 without a deliberate update of the files.
@@ -19,16 +19,16 @@ from typing import Any
 import pandas as pd
 import pytest
 from analysis_frames import merged
-from rankscope.analysis.app import findings_markdown
-from rankscope.analysis.findings import (
+from rankscope.analysis.conclude.findings import (
     PIPELINE_KINDS,
     Finding,
     FindingKind,
     Severity,
     findings,
 )
-from rankscope.analysis.pipeline import Analysis, ClusterSpec, analyze
-from rankscope.analysis.report import print_summary, render_html, render_json
+from rankscope.analysis.engine.driver import Analysis, ClusterSpec, analyze
+from rankscope.analysis.render.report import print_summary, render_html, render_json
+from rankscope.analysis.views.app import findings_markdown
 from rich.console import Console
 
 #: Stores whose renderings are compared finding by finding: a straggler, a pipeline bottleneck
@@ -123,7 +123,7 @@ def test_what_if_follows_the_rank_it_fixes_then_the_job_wide_block(
 ) -> None:
     """Each straggler / bottleneck is followed by what fixing it saves; the job-wide scenarios
     close the straggler part; the terminal prints the line under the finding and the block."""
-    from rankscope.analysis import whatif as wi
+    from rankscope.analysis.engine import whatif as wi
 
     for name, kind, rank in (
         ("cpu_gloo_4rank_ddp_buckets", FindingKind.STRAGGLER, 2),
@@ -157,7 +157,7 @@ def test_what_if_follows_the_rank_it_fixes_then_the_job_wide_block(
 def test_no_what_if_without_a_replay(analyses: dict[str, Analysis]) -> None:
     """An analysis without a what-if table (one rank, no steps, no collectives) shows no block
     and has no ``what_if`` key."""
-    from rankscope.analysis.pipeline import _no_whatif
+    from rankscope.analysis.engine.driver import _no_whatif
 
     a = dataclasses.replace(analyses["cpu_gloo_4rank_straggler"], whatif=_no_whatif())
     assert not [f for f in findings(a) if f.kind == FindingKind.WHAT_IF]
@@ -205,7 +205,7 @@ def test_summary_json_equals_the_golden_file(analyses: dict[str, Analysis], name
     """summary.json, less the ``findings`` key, equals tests/data/golden/summary-<name>.json.
 
     The golden files were written before the findings model existed, from
-    ``rankscope.analysis.report_json.render_json`` with ``store`` set to ``<name>.h5``. When a result
+    ``rankscope.analysis.render.summary_json.render_json`` with ``store`` set to ``<name>.h5``. When a result
     changes ON PURPOSE (a better analysis, a new field), regenerate them and review the diff:
 
         RANKSCOPE_REGEN_GOLDEN=1 python -m pytest tests/test_findings.py -k golden

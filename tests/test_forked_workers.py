@@ -16,7 +16,13 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from rankscope.analysis.scheduler import PROCESSES, SYNCHRONOUS, ClusterSpec, WorkersError, run_each
+from rankscope.analysis.engine.scheduler import (
+    PROCESSES,
+    SYNCHRONOUS,
+    ClusterSpec,
+    WorkersError,
+    run_each,
+)
 from rankscope.errors import UsageError
 
 FORKED = ClusterSpec(scheduler=PROCESSES, workers=2)
@@ -135,8 +141,8 @@ def test_workers_write_even_when_a_parent_thread_held_stderr_at_the_fork() -> No
 
 def test_a_forked_merge_and_analysis_equal_the_in_process_ones(tmp_path: Path) -> None:
     from analysis_frames import synthetic_store
-    from rankscope.analysis.pipeline import analyze
-    from rankscope.analysis.store import open_store
+    from rankscope.analysis.engine.driver import analyze
+    from rankscope.analysis.store.reader import open_store
     from rankscope.orchestrator.merge import merge_run_dir
 
     store = synthetic_store(tmp_path / "job", ranks=8, stragglers=[(3, 4.0, 1.0)], seed=4)

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from rankscope.analysis.store import open_store
+from rankscope.analysis.store.reader import open_store
 from rankscope.errors import InputFileError
 from rankscope.orchestrator import decode, event_columns
 from rankscope.orchestrator.decode import read_trace

@@ -21,8 +21,8 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_ddp.py"
 def test_nccl_run_merges_with_nccl_kernels_as_communication(tmp_path: Path) -> None:
     import torch
     from rankscope.analysis import analyze
-    from rankscope.analysis.schema import EventKind
-    from rankscope.analysis.store import open_store
+    from rankscope.analysis.store.reader import open_store
+    from rankscope.analysis.store.schema import EventKind
 
     nproc = min(2, torch.cuda.device_count())
     out = tmp_path / "runs"

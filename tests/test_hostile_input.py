@@ -18,8 +18,8 @@ from typing import Any
 import h5py
 import numpy as np
 import pytest
-from rankscope.analysis import schema
-from rankscope.analysis.store import open_store
+from rankscope.analysis.store import schema
+from rankscope.analysis.store.reader import open_store
 from rankscope.errors import InputFileError
 from rankscope.orchestrator import kineto_json
 from rankscope.orchestrator.cli import main as cli

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from rankscope.analysis.schema import EventKind, LaneKind
+from rankscope.analysis.store.schema import EventKind, LaneKind
 from rankscope.orchestrator import decode as kineto
 from rankscope.orchestrator import discovery, event_columns, kineto_json, vocabulary
 

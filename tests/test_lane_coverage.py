@@ -15,7 +15,8 @@ import subprocess
 import numpy as np
 import pandas as pd
 import pytest
-from rankscope.analysis.lane_coverage import (
+from rankscope.analysis.store.schema import EventKind
+from rankscope.analysis.views.lane_coverage import (
     CATEGORY_COLUMNS,
     CATEGORY_OF_KIND,
     PRIORITY,
@@ -25,8 +26,7 @@ from rankscope.analysis.lane_coverage import (
     covered_ns,
     lane_coverage,
 )
-from rankscope.analysis.schema import EventKind
-from rankscope.analysis.time_axis import (
+from rankscope.analysis.views.time_axis import (
     UNITS,
     format_duration,
     format_range,

@@ -62,8 +62,8 @@ def test_no_upward_or_sideways_import(floor: str) -> None:
 
 def test_the_guard_sees_imports_inside_functions(tmp_path: Path) -> None:
     src = tmp_path / "mod.py"
-    src.write_text("def f():\n    from rankscope.analysis.schema import EventKind\n")
-    assert (2, "rankscope.analysis.schema") in imported_modules(src)
+    src.write_text("def f():\n    from rankscope.analysis.store.schema import EventKind\n")
+    assert (2, "rankscope.analysis.store.schema") in imported_modules(src)
 
 
 def test_the_guard_reads_subpackages(tmp_path: Path) -> None:
@@ -185,9 +185,9 @@ def test_no_module_over_600_lines() -> None:
 
 
 def test_one_word_for_the_in_process_scheduler() -> None:
-    """merge and analyze take their scheduler words from one module (analysis/scheduler.py)."""
-    from rankscope.analysis.pipeline import SYNCHRONOUS as ANALYSIS
-    from rankscope.analysis.scheduler import SYNCHRONOUS as MERGE
+    """merge and analyze take their scheduler words from one module (analysis/engine/scheduler.py)."""
+    from rankscope.analysis.engine.driver import SYNCHRONOUS as ANALYSIS
+    from rankscope.analysis.engine.scheduler import SYNCHRONOUS as MERGE
 
     assert MERGE == ANALYSIS
 
@@ -210,3 +210,49 @@ def test_long_modules_say_why_they_are_one_module() -> None:
             if "Why one module" not in doc:
                 silent.append(f"{path.relative_to(ROOT)} ({len(text.splitlines())} lines)")
     assert not silent, f"long modules without a 'Why one module' sentence: {silent}"
+
+
+#: The inner floors of the analysis, lowest first (docs/architecture.md): a module may import its
+#: own floor and those below it, never one above. The package's own ``__init__`` (the public
+#: facade, which loads names lazily) stands above them all.
+ANALYSIS_FLOORS = ("store", "compute", "engine", "conclude", "render", "views")
+
+
+def inner_violations(root: Path = ROOT) -> list[str]:
+    """Imports from a lower inner floor of the analysis into a higher one, and modules that sit
+    in no floor."""
+    bad = []
+    for path in sorted((root / "analysis").rglob("*.py")):
+        rel = path.relative_to(root / "analysis")
+        if rel.parts == ("__init__.py",):
+            continue
+        if len(rel.parts) < 2 or rel.parts[0] not in ANALYSIS_FLOORS:
+            bad.append(f"analysis/{rel} is in no floor of {ANALYSIS_FLOORS}")
+            continue
+        level = ANALYSIS_FLOORS.index(rel.parts[0])
+        for line, module in imported_modules(path):
+            parts = module.split(".")
+            if parts[:2] != ["rankscope", "analysis"] or len(parts) < 3:
+                continue
+            if parts[2] in ANALYSIS_FLOORS and ANALYSIS_FLOORS.index(parts[2]) > level:
+                bad.append(f"analysis/{rel}:{line} imports {module} (a floor above)")
+            elif parts[2] not in ANALYSIS_FLOORS:
+                bad.append(f"analysis/{rel}:{line} imports {module} (no floor)")
+    return sorted(set(bad))
+
+
+def test_the_analysis_floors_only_import_downwards() -> None:
+    assert inner_violations() == []
+
+
+def test_the_inner_guard_sees_an_upward_import_and_a_loose_module(tmp_path: Path) -> None:
+    compute = tmp_path / "analysis" / "compute"
+    compute.mkdir(parents=True)
+    (compute / "mod.py").write_text("def f():\n    from rankscope.analysis.render import report\n")
+    (tmp_path / "analysis" / "loose.py").write_text("")
+    (tmp_path / "analysis" / "__init__.py").write_text("from rankscope.analysis.views import app\n")
+    assert inner_violations(tmp_path) == [
+        "analysis/compute/mod.py:2 imports rankscope.analysis.render (a floor above)",
+        "analysis/compute/mod.py:2 imports rankscope.analysis.render.report (a floor above)",
+        "analysis/loose.py is in no floor of " + str(ANALYSIS_FLOORS),
+    ]

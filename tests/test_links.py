@@ -1,4 +1,4 @@
-"""Slow links between hosts (analysis/links.py): which host pairs are named, on instance tables
+"""Slow links between hosts (analysis/compute/links.py): which host pairs are named, on instance tables
 whose truth is known — one pair the groups isolate, pairs the groups cannot tell apart, pairs
 explained away by a more specific one, noise — and the what-if's factors."""
 
@@ -9,8 +9,8 @@ import itertools
 import numpy as np
 import pandas as pd
 import pytest
-from rankscope.analysis.findings import FindingKind, _link_findings
-from rankscope.analysis.links import INSTANCE_COLUMNS, link_fix_factors, link_table
+from rankscope.analysis.compute.links import INSTANCE_COLUMNS, link_fix_factors, link_table
+from rankscope.analysis.conclude.findings import FindingKind, _link_findings
 
 MS = 1_000_000
 
@@ -112,7 +112,7 @@ def test_the_what_if_brings_the_slow_pairs_transfers_to_their_peers() -> None:
 def test_instance_transfers_equal_a_plain_groupby() -> None:
     """The vectorised host sets and transfers against a plain pandas groupby on 2,000 random
     instances (1 to 6 members on 16 ranks over 4 hosts; singletons left out)."""
-    from rankscope.analysis.links import instance_transfers
+    from rankscope.analysis.compute.links import instance_transfers
 
     rng = np.random.default_rng(3)
     rows = []

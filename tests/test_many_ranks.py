@@ -16,7 +16,7 @@ STRAGGLERS = (5, 33)
 @pytest.fixture(scope="module")
 def analysis(tmp_path_factory: pytest.TempPathFactory) -> Any:
     from analysis_frames import synthetic_store
-    from rankscope.analysis.pipeline import SYNCHRONOUS, ClusterSpec, analyze
+    from rankscope.analysis.engine.driver import SYNCHRONOUS, ClusterSpec, analyze
 
     store = synthetic_store(
         tmp_path_factory.mktemp("many"),
@@ -28,7 +28,7 @@ def analysis(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 def _terminal(a: Any, **kw: Any) -> str:
-    from rankscope.analysis.report import print_summary
+    from rankscope.analysis.render.report import print_summary
     from rich.console import Console
 
     buf = io.StringIO()
@@ -66,7 +66,7 @@ def test_all_ranks_lists_every_rank(analysis: Any) -> None:
 
 
 def _summary(a: Any) -> dict[str, Any]:
-    from rankscope.analysis.report import summary
+    from rankscope.analysis.render.report import summary
 
     return summary(a)
 
@@ -83,7 +83,7 @@ def test_html_report_summarises_many_ranks_and_aggregates_hosts(analysis: Any) -
     (each host's ranks added up: no rank dropped), and --all-ranks restores every rank."""
     import re
 
-    from rankscope.analysis.report import render_html
+    from rankscope.analysis.render.report import render_html
 
     html = render_html(analysis)
     assert f"median of {RANKS} ranks" in html  # the steps table aggregates every rank
@@ -105,8 +105,8 @@ def test_html_report_adds_up_many_hosts(tmp_path: Path) -> None:
     import re
 
     from analysis_frames import synthetic_store
-    from rankscope.analysis.pipeline import SYNCHRONOUS, ClusterSpec, analyze
-    from rankscope.analysis.report import MANY_HOSTS, WORST_HOSTS, render_html
+    from rankscope.analysis.engine.driver import SYNCHRONOUS, ClusterSpec, analyze
+    from rankscope.analysis.render.report import MANY_HOSTS, WORST_HOSTS, render_html
 
     ranks, per_host = 2 * (MANY_HOSTS + 4), 2
     store = synthetic_store(

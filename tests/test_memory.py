@@ -1,4 +1,4 @@
-"""Memory across ranks (rankscope.analysis.memory): extraction, peaks, leaks, imbalance, holders.
+"""Memory across ranks (rankscope.analysis.compute.memory): extraction, peaks, leaks, imbalance, holders.
 
 Fast tests run on generated ground truth (and through ``rankscope merge``: the store's memory
 table); the slow tests share one real run of the example with ``--profile-memory --leak-mb 1:4
@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
-from rankscope.analysis import memory as M
-from rankscope.analysis.findings import FindingKind, Severity
-from rankscope.analysis.memory_findings import memory_findings
+from rankscope.analysis.compute import memory as M
+from rankscope.analysis.conclude.findings import FindingKind, Severity
+from rankscope.analysis.conclude.memory_findings import memory_findings
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "train_ddp.py"
@@ -404,7 +404,7 @@ def test_store_round_trip_of_the_memory_table(tmp_path: Path) -> None:
     """Two ranks' memory events through ``rankscope merge``: the store's memory table is what
     memory_rows makes of the same events, its ts on the aligned clock like the events', and
     a malformed event is a problem of the store; GPU totals come from deviceProperties."""
-    from rankscope.analysis.store import open_store
+    from rankscope.analysis.store.reader import open_store
     from rankscope.orchestrator.merge import merge_run_dir
 
     traces = tmp_path / "traces"
@@ -464,9 +464,9 @@ def test_stores_without_memory_still_open(data_dir: Path, tmp_path: Path) -> Non
     import shutil
 
     from analysis_frames import merged
-    from rankscope.analysis.pipeline import ClusterSpec, analyze
-    from rankscope.analysis.report import summary
-    from rankscope.analysis.store import open_store
+    from rankscope.analysis.engine.driver import ClusterSpec, analyze
+    from rankscope.analysis.render.report import summary
+    from rankscope.analysis.store.reader import open_store
 
     path = merged(data_dir, "cpu_gloo_4rank_straggler", tmp_path)
     old = tmp_path / "old.h5"
@@ -537,7 +537,7 @@ def real_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 @pytest.mark.timeout(600)
 def test_real_leak_and_extra_memory(real_run: dict[str, Any]) -> None:
     """The analyses on the store's memory table, against the knobs' ground truth."""
-    from rankscope.analysis.store import open_store
+    from rankscope.analysis.store.reader import open_store
 
     run = real_run["run"]
     with open_store(run) as store:
@@ -631,10 +631,10 @@ def test_real_run_perfetto_counters_and_timeline_lanes(
     timeline has a memory lane per rank with allocated and reserved curves."""
     import importlib
 
-    from rankscope.analysis.perfetto import export_perfetto
-    from rankscope.analysis.store import open_store
+    from rankscope.analysis.render.perfetto import export_perfetto
+    from rankscope.analysis.store.reader import open_store
 
-    timeline = importlib.import_module("rankscope.analysis.timeline")
+    timeline = importlib.import_module("rankscope.analysis.views.timeline")
     out = tmp_path / "trace.json"
     with open_store(real_run["run"]) as store:
         mem = store.memory()

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from rankscope.analysis.schema import ClockMethod
-from rankscope.analysis.store import open_store
+from rankscope.analysis.store.reader import open_store
+from rankscope.analysis.store.schema import ClockMethod
 from rankscope.errors import InputFileError
 from rankscope.launchers import rundir
 from rankscope.orchestrator.cli import main as cli

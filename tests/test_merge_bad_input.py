@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from rankscope.analysis.store import open_store
+from rankscope.analysis.store.reader import open_store
 from rankscope.orchestrator.cli import main as cli
 
 DATA = Path(__file__).parent / "data" / "cpu_gloo_4rank_straggler"

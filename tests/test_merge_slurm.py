@@ -25,9 +25,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from rankscope.analysis.scheduler import SYNCHRONOUS
-from rankscope.analysis.slurm_workers import SLURM_WORKER_TIMEOUT_ENV
-from rankscope.analysis.store import open_store
+from rankscope.analysis.engine.scheduler import SYNCHRONOUS
+from rankscope.analysis.engine.slurm_workers import SLURM_WORKER_TIMEOUT_ENV
+from rankscope.analysis.store.reader import open_store
 from rankscope.orchestrator.cli import build_parser
 from rankscope.orchestrator.merge import MERGE_JOB_NAME, merge_run_dir
 from rankscope.orchestrator.synth import SynthConfig, generate

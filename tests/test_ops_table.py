@@ -12,9 +12,9 @@ from typing import Any
 import pandas as pd
 import pytest
 from analysis_frames import events, lanes
-from rankscope.analysis.ops import format_op_table, op_table, op_table_across_ranks, op_tree
-from rankscope.analysis.schema import EventKind as K
-from rankscope.analysis.schema import LaneKind
+from rankscope.analysis.compute.ops import format_op_table, op_table, op_table_across_ranks, op_tree
+from rankscope.analysis.store.schema import EventKind as K
+from rankscope.analysis.store.schema import LaneKind
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -150,7 +150,7 @@ def test_nesting_and_redispatch_in_numpy_equal_the_stack_walk() -> None:
     rule give torch's stack walk exactly, on 4,000 random event sets: nested, crossing,
     zero-length, equal stamps, several lanes, chains of same-name only children."""
     import numpy as np
-    from rankscope.analysis.op_nesting import merge_redispatch, nest
+    from rankscope.analysis.compute.op_nesting import merge_redispatch, nest
 
     rng = np.random.default_rng(7)
     for trial in range(4000):

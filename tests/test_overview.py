@@ -20,7 +20,7 @@ STRAGGLERS = (5, 18)
 @pytest.fixture(scope="module")
 def job(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, dict[str, Any]]:
     from analysis_frames import synthetic_store
-    from rankscope.analysis.pipeline import SYNCHRONOUS, ClusterSpec, analyze
+    from rankscope.analysis.engine.driver import SYNCHRONOUS, ClusterSpec, analyze
 
     out = tmp_path_factory.mktemp("overview")
     store = synthetic_store(
@@ -31,14 +31,14 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, dict[str, Any]]:
 
 
 def _overview(cells: np.ndarray, bin_ns: int = 1000, hosts: list[str] | None = None) -> Any:
-    from rankscope.analysis.overview import Grid, Overview
+    from rankscope.analysis.engine.overview import Grid, Overview
 
     n = cells.shape[0]
     return Overview(Grid(0, bin_ns), 0, np.arange(n), hosts or ["h"] * n, cells)
 
 
 def _random_cells(rng: np.random.Generator, ranks: int, bins: int, bin_ns: int) -> np.ndarray:
-    from rankscope.analysis.overview import N_CATEGORIES
+    from rankscope.analysis.engine.overview import N_CATEGORIES
 
     raw = rng.random((ranks, bins, N_CATEGORIES)) ** 4  # many near-empty categories
     return (raw / raw.sum(axis=2, keepdims=True) * bin_ns).astype(np.float32)
@@ -48,7 +48,7 @@ def _random_cells(rng: np.random.Generator, ranks: int, bins: int, bin_ns: int) 
 
 
 def test_overview_partitions_every_bin_and_matches_the_truth(job: tuple[Any, Any]) -> None:
-    from rankscope.analysis.overview import Category
+    from rankscope.analysis.engine.overview import Category
 
     a, truth = job
     ov = a.overview
@@ -93,8 +93,8 @@ def test_overview_of_a_cpu_run_partitions_like_its_breakdown(
     data_dir: Path, tmp_path: Path
 ) -> None:
     from analysis_frames import merged
-    from rankscope.analysis.overview import overview_of
-    from rankscope.analysis.pipeline import SYNCHRONOUS, ClusterSpec, analyze
+    from rankscope.analysis.engine.driver import SYNCHRONOUS, ClusterSpec, analyze
+    from rankscope.analysis.engine.overview import overview_of
 
     store = merged(data_dir, "cpu_gloo_4rank_straggler", tmp_path)
     a = analyze(store, ClusterSpec(scheduler=SYNCHRONOUS))
@@ -114,7 +114,7 @@ def test_overview_of_a_cpu_run_partitions_like_its_breakdown(
 
 def test_wait_intervals_end_when_the_last_rank_arrived() -> None:
     import pandas as pd
-    from rankscope.analysis.overview import wait_intervals
+    from rankscope.analysis.engine.overview import wait_intervals
 
     rows = pd.DataFrame(
         {
@@ -141,7 +141,7 @@ def test_wait_intervals_end_when_the_last_rank_arrived() -> None:
 def test_raster_keeps_every_nanosecond(
     ranks: int, bins: int, width: int, height: int, window: tuple[int, int] | None
 ) -> None:
-    from rankscope.analysis.overview import raster
+    from rankscope.analysis.engine.overview import raster
 
     bin_ns = 1000
     rng = np.random.default_rng(ranks + bins)
@@ -164,7 +164,7 @@ def test_raster_keeps_every_nanosecond(
 
 
 def test_one_busy_bin_among_thousands_stays_visible() -> None:
-    from rankscope.analysis.overview import N_CATEGORIES, Category, raster, to_rgb
+    from rankscope.analysis.engine.overview import N_CATEGORIES, Category, raster, to_rgb
 
     bins, bin_ns = 100_000, 100
     cells = np.zeros((3, bins, N_CATEGORIES), np.float32)
@@ -180,7 +180,13 @@ def test_one_busy_bin_among_thousands_stays_visible() -> None:
 
 
 def test_pixel_colour_is_the_share_weighted_mix() -> None:
-    from rankscope.analysis.overview import N_CATEGORIES, Category, colors_rgb, raster, to_rgb
+    from rankscope.analysis.engine.overview import (
+        N_CATEGORIES,
+        Category,
+        colors_rgb,
+        raster,
+        to_rgb,
+    )
 
     cells = np.zeros((1, 2, N_CATEGORIES), np.float32)
     cells[0, 0, int(Category.COMPUTE)] = 750
@@ -197,7 +203,7 @@ def test_pixel_colour_is_the_share_weighted_mix() -> None:
 
 
 def test_rank_orders(job: tuple[Any, Any]) -> None:
-    from rankscope.analysis.overview import RankOrder, rank_order
+    from rankscope.analysis.engine.overview import RankOrder, rank_order
 
     a, _ = job
     ov = a.overview
@@ -213,7 +219,7 @@ def test_rank_orders(job: tuple[Any, Any]) -> None:
 
 
 def test_selection_maps_to_ranks_and_a_window(job: tuple[Any, Any]) -> None:
-    from rankscope.analysis.overview_plot import overview_plot
+    from rankscope.analysis.views.overview_plot import overview_plot
 
     a, _ = job
     p = overview_plot(a, width=400)
@@ -227,8 +233,8 @@ def test_selection_maps_to_ranks_and_a_window(job: tuple[Any, Any]) -> None:
 def test_overview_renders_with_flagged_labels_and_reads_out_a_pixel(job: tuple[Any, Any]) -> None:
     import holoviews as hv
     from bokeh.models import GlyphRenderer, ImageRGBA
-    from rankscope.analysis.overview import CATEGORY_LABELS, Category
-    from rankscope.analysis.overview_plot import overview_image, overview_plot, pixel_text
+    from rankscope.analysis.engine.overview import CATEGORY_LABELS, Category
+    from rankscope.analysis.views.overview_plot import overview_image, overview_plot, pixel_text
 
     a, _ = job
     p = overview_plot(a, width=300)
@@ -257,9 +263,9 @@ def test_report_draws_every_rank_over_time(job: tuple[Any, Any]) -> None:
     import re
 
     from PIL import Image
-    from rankscope.analysis.overview import CATEGORY_COLORS, FLAGGED_PX, Category
-    from rankscope.analysis.report import render_html
-    from rankscope.analysis.report_overview import FLAG_RGB, RANK_PX, STRIP_PX
+    from rankscope.analysis.engine.overview import CATEGORY_COLORS, FLAGGED_PX, Category
+    from rankscope.analysis.render.overview_section import FLAG_RGB, RANK_PX, STRIP_PX
+    from rankscope.analysis.render.report import render_html
 
     a, _ = job
     html = render_html(a)
@@ -291,7 +297,7 @@ def test_report_draws_every_rank_over_time(job: tuple[Any, Any]) -> None:
 def test_flagged_rows_are_magnified_and_every_rank_kept(
     n: int, height: int, flagged: list[int]
 ) -> None:
-    from rankscope.analysis.overview import FLAGGED_PX, raster, row_layout
+    from rankscope.analysis.engine.overview import FLAGGED_PX, raster, row_layout
 
     layout = row_layout(n, height, flagged)
     assert layout.n_rows <= max(height, n + len(flagged) * FLAGGED_PX)

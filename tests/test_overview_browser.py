@@ -84,7 +84,7 @@ def _lane_ranks(plot: dict[str, Any]) -> set[int]:
 def _red_share_per_row(png: Path, frame: dict[str, Any], rows: int) -> np.ndarray:
     """Share of 'waiting' red pixels in each rank's band of the overview's frame."""
     from PIL import Image
-    from rankscope.analysis.overview import CATEGORY_COLORS, Category
+    from rankscope.analysis.engine.overview import CATEGORY_COLORS, Category
 
     red = np.array([int(CATEGORY_COLORS[Category.WAIT][i : i + 2], 16) for i in (1, 3, 5)])
     with Image.open(png) as img:

@@ -18,12 +18,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from rankscope.analysis.bottleneck import p2p_roots
-from rankscope.analysis.collectives import collective_waits
-from rankscope.analysis.pipeline import SYNCHRONOUS, ClusterSpec, analyze
-from rankscope.analysis.schema import EventKind
-from rankscope.analysis.store import open_store
-from rankscope.analysis.stragglers import Cause, find_stragglers
+from rankscope.analysis.compute.bottleneck import p2p_roots
+from rankscope.analysis.compute.collectives import collective_waits
+from rankscope.analysis.compute.stragglers import Cause, find_stragglers
+from rankscope.analysis.engine.driver import SYNCHRONOUS, ClusterSpec, analyze
+from rankscope.analysis.store.reader import open_store
+from rankscope.analysis.store.schema import EventKind
 from rankscope.launchers.rundir import P2P_ANNOTATION_PATTERN
 from rankscope.orchestrator.cli import main as cli
 from rankscope.orchestrator.matching import match
@@ -111,7 +111,7 @@ def test_without_peer_annotations_sends_stay_unmatched(tmp_path: Path) -> None:
     ar = colls[colls["op"] == "allreduce"]
     assert (ar.groupby("coll").size() == WORLD).all() and ar["coll"].nunique() == 6
     # the summary says why there is no pipeline analysis, rather than "no bottleneck"
-    from rankscope.analysis.report import pipeline_lines, summary
+    from rankscope.analysis.render.report import pipeline_lines, summary
 
     a = analyze(tmp_path / "trace.h5", ClusterSpec(scheduler=SYNCHRONOUS))
     doc = summary(a)
@@ -259,7 +259,7 @@ def test_slow_stage_is_the_pipeline_bottleneck_with_its_cause(tmp_path: Path) ->
     # collectives alone name no straggler here (the all-reduce is not where ranks wait)
     assert a.straggler_ranks() == []
     # the views mark it like a straggler: shaded row, highlighted table row, the finding
-    from rankscope.analysis.app import pipeline_markdown, summary_html
+    from rankscope.analysis.views.app import pipeline_markdown, summary_html
 
     assert a.flagged_ranks() == [SLOW_STAGE]
     assert f'<tr class="straggler"><td>{SLOW_STAGE}</td>' in summary_html(a)

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from rankscope.analysis.findings import PIPELINE_KINDS, findings, point_to_point
-from rankscope.analysis.pipeline import SYNCHRONOUS, ClusterSpec, analyze
-from rankscope.analysis.store import open_store
+from rankscope.analysis.conclude.findings import PIPELINE_KINDS, findings, point_to_point
+from rankscope.analysis.engine.driver import SYNCHRONOUS, ClusterSpec, analyze
+from rankscope.analysis.store.reader import open_store
 from rankscope.launchers.rundir import P2P_ANNOTATION_FORMAT
 from rankscope.orchestrator.merge import merge_run_dir
 

@@ -46,7 +46,7 @@ PUBLIC_NAMES = [
     "rankscope.launchers.rank.main",
     "rankscope.launchers.clocksync.exchange",
     "rankscope.launchers.rundir.RunState",
-    "rankscope.analysis.schema",
+    "rankscope.analysis.store.schema",
 ]
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 from analysis_frames import merged
-from rankscope.analysis.perfetto import export_perfetto, us_text
-from rankscope.analysis.store import open_store
-from rankscope.analysis.timeline import step_window
+from rankscope.analysis.render.perfetto import export_perfetto, us_text
+from rankscope.analysis.store.reader import open_store
+from rankscope.analysis.views.timeline import step_window
 from rankscope.orchestrator.cli import main as cli
 
 SETS = ("cpu_gloo_4rank_straggler", "param_dlrm_8rank")
@@ -131,7 +131,7 @@ def test_flows_link_each_collective_across_ranks(
 
 
 def test_collective_slices_carry_wait_and_transfer(stores: dict[str, Path], tmp_path: Path) -> None:
-    from rankscope.analysis.collectives import collective_waits
+    from rankscope.analysis.compute.collectives import collective_waits
 
     trace = _export(stores["cpu_gloo_4rank_straggler"], tmp_path / "t.json")
     with open_store(stores["cpu_gloo_4rank_straggler"]) as store:

@@ -31,7 +31,7 @@ def traces(tmp_path: Path) -> Path:
 
 
 def _ranks_by_source(store: Path) -> dict[int, str]:
-    from rankscope.analysis.store import open_store
+    from rankscope.analysis.store.reader import open_store
 
     with open_store(store) as s:
         return {

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from analysis_frames import merged
 from browser import HEADLESS_FLAGS, chromium, unresolvable_hosts
-from rankscope.analysis.pipeline import SYNCHRONOUS, ClusterSpec, analyze
-from rankscope.analysis.report import render_html
+from rankscope.analysis.engine.driver import SYNCHRONOUS, ClusterSpec, analyze
+from rankscope.analysis.render.report import render_html
 
 #: every host name unresolvable: a report that needed the network would come out broken.
 FLAGS = [*HEADLESS_FLAGS, unresolvable_hosts()]

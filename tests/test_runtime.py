@@ -329,9 +329,9 @@ GC_EVERY_STEP = """
 @pytest.mark.timeout(300)
 def test_record_gc_writes_python_gc_events_the_analysis_counts(tmp_path: Path) -> None:
     """--record-gc: torch's ``Python GC`` events in the trace, counted per step after a merge."""
-    from rankscope.analysis.gc_pauses import GC_EVENT_NAME, gc_per_step
-    from rankscope.analysis.pipeline import SYNCHRONOUS
-    from rankscope.analysis.store import open_store
+    from rankscope.analysis.compute.gc_pauses import GC_EVENT_NAME, gc_per_step
+    from rankscope.analysis.engine.driver import SYNCHRONOUS
+    from rankscope.analysis.store.reader import open_store
     from rankscope.orchestrator.merge import merge_run_dir
 
     settings = ProfilerSettings(wait=0, warmup=1, active=3, repeat=1, record_gc=True)

@@ -49,7 +49,7 @@ CASES = [(8, name) for name in SCENARIOS] + [(32, name) for name in AT_32]
 
 
 def _job(root: Path, ranks: int, name: str) -> tuple[dict[str, Any], Any]:
-    from rankscope.analysis.pipeline import SYNCHRONOUS, ClusterSpec, analyze
+    from rankscope.analysis.engine.driver import SYNCHRONOUS, ClusterSpec, analyze
     from rankscope.orchestrator.merge import merge_run_dir
     from rankscope.orchestrator.synth import SynthConfig, generate
 
@@ -132,7 +132,7 @@ def _windows(points: list[tuple[int, int, int, int, bool]], block: int) -> Any:
     """:func:`arrival_windows` of hand-made points: (coll, rank, arrival, end, busy_before_end),
     all in one block of steps starting at ``block``, computing from there without a pause."""
     import pandas as pd
-    from rankscope.analysis.stragglers import POINT_COLUMNS, arrival_windows
+    from rankscope.analysis.compute.stragglers import POINT_COLUMNS, arrival_windows
 
     rows = []
     for coll, rank, arrival, end, busy in points:
@@ -219,10 +219,10 @@ def generate_layered(out: Path, ranks: int, name: str, layout: Layout) -> None:
 
 def root_causes_of(store: Path) -> Any:
     """The root-cause analysis of a merged layered job (``rootcause.RootCause``)."""
-    from rankscope.analysis import rootcause
-    from rankscope.analysis.gc_pauses import gc_per_step
-    from rankscope.analysis.store import open_store
-    from rankscope.analysis.whatif import model_of_store
+    from rankscope.analysis.compute import rootcause
+    from rankscope.analysis.compute.gc_pauses import gc_per_step
+    from rankscope.analysis.engine.whatif import model_of_store
+    from rankscope.analysis.store.reader import open_store
 
     with open_store(store) as s:
         model = model_of_store(s)
@@ -239,7 +239,7 @@ def layered_verdict(truth: dict[str, Any], found: Any, links: Any = None) -> dic
     imbalanced stages, data imbalance, slow links "hostA↔hostB" where ``links`` — a
     links.LINK_COLUMNS table — is given), and for a fault of the first three its what-if
     ``pct`` beside the counterfactual's ``truth_pct`` (saving, % of the step)."""
-    from rankscope.analysis import whatif as wi
+    from rankscope.analysis.engine import whatif as wi
 
     fault = truth["faults"][0] if truth["faults"] else None
     kind = None if fault is None else fault["class"]
@@ -287,7 +287,7 @@ def _named_links(links: Any, truth: list[str]) -> list[str]:
 
 
 def _layered(root: Path, ranks: int, name: str) -> tuple[dict[str, Any], Any]:
-    from rankscope.analysis.pipeline import SYNCHRONOUS
+    from rankscope.analysis.engine.driver import SYNCHRONOUS
     from rankscope.orchestrator.merge import merge_run_dir
 
     out = root / f"{ranks}-{name}"
@@ -298,8 +298,8 @@ def _layered(root: Path, ranks: int, name: str) -> tuple[dict[str, Any], Any]:
 
 def links_of(store: Path) -> Any:
     """The host pairs judged for slow links (links.LINK_COLUMNS) of a merged job."""
-    from rankscope.analysis.links import slow_links
-    from rankscope.analysis.store import open_store
+    from rankscope.analysis.compute.links import slow_links
+    from rankscope.analysis.store.reader import open_store
 
     with open_store(store) as s:
         clock = s.clock()
@@ -323,7 +323,7 @@ def _saving(found: Any, scenario: str) -> float:
 def test_layered_jobs_get_the_true_class_and_a_what_if_near_the_counterfactual(
     layered: dict, ranks: int, name: str
 ) -> None:
-    from rankscope.analysis.rootcause import PeerSource
+    from rankscope.analysis.compute.rootcause import PeerSource
 
     truth, found, links = layered[(ranks, name)]
     assert found.source == PeerSource.GROUPS
@@ -347,9 +347,9 @@ def test_gc_pauses_are_named_when_the_trace_shows_them(tmp_path: Path, events: b
     """A rank whose main thread pauses 20 ms per step for garbage collection (8 ranks, DP 2 x
     PP 2 x TP 2): named as the slow worker either way, its cause "GC pauses" with the pause
     measured where the trace has torch's ``Python GC`` events, "host" where it has a bare gap."""
-    from rankscope.analysis import whatif as wi
-    from rankscope.analysis.pipeline import SYNCHRONOUS, ClusterSpec, analyze
-    from rankscope.analysis.stragglers import Cause
+    from rankscope.analysis.compute.stragglers import Cause
+    from rankscope.analysis.engine import whatif as wi
+    from rankscope.analysis.engine.driver import SYNCHRONOUS, ClusterSpec, analyze
     from rankscope.orchestrator.merge import merge_run_dir
     from rankscope.orchestrator.synth import SynthConfig, generate
 
@@ -384,9 +384,9 @@ def test_a_slow_link_between_two_hosts_is_named_with_its_what_if(
     and 1, stage 1's hosts 2 and 3), the link between hosts 0 and 1 at a quarter of its speed:
     named (those two hosts, cause "link", no straggler), and its what-if within 10 % of the
     counterfactual (the same job regenerated with the link healthy). Healthy: nothing named."""
-    from rankscope.analysis import whatif as wi
-    from rankscope.analysis.findings import FindingKind, findings
-    from rankscope.analysis.pipeline import SYNCHRONOUS, ClusterSpec, analyze
+    from rankscope.analysis.conclude.findings import FindingKind, findings
+    from rankscope.analysis.engine import whatif as wi
+    from rankscope.analysis.engine.driver import SYNCHRONOUS, ClusterSpec, analyze
     from rankscope.orchestrator.merge import merge_run_dir
     from rankscope.orchestrator.synth import SynthConfig, generate
 
@@ -411,7 +411,7 @@ def test_a_slow_link_between_two_hosts_is_named_with_its_what_if(
     pct, truth_pct = _saving(a, wi.SLOW_LINKS_LIKE_OTHERS), fault["counterfactual"]["saving_pct"]
     assert abs(pct - truth_pct) <= WHAT_IF_TOLERANCE * truth_pct, (pct, truth_pct)
     # every renderer says it: summary.json (finding, links table, what-if kind) and the HTML
-    from rankscope.analysis.report import render_html, summary
+    from rankscope.analysis.render.report import render_html, summary
 
     doc = summary(a)
     assert [f["headline"] for f in doc["findings"] if f["kind"] == "slow_link"] == [

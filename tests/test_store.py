@@ -1,4 +1,4 @@
-"""The HDF5 store (analysis/store.py): what the merge writes is what readers get back."""
+"""The HDF5 store (analysis/store/reader.py): what the merge writes is what readers get back."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import rankscope
-from rankscope.analysis import schema
-from rankscope.analysis.store import open_store
+from rankscope.analysis.store import schema
+from rankscope.analysis.store.reader import open_store
 from rankscope.errors import InputFileError
 from rankscope.orchestrator.merge import merge_run_dir
 

@@ -8,9 +8,9 @@ import numpy as np
 import pandas as pd
 import pytest
 from analysis_frames import collectives
-from rankscope.analysis.collectives import collective_waits
-from rankscope.analysis.findings import no_straggler_evidence
-from rankscope.analysis.stragglers import Cause, Verdict, binomial_p_value, find_stragglers
+from rankscope.analysis.compute.collectives import collective_waits
+from rankscope.analysis.compute.stragglers import Cause, Verdict, binomial_p_value, find_stragglers
+from rankscope.analysis.conclude.findings import no_straggler_evidence
 
 MS = 1_000_000
 STEP = 100 * MS
@@ -132,7 +132,7 @@ def _steps_run(
     first: a late rank is late at both); ``late[rank][s]`` ms late in step s (before its first
     collective, by its own compute), ``runq[rank][s]`` ms of run-queue delay recorded in step s
     (the runtime's ``step_cpu``). Returns find_stragglers' table."""
-    from rankscope.analysis.stragglers import STEP_CPU_COLUMNS
+    from rankscope.analysis.compute.stragglers import STEP_CPU_COLUMNS
 
     rng = np.random.default_rng(seed)
     steps = len(next(iter(late.values()))) if late else 6
@@ -260,7 +260,7 @@ def test_binomial_p_value_equals_scipy(n: int, chance: float) -> None:
 def test_real_gloo_straggler_is_rank_2_by_its_own_compute(data_dir, tmp_path) -> None:
     """tests/data/cpu_gloo_4rank_straggler: rank 2 sleeps 20 ms per step in record_function."""
     from analysis_frames import merged
-    from rankscope.analysis.pipeline import SYNCHRONOUS, ClusterSpec, analyze
+    from rankscope.analysis.engine.driver import SYNCHRONOUS, ClusterSpec, analyze
 
     a = analyze(
         merged(data_dir, "cpu_gloo_4rank_straggler", tmp_path), ClusterSpec(scheduler=SYNCHRONOUS)
@@ -276,7 +276,7 @@ def test_real_gloo_skew_straggler_is_rank_2_as_without_skew(data_dir, tmp_path) 
     ranks 1 and 3 kept on rank 0's host clock (same host, causality allows 0), rank 2's offset is
     fitted against them and the straggler comes out as on the unskewed set."""
     from analysis_frames import merged
-    from rankscope.analysis.pipeline import SYNCHRONOUS, ClusterSpec, analyze
+    from rankscope.analysis.engine.driver import SYNCHRONOUS, ClusterSpec, analyze
 
     a = analyze(
         merged(data_dir, "cpu_gloo_4rank_skew", tmp_path), ClusterSpec(scheduler=SYNCHRONOUS)
@@ -292,7 +292,7 @@ def test_param_dlrm_result(data_dir, tmp_path) -> None:
     collectives are ONE profiled step: one sample, which cannot make anything significant (its
     p-value is the chance of being last in one step, 1/8). No straggler."""
     from analysis_frames import merged
-    from rankscope.analysis.pipeline import SYNCHRONOUS, ClusterSpec, analyze
+    from rankscope.analysis.engine.driver import SYNCHRONOUS, ClusterSpec, analyze
 
     a = analyze(merged(data_dir, "param_dlrm_8rank", tmp_path), ClusterSpec(scheduler=SYNCHRONOUS))
     assert a.straggler_ranks() == []
@@ -343,7 +343,7 @@ def _fresh_run(tmp_path: Path, name: str, *script_args: str) -> Path:
 
 
 def _stragglers(run: Path) -> pd.DataFrame:
-    from rankscope.analysis.pipeline import SYNCHRONOUS, ClusterSpec, analyze
+    from rankscope.analysis.engine.driver import SYNCHRONOUS, ClusterSpec, analyze
 
     return analyze(run, ClusterSpec(scheduler=SYNCHRONOUS)).stragglers
 
@@ -380,7 +380,7 @@ def test_fresh_balanced_run_has_no_straggler(tmp_path: Path) -> None:
     extra work), a starved rank may be named, but only with the system cause and the
     run-queue delay as its evidence (Cause.CPU_CONTENTION: the issue's "CPU taken by other
     processes")."""
-    from rankscope.analysis.stragglers import Cause
+    from rankscope.analysis.compute.stragglers import Cause
 
     run = _fresh_run(tmp_path, "balanced")
     s = _stragglers(run)

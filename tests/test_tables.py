@@ -11,7 +11,7 @@ def test_table_helpers_share_one_analysis_per_store_version(data_dir: Path, tmp_
     import os
 
     from analysis_frames import merged
-    from rankscope.analysis import pipeline
+    from rankscope.analysis.engine import driver as pipeline
 
     store = merged(data_dir, "cpu_gloo_4rank_straggler", tmp_path)
     spec = pipeline.ClusterSpec(scheduler=pipeline.SYNCHRONOUS)

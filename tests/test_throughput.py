@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from rankscope.analysis.kpis import JOB_RANK, Kpi, KpiConfig, kpis, peak_flops_of
+from rankscope.analysis.conclude.kpis import JOB_RANK, Kpi, KpiConfig, kpis, peak_flops_of
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "train_ddp.py"
@@ -88,7 +88,7 @@ def test_peak_flops_table() -> None:
 def _store(tmp: Path, facts: dict[int, dict[str, Any]]) -> Any:
     """The balanced pipeline run (4 ranks, steps 2-4) with ``facts`` added to ranks' meta.json,
     merged and analysed."""
-    from rankscope.analysis.pipeline import SYNCHRONOUS, ClusterSpec, analyze
+    from rankscope.analysis.engine.driver import SYNCHRONOUS, ClusterSpec, analyze
     from rankscope.orchestrator.merge import merge_run_dir
 
     run = tmp / "run"
@@ -218,7 +218,7 @@ def _trace_flops(window: Path) -> dict[str, int]:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_real_run_throughput_and_flops(tmp_path: Path) -> None:
-    from rankscope.analysis.pipeline import SYNCHRONOUS, ClusterSpec, analyze
+    from rankscope.analysis.engine.driver import SYNCHRONOUS, ClusterSpec, analyze
 
     run = _run(tmp_path, "flops", ["--samples-per-step", "32", "--with-flops"])
     record = json.loads((run / "run.json").read_text())
@@ -264,7 +264,7 @@ def test_real_run_throughput_and_flops(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_real_run_rankscope_step_samples(tmp_path: Path) -> None:
-    from rankscope.analysis.pipeline import SYNCHRONOUS, ClusterSpec, analyze
+    from rankscope.analysis.engine.driver import SYNCHRONOUS, ClusterSpec, analyze
 
     run = _run(
         tmp_path, "samples", ["--no-analyze"], "--no-optimizer", "--report-samples",

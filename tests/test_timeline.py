@@ -8,11 +8,11 @@ import holoviews as hv
 import numpy as np
 import pytest
 from analysis_frames import merged
-from rankscope.analysis.collectives import collective_waits
-from rankscope.analysis.pipeline import SYNCHRONOUS, Analysis, ClusterSpec, analyze
-from rankscope.analysis.schema import EventKind
-from rankscope.analysis.store import Store, open_store
-from rankscope.analysis.timeline import (
+from rankscope.analysis.compute.collectives import collective_waits
+from rankscope.analysis.engine.driver import SYNCHRONOUS, Analysis, ClusterSpec, analyze
+from rankscope.analysis.store.reader import Store, open_store
+from rankscope.analysis.store.schema import EventKind
+from rankscope.analysis.views.timeline import (
     NS_PER_MS,
     step_window,
     store_extent,
@@ -205,8 +205,8 @@ def test_renders_to_bokeh(which: str, request: pytest.FixtureRequest) -> None:
 
 def test_no_event_is_dropped_from_the_wide_view(gpu: Store) -> None:
     """A 200-px view of the whole GPU run: each event is drawn or in the lane coverage, once."""
-    from rankscope.analysis.lane_coverage import bin_edges, lane_coverage
-    from rankscope.analysis.timeline import timeline_frame
+    from rankscope.analysis.views.lane_coverage import bin_edges, lane_coverage
+    from rankscope.analysis.views.timeline import timeline_frame
 
     ext = store_extent(gpu)
     window = (ext.start_ns, ext.end_ns)
@@ -229,8 +229,8 @@ def test_no_event_is_dropped_from_the_wide_view(gpu: Store) -> None:
 def test_a_busy_lane_is_as_busy_in_its_coverage(gpu: Store) -> None:
     """Nothing drawn one by one (max_events=0): each lane's coverage over the run is the union
     of its events (sorted and merged here by hand), the busiest GPU stream included."""
-    from rankscope.analysis.lane_coverage import bin_edges, lane_coverage
-    from rankscope.analysis.timeline import timeline_frame
+    from rankscope.analysis.views.lane_coverage import bin_edges, lane_coverage
+    from rankscope.analysis.views.timeline import timeline_frame
 
     ext = store_extent(gpu)
     window = (ext.start_ns, ext.end_ns)
@@ -253,7 +253,7 @@ def test_a_busy_lane_is_as_busy_in_its_coverage(gpu: Store) -> None:
 def test_app_controls_drive_the_timeline(cpu: Store, cpu_analysis: Analysis) -> None:
     """The Panel app (what `rankscope view` serves): each control changes the timeline shown."""
     import panel as pn
-    from rankscope.analysis.app import build_app
+    from rankscope.analysis.views.app import build_app
 
     app = build_app(cpu, cpu_analysis)
     controls, middle, findings = app[1]
@@ -291,7 +291,7 @@ def test_app_controls_drive_the_timeline(cpu: Store, cpu_analysis: Analysis) -> 
 
 def test_app_without_analysis(cpu: Store) -> None:
     """`rankscope view --no-analysis`: the timeline still shows waits (from the store), no findings."""
-    from rankscope.analysis.app import build_app
+    from rankscope.analysis.views.app import build_app
 
     app = build_app(cpu)
     _, middle, findings = app[1]
@@ -305,9 +305,9 @@ def test_app_without_analysis(cpu: Store) -> None:
 def test_app_without_analysis_still_has_the_overview(cpu: Store) -> None:
     """`rankscope view --no-analysis` computes the overview alone: it is drawn, ordered by host or
     rank only (no stragglers to sort by), and nothing is flagged."""
-    from rankscope.analysis.app import build_app
-    from rankscope.analysis.overview import RankOrder, overview_of
-    from rankscope.analysis.pipeline import SYNCHRONOUS, ClusterSpec
+    from rankscope.analysis.engine.driver import SYNCHRONOUS, ClusterSpec
+    from rankscope.analysis.engine.overview import RankOrder, overview_of
+    from rankscope.analysis.views.app import build_app
 
     ov = overview_of(cpu, ClusterSpec(scheduler=SYNCHRONOUS))
     assert ov is not None and list(ov.ranks) == list(cpu.ranks)

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from rankscope.analysis import whatif as wi
+from rankscope.analysis.engine import whatif as wi
 
 #: tests/data stores replayed (``hta/df_index_resolver``, 54 MB of one rank, is the ingest
 #: benchmark: one rank, nothing to replay across ranks).
@@ -43,7 +43,7 @@ STORES = [
 
 @pytest.fixture(scope="module")
 def models(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    from rankscope.analysis.store import open_store
+    from rankscope.analysis.store.reader import open_store
     from rankscope.orchestrator.merge import merge_run_dir
 
     root = tmp_path_factory.mktemp("whatif")
@@ -92,7 +92,7 @@ def test_what_if_names_the_stragglers_and_bottlenecks_itself(models: dict) -> No
 
 
 def test_a_user_scenario_scales_one_ranks_events(models: dict) -> None:
-    from rankscope.analysis.store import open_store
+    from rankscope.analysis.store.reader import open_store
 
     path, model = models["cpu_gloo_4rank_ddp_buckets"]
     with open_store(path) as store:
@@ -111,8 +111,8 @@ def test_analyze_computes_it_from_its_own_pass_over_the_events(models: dict) -> 
     """``analyze`` builds the clocks in its rank tasks (the events are read once): the same
     table as :func:`what_if` from the store; stores it cannot replay give an empty table."""
     import pandas as pd
-    from rankscope.analysis.pipeline import SYNCHRONOUS, ClusterSpec, _whatif, analyze
-    from rankscope.analysis.store import open_store
+    from rankscope.analysis.engine.driver import SYNCHRONOUS, ClusterSpec, _whatif, analyze
+    from rankscope.analysis.store.reader import open_store
 
     path, _ = models["cpu_gloo_4rank_ddp_buckets"]
     a = analyze(path, ClusterSpec(scheduler=SYNCHRONOUS))
@@ -180,8 +180,8 @@ CASES: dict[str, tuple[dict, dict, int, str]] = {
 
 def _synth_saving(root: Path, ranks: int, case: str) -> tuple[float, float]:
     """(predicted, measured) saving of ``case`` at ``ranks`` ranks, ns per step (mean)."""
-    from rankscope.analysis.pipeline import SYNCHRONOUS
-    from rankscope.analysis.store import open_store
+    from rankscope.analysis.engine.driver import SYNCHRONOUS
+    from rankscope.analysis.store.reader import open_store
     from rankscope.orchestrator.merge import merge_run_dir
     from rankscope.orchestrator.synth import SynthConfig, generate
 
@@ -288,7 +288,7 @@ def _compare(
     clean step's is 0.2 ms, measured under a busy loop) moved the prediction by several ms
     while the measured median ignored that step: 15.4 ms predicted vs 20.5 ms measured in a
     busy-loop CI run."""
-    from rankscope.analysis.store import open_store
+    from rankscope.analysis.store.reader import open_store
 
     run, clocks = real_run
     with open_store(run) as store:
@@ -415,8 +415,8 @@ def test_real_run_pipeline_bottleneck_saving_within_25_percent(pipeline_run: tup
     replayed saving would weigh in a mean (+11 % in one run). The slow stage holds every later stage in
     its forward ``recv`` and the backward after it: a slow step grows by micro-batches x slow-ms
     (the bubble passes the delay on whole, nothing overlaps it)."""
-    from rankscope.analysis.pipeline import analyze
-    from rankscope.analysis.store import open_store
+    from rankscope.analysis.engine.driver import analyze
+    from rankscope.analysis.store.reader import open_store
 
     run, clocks = pipeline_run
     a = analyze(run)
@@ -458,7 +458,7 @@ def test_minus_others_median_is_the_leave_one_out_median() -> None:
     import warnings
 
     import numpy as np
-    from rankscope.analysis.peer_weights import minus_others_median
+    from rankscope.analysis.compute.peer_weights import minus_others_median
 
     rng = np.random.default_rng(3)
     for trial in range(3000):

@@ -1,0 +1,553 @@
+"""Key performance indicators of one run: the figures ``rankscope compare`` tests, run against run.
+
+A pure function of an :class:`~rankscope.analysis.engine.driver.Analysis` (:func:`kpis`) gives a
+:class:`Kpis`: a summary row per (KPI, rank) — p50/p90/p99 and mean — and the per-step
+**samples** behind it, which the comparison (:mod:`rankscope.analysis.conclude.compare`) tests step by
+step. Rank ``JOB_RANK`` (-1) is the job: its per-step sample is the mean over ranks of that step
+(ranks of one step are tied together by the step's collectives, so they are one observation, not
+``world_size`` independent ones); its percentiles are over every (rank, step) of the profiled
+steps. Definitions in docs/compare.md ("KPIs").
+
+Units are in :data:`UNITS` (SI: seconds, bytes, samples/s, FLOP/s, a fraction for MFU), values
+float64. This module imports nothing heavy at module level.
+
+Why one module of ~540 lines: the KPI definitions, what each rank recorded about its steps
+(samples, FLOPs, device: :func:`rank_facts`) and the one function that turns both into per-step
+samples are read together; summary.json's rendering is 40 of those lines.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from rankscope.analysis.engine.driver import Analysis
+
+#: The rank of the job-level rows (every rank together).
+JOB_RANK = -1
+
+
+class Kpi(enum.StrEnum):
+    """One key performance indicator (``Kpis.summary`` ``kpi``; summary.json ``kpis[].kpi``)."""
+
+    STEP_TIME = "step_time"
+    """Wall time of a profiled step (the breakdown's step window), s."""
+    THROUGHPUT = "throughput"
+    """Samples (or tokens) per second: samples per step / step time; only when known."""
+    COMPUTE = "compute"
+    """Compute time per step (breakdown ``compute_ns``), s."""
+    EXPOSED_COMM = "exposed_comm"
+    """Communication nothing hides, per step (``comm_exposed_ns``), s."""
+    WAIT = "wait"
+    """Time spent in collectives waiting for the last rank, per step (collectives' ``wait_ns`` of
+    the collectives that start in the step), s."""
+    TRANSFER = "transfer"
+    """Time collectives spent moving data once all ranks arrived, per step, s."""
+    INPUT = "input"
+    """DataLoader time per step (``input_ns``), s."""
+    IDLE = "idle"
+    """Nothing recorded, per step (``idle_ns``), s."""
+    MEMORY_COPY = "memory_copy"
+    """GPU memcpy/memset alone, per step (``memory_ns``; 0 on CPU), s."""
+    PEAK_MEMORY = "peak_memory"
+    """Peak allocated bytes per step (only with ``--profile-memory``)."""
+    FLOPS = "flops"
+    """Achieved FLOP/s: FLOPs per step / step time (only when the run recorded FLOP counts)."""
+    MFU = "mfu"
+    """Model FLOP utilisation: achieved FLOP/s / the device's peak (GPU only, peak known)."""
+
+
+#: Unit of each KPI's values.
+UNITS: dict[Kpi, str] = {
+    Kpi.STEP_TIME: "s",
+    Kpi.THROUGHPUT: "samples/s",
+    Kpi.COMPUTE: "s",
+    Kpi.EXPOSED_COMM: "s",
+    Kpi.WAIT: "s",
+    Kpi.TRANSFER: "s",
+    Kpi.INPUT: "s",
+    Kpi.IDLE: "s",
+    Kpi.MEMORY_COPY: "s",
+    Kpi.PEAK_MEMORY: "bytes",
+    Kpi.FLOPS: "FLOP/s",
+    Kpi.MFU: "share",
+}
+
+#: KPIs where a larger value is better (every other one: smaller is better).
+HIGHER_IS_BETTER = frozenset({Kpi.THROUGHPUT, Kpi.FLOPS, Kpi.MFU})
+
+#: KPIs that are a part of the step time (their changes are also judged against the step).
+TIME_CATEGORIES = (
+    Kpi.COMPUTE,
+    Kpi.EXPOSED_COMM,
+    Kpi.WAIT,
+    Kpi.TRANSFER,
+    Kpi.INPUT,
+    Kpi.IDLE,
+    Kpi.MEMORY_COPY,
+)
+
+#: Breakdown column of each time category measured by the breakdown.
+_BREAKDOWN_COLUMN: dict[Kpi, str] = {
+    Kpi.COMPUTE: "compute_ns",
+    Kpi.EXPOSED_COMM: "comm_exposed_ns",
+    Kpi.INPUT: "input_ns",
+    Kpi.IDLE: "idle_ns",
+    Kpi.MEMORY_COPY: "memory_ns",
+}
+
+#: Peak dense FLOP/s of known accelerators (16-bit tensor cores, no sparsity; vendor data sheets).
+#: Matched by substring, case-insensitive, longest key first, against the device name.
+PEAK_FLOPS: dict[str, float] = {
+    "H200": 989e12,
+    "H100 SXM": 989e12,
+    "H100 PCIe": 756e12,
+    "H100": 756e12,
+    "GH200": 989e12,
+    "A100": 312e12,
+    "A10G": 70e12,
+    "A10": 125e12,
+    "L40S": 362e12,
+    "L4": 121e12,
+    "V100": 125e12,
+    "T4": 65e12,
+    "MI300X": 1307e12,
+    "MI250X": 383e12,
+}
+
+#: Columns of :attr:`Kpis.summary` (one row per KPI and rank; ``rank`` JOB_RANK: the job).
+KPI_COLUMNS: dict[str, str] = {
+    "kpi": "str",  # Kpi
+    "rank": "int32",
+    "unit": "str",  # UNITS
+    "steps": "int64",  # samples behind the row
+    "mean": "float64",
+    "p50": "float64",
+    "p90": "float64",
+    "p99": "float64",
+}
+
+#: Columns of :attr:`Kpis.samples` (one value per KPI, rank and profiled step).
+SAMPLE_COLUMNS: dict[str, str] = {
+    "kpi": "str",
+    "rank": "int32",
+    "step": "int32",
+    "value": "float64",
+}
+
+#: Keys of a rank's or the store's attributes read when a run recorded them (constants: samples
+#: and FLOPs per step, the device's marketing name).
+SAMPLES_KEY = "samples_per_step"
+FLOPS_KEY = "flops_per_step"
+DEVICE_NAME_KEY = "device_name"
+#: Keys of a rank's meta.json (the store's rank attribute ``meta``) written by the runtime
+#: (docs/runtime.md): per recorded step (the step number as text), the samples given to
+#: ``rankscope.step(samples=N)`` and the FLOPs torch counted (``--with-flops``).
+STEP_SAMPLES_KEY = "step_samples"
+STEP_FLOPS_KEY = "step_flops"
+
+
+@dataclasses.dataclass(frozen=True)
+class KpiConfig:
+    """What the trace cannot say about a run, given by the user (all optional)."""
+
+    samples_per_step: float | None = None
+    """Samples (or tokens) one rank processes per step; None: read from the store if recorded,
+    else no throughput."""
+    sample_unit: str = "samples"
+    """What a sample is ("samples", "tokens"): the throughput's unit is ``<unit>/s``."""
+    flops_per_step: float | None = None
+    """FLOPs one rank executes per step; None: read from the store if recorded, else no FLOP/s."""
+    device_name: str | None = None
+    """The accelerator's name ("H100 SXM") for the peak FLOP/s; None: the store's, if any."""
+    peak_flops: float | None = None
+    """The device's peak FLOP/s, overriding :data:`PEAK_FLOPS`."""
+
+
+@dataclasses.dataclass
+class Kpis:
+    """The KPIs of one run."""
+
+    summary: pd.DataFrame
+    """One row per KPI and rank: KPI_COLUMNS."""
+    samples: pd.DataFrame
+    """One value per KPI, rank and profiled step: SAMPLE_COLUMNS."""
+    run_id: str
+    """The run's id (the store's)."""
+    world_size: int
+    """World size of the job."""
+    ranks: list[int]
+    """Ranks with profiled steps."""
+    steps: list[int]
+    """Profiled step numbers (over every rank)."""
+    device: str
+    """``gpu``, ``cpu`` or ``mixed`` (the breakdown's device per rank)."""
+    notes: list[str] = dataclasses.field(default_factory=list)
+    """Why a KPI is missing (one line each): no sample count, no FLOP counts, no peak, ..."""
+
+    def row(self, kpi: Kpi | str, rank: int = JOB_RANK) -> dict[str, Any] | None:
+        """The summary row of ``kpi`` for ``rank`` as a dict, or None."""
+        s = self.summary
+        hit = s[(s["kpi"] == str(kpi)) & (s["rank"] == rank)]
+        return None if hit.empty else hit.iloc[0].to_dict()
+
+    def values(self, kpi: Kpi | str, rank: int = JOB_RANK) -> Any:
+        """The per-step samples of ``kpi`` for ``rank`` (numpy float64, in step order)."""
+        s = self.samples
+        hit = s[(s["kpi"] == str(kpi)) & (s["rank"] == rank)].sort_values("step")
+        return hit["value"].to_numpy(dtype="float64")
+
+
+def peak_flops_of(device_name: str | None) -> float | None:
+    """The peak FLOP/s of ``device_name`` from :data:`PEAK_FLOPS` (None: unknown)."""
+    if not device_name:
+        return None
+    name = device_name.lower()
+    for key in sorted(PEAK_FLOPS, key=len, reverse=True):
+        if key.lower() in name:
+            return PEAK_FLOPS[key]
+    return None
+
+
+def _recorded(a: Analysis, key: str) -> Any:
+    """``key`` from the store's root attributes or its run record (its profiler settings)."""
+    run = a.meta.get("run")
+    run = run if isinstance(run, dict) else {}
+    profiler = run.get("profiler")
+    wheres: list[dict[str, Any]] = [
+        a.meta,
+        run,
+        profiler if isinstance(profiler, dict) else {},
+    ]
+    for where in wheres:
+        if where.get(key) is not None:
+            return where[key]
+    return None
+
+
+@dataclasses.dataclass
+class RankFacts:
+    """What one rank recorded beyond its events (its store attributes and meta.json)."""
+
+    samples_per_step: float | None = None
+    """The constant samples per step (``--samples-per-step``), if any."""
+    step_samples: dict[int, float] = dataclasses.field(default_factory=dict)
+    """Samples per profiled step (``rankscope.step(samples=N)``)."""
+    flops_per_step: float | None = None
+    """A constant FLOPs per step recorded in the rank's attributes, if any."""
+    step_flops: dict[int, float] = dataclasses.field(default_factory=dict)
+    """FLOPs per profiled step counted by torch (``--with-flops``)."""
+    device_name: str | None = None
+    """The device's name (``torch.cuda.get_device_name``; ``cpu`` on CPU)."""
+
+
+def _per_step(value: Any, zero_ok: bool = False) -> dict[int, float]:
+    """``{"12": 32, …}`` as ``{12: 32.0}``; keys that are not step numbers and values that are
+    not finite numbers > 0 (>= 0 with ``zero_ok``) are left out."""
+    out: dict[int, float] = {}
+    if not isinstance(value, dict):
+        return out
+    for key, v in value.items():
+        try:
+            step = int(key)
+            number = float(v)
+        except (TypeError, ValueError):
+            continue
+        if math.isfinite(number) and (number > 0 or (zero_ok and number == 0)):
+            out[step] = number
+    return out
+
+
+def rank_facts(a: Analysis) -> dict[int, RankFacts]:
+    """:class:`RankFacts` of every rank of the analysed store (empty when it cannot be read)."""
+    from rankscope.analysis.store.reader import open_store
+    from rankscope.errors import RankscopeError
+
+    out: dict[int, RankFacts] = {}
+    try:
+        with open_store(a.path) as store:
+            attrs = {r: store.rank_meta(r) for r in store.ranks}
+    except (OSError, ValueError, KeyError, RankscopeError):
+        return out
+    for rank, at in attrs.items():
+        meta = at.get("meta")
+        meta = meta if isinstance(meta, dict) else {}
+        profiler = meta.get("profiler")
+        profiler = profiler if isinstance(profiler, dict) else {}
+        name = at.get(DEVICE_NAME_KEY) or at.get("device") or meta.get("device")
+        out[int(rank)] = RankFacts(
+            samples_per_step=_number(at.get(SAMPLES_KEY))
+            or _number(profiler.get("samples_per_step")),
+            step_samples=_per_step(meta.get(STEP_SAMPLES_KEY)),
+            flops_per_step=_number(at.get(FLOPS_KEY)),
+            step_flops=_per_step(meta.get(STEP_FLOPS_KEY), zero_ok=True),
+            device_name=str(name) if name else None,
+        )
+    return out
+
+
+def _per_row(
+    ranks: Any,
+    steps: Any,
+    given: float | None,
+    per_step: dict[int, dict[int, float]],
+    constant: dict[int, float | None],
+    fallback: float | None,
+) -> Any:
+    """One value per (rank, step) row: ``given`` (the user's), else the rank's value for the step,
+    else the rank's constant, else ``fallback``; NaN where none is known."""
+    import numpy as np
+
+    if given is not None:
+        return np.full(len(ranks), given, dtype=np.float64)
+    out = np.full(len(ranks), np.nan, dtype=np.float64)
+    for i, (rank, step) in enumerate(zip(ranks.tolist(), steps.tolist(), strict=True)):
+        value = per_step.get(rank, {}).get(step)
+        if value is None:
+            value = constant.get(rank) or fallback
+        if value is not None:
+            out[i] = value
+    return out
+
+
+def _number(value: Any) -> float | None:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return out if math.isfinite(out) and out > 0 else None
+
+
+def _step_comm(a: Analysis, steps: pd.DataFrame) -> pd.DataFrame:
+    """Wait and transfer (ns) per (rank, step): the collectives whose arrival lies in the step."""
+    import numpy as np
+    import pandas as pd
+
+    rows = []
+    w = a.waits
+    for rank, g in steps.groupby("rank", sort=True):
+        g = g.sort_values("start")
+        starts, ends = g["start"].to_numpy(np.int64), g["end"].to_numpy(np.int64)
+        mine = w[w["rank"] == rank] if len(w) else w
+        wait = np.zeros(len(g))
+        transfer = np.zeros(len(g))
+        if len(mine):
+            arrival = mine["arrival"].to_numpy(np.int64)
+            i = np.searchsorted(starts, arrival, side="right") - 1
+            ok = (i >= 0) & (arrival < ends[np.clip(i, 0, None)])
+            np.add.at(wait, i[ok], mine["wait_ns"].to_numpy(np.float64)[ok])
+            np.add.at(transfer, i[ok], mine["transfer_ns"].to_numpy(np.float64)[ok])
+        rows.append(
+            pd.DataFrame(
+                {
+                    "rank": rank,
+                    "step": g["step"].to_numpy(),
+                    "wait_ns": wait,
+                    "transfer_ns": transfer,
+                }
+            )
+        )
+    if not rows:
+        return pd.DataFrame(columns=["rank", "step", "wait_ns", "transfer_ns"])
+    return pd.concat(rows, ignore_index=True)
+
+
+def _summary_row(kpi: Kpi, rank: int, values: Any) -> dict[str, Any]:
+    import numpy as np
+
+    v = np.asarray(values, dtype=np.float64)
+    v = v[np.isfinite(v)]
+    p = np.percentile(v, [50, 90, 99]) if len(v) else [math.nan] * 3
+    return {
+        "kpi": str(kpi),
+        "rank": rank,
+        "unit": UNITS[kpi],
+        "steps": len(v),
+        "mean": float(v.mean()) if len(v) else math.nan,
+        "p50": float(p[0]),
+        "p90": float(p[1]),
+        "p99": float(p[2]),
+    }
+
+
+def kpis(a: Analysis, config: KpiConfig | None = None) -> Kpis:
+    """The KPIs of the analysed run ``a`` (see the module docstring and docs/compare.md)."""
+    import numpy as np
+    import pandas as pd
+
+    config = config or KpiConfig()
+    notes: list[str] = []
+    bd = a.breakdown
+    stepped = bd[bd["step"] >= 0].copy() if len(bd) else bd
+    devices = sorted(set(stepped["device"].astype(str))) if len(stepped) else []
+    device = devices[0] if len(devices) == 1 else ("mixed" if devices else "none")
+    per_step: dict[Kpi, pd.DataFrame] = {}  # kpi -> (rank, step, value)
+    if len(stepped):
+        base = stepped[["rank", "step"]].astype({"rank": "int32", "step": "int32"})
+        stepped = stepped.reset_index(drop=True)
+        base = base.reset_index(drop=True)
+
+        def frame(values: Any) -> pd.DataFrame:
+            return base.assign(value=np.asarray(values, dtype=np.float64))
+
+        step_s = stepped["total_ns"].to_numpy(np.float64) / 1e9
+        per_step[Kpi.STEP_TIME] = frame(step_s)
+        for kpi, col in _BREAKDOWN_COLUMN.items():
+            per_step[kpi] = frame(stepped[col].to_numpy(np.float64) / 1e9)
+        comm = _step_comm(a, stepped[["rank", "step", "start", "end"]])
+        merged = base.merge(comm, on=["rank", "step"], how="left").fillna(0.0)
+        per_step[Kpi.WAIT] = frame(merged["wait_ns"].to_numpy(np.float64) / 1e9)
+        per_step[Kpi.TRANSFER] = frame(merged["transfer_ns"].to_numpy(np.float64) / 1e9)
+        facts = rank_facts(a)
+        ranks_v = base["rank"].to_numpy(np.int64)
+        steps_v = base["step"].to_numpy(np.int64)
+
+        def known(values: Any, label: str, hint: str, none: str) -> pd.DataFrame | None:
+            """The rows whose value is known; a note for the rows (or all: ``none``) that are
+            not."""
+            ok = np.isfinite(values)
+            if not ok.any():
+                notes.append(none)
+                return None
+            if not ok.all():
+                missing = int((~ok).sum())
+                notes.append(f"{label} unknown for {missing} of {len(ok)} rank-steps ({hint})")
+            return frame(values)[ok].reset_index(drop=True)
+
+        samples = _per_row(
+            ranks_v,
+            steps_v,
+            _number(config.samples_per_step),
+            {r: f.step_samples for r, f in facts.items()},
+            {r: f.samples_per_step for r, f in facts.items()},
+            _number(_recorded(a, SAMPLES_KEY)),
+        )
+        got = known(
+            samples / step_s,
+            "throughput: samples per step",
+            "give --samples-per-step or call rankscope.step(samples=N)",
+            "throughput: samples per step unknown (give --samples-per-step or call "
+            "rankscope.step(samples=N))",
+        )
+        if got is not None:
+            per_step[Kpi.THROUGHPUT] = got
+        flops = _per_row(
+            ranks_v,
+            steps_v,
+            _number(config.flops_per_step),
+            {r: f.step_flops for r, f in facts.items()},
+            {r: f.flops_per_step for r, f in facts.items()},
+            _number(_recorded(a, FLOPS_KEY)),
+        )
+        achieved = flops / step_s
+        got = known(
+            achieved,
+            "FLOP/s and MFU: FLOPs per step",
+            "run with --with-flops",
+            "FLOP/s and MFU: the trace has no FLOP counts (run with --with-flops)",
+        )
+        if got is not None:
+            per_step[Kpi.FLOPS] = got
+            gpu = stepped["device"].astype(str).to_numpy() == "gpu"
+            given_name = config.device_name or _recorded(a, DEVICE_NAME_KEY)
+            peak = np.full(len(ranks_v), np.nan)
+            for i, rank in enumerate(ranks_v.tolist()):
+                f = facts.get(rank)
+                value = _number(config.peak_flops) or peak_flops_of(
+                    given_name or (f.device_name if f else None)
+                )
+                peak[i] = value if value is not None and gpu[i] else np.nan
+            mfu = achieved / peak
+            if np.isfinite(mfu).any():
+                per_step[Kpi.MFU] = frame(mfu)[np.isfinite(mfu)].reset_index(drop=True)
+            elif gpu.any():
+                notes.append("MFU: the device's peak FLOP/s is unknown (see PEAK_FLOPS)")
+            else:
+                notes.append("MFU: not for CPU runs (no peak FLOP/s); FLOP/s only")
+    else:
+        notes.append("no profiled steps: no per-step KPIs")
+    sp = a.memory.step_peaks
+    if len(sp) and "peak_allocated" in sp:
+        mem = (
+            sp[sp["step"] >= 0]
+            .groupby(["rank", "step"], as_index=False)["peak_allocated"]
+            .max()
+            .rename(columns={"peak_allocated": "value"})
+        )
+        if len(mem):
+            per_step[Kpi.PEAK_MEMORY] = mem.astype({"rank": "int32", "step": "int32"})
+    elif not a.memory.requested:
+        notes.append("peak memory: not recorded (run with --profile-memory)")
+
+    sample_frames, rows = [], []
+    for kpi in Kpi:
+        if kpi not in per_step:
+            continue
+        df = per_step[kpi]
+        job = df.groupby("step", as_index=False)["value"].mean().assign(rank=JOB_RANK)
+        if kpi is Kpi.PEAK_MEMORY:  # the job's peak per step is the largest rank's
+            job = df.groupby("step", as_index=False)["value"].max().assign(rank=JOB_RANK)
+        both = pd.concat([job, df], ignore_index=True).assign(kpi=str(kpi))
+        sample_frames.append(both)
+        pooled = df["value"].to_numpy()
+        rows.append(_summary_row(kpi, JOB_RANK, pooled))
+        if kpi is Kpi.PEAK_MEMORY:
+            rows[-1].update(p99=float(np.max(pooled)) if len(pooled) else math.nan)
+        for rank, g in df.groupby("rank", sort=True):
+            rows.append(_summary_row(kpi, int(rank), g["value"].to_numpy()))
+    summary = pd.DataFrame(rows, columns=list(KPI_COLUMNS)).astype(
+        {k: v for k, v in KPI_COLUMNS.items() if v != "str"}
+    )
+    samples_df = (
+        pd.concat(sample_frames, ignore_index=True)[list(SAMPLE_COLUMNS)]
+        if sample_frames
+        else pd.DataFrame(columns=list(SAMPLE_COLUMNS))
+    ).astype({k: v for k, v in SAMPLE_COLUMNS.items() if v != "str"})
+    if Kpi.THROUGHPUT in per_step and config.sample_unit != "samples":
+        unit = f"{config.sample_unit}/s"
+        summary.loc[summary["kpi"] == str(Kpi.THROUGHPUT), "unit"] = unit
+    return Kpis(
+        summary=summary,
+        samples=samples_df,
+        run_id=str(a.meta.get("run_id") or a.path),
+        world_size=int(a.world_size),
+        ranks=sorted(int(r) for r in stepped["rank"].unique()) if len(stepped) else [],
+        steps=sorted(int(s) for s in stepped["step"].unique()) if len(stepped) else [],
+        device=device,
+        notes=notes,
+    )
+
+
+def _json_number(x: float) -> float | None:
+    return None if not math.isfinite(x) else float(f"{x:.6g}")
+
+
+def to_json(k: Kpis) -> dict[str, Any]:
+    """summary.json's ``kpis`` object (docs/compare.md, "summary.json"): the job's KPIs, then
+    the per-rank ones, values in each KPI's ``unit`` (6 significant digits)."""
+
+    def entry(r: Any) -> dict[str, Any]:
+        return {
+            "kpi": r.kpi,
+            "rank": None if r.rank == JOB_RANK else int(r.rank),
+            "unit": r.unit,
+            "steps": int(r.steps),
+            "mean": _json_number(r.mean),
+            "p50": _json_number(r.p50),
+            "p90": _json_number(r.p90),
+            "p99": _json_number(r.p99),
+        }
+
+    s = k.summary
+    return {
+        "device": k.device,
+        "world_size": k.world_size,
+        "steps": len(k.steps),
+        "job": [entry(r) for r in s[s["rank"] == JOB_RANK].itertuples()],
+        "ranks": [entry(r) for r in s[s["rank"] != JOB_RANK].itertuples()],
+        "notes": list(k.notes),
+    }

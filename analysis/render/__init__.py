@@ -1,0 +1,5 @@
+"""Renderers: the terminal summary, summary.json, the HTML report, the comparison, Perfetto.
+
+They only render what ``conclude`` concluded and ``compute`` measured (no analysis here). They
+may import every floor below them (``store``, ``compute``, ``engine``, ``conclude``).
+"""

@@ -1,0 +1,118 @@
+"""The HTML report's overview section: every rank over time as one inline PNG.
+
+The same aggregation as the app's overview (:func:`rankscope.analysis.engine.overview.raster`: each
+pixel the share-weighted mix of the category colours of the time it covers, ranks summed into
+pixel rows when there are more ranks than rows, nothing dropped), drawn with Pillow so the report
+stays one offline file. Rows are in straggler order (flagged first, then by the wait each rank
+caused); a strip left of the image marks the rows holding a flagged rank (red).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from html import escape
+from typing import TYPE_CHECKING
+
+from rankscope.analysis.engine.overview import (
+    CATEGORY_COLORS,
+    CATEGORY_LABELS,
+    Category,
+    RankOrder,
+    flagged_rows,
+    rank_order,
+    raster,
+    row_layout,
+    to_rgb,
+)
+
+if TYPE_CHECKING:
+    from rankscope.analysis.engine.driver import Analysis
+
+#: Width of the image (pixel columns), px.
+IMAGE_WIDTH = 900
+#: Height of the image at most, px (more ranks share pixel rows, summed).
+MAX_HEIGHT = 512
+#: Height per rank for few ranks, px.
+RANK_PX = 10
+#: Width of the flag strip left of the image, px.
+STRIP_PX = 10
+#: Strip colours: a row without / with a flagged rank.
+PLAIN_RGB = (0xEE, 0xEE, 0xEE)
+FLAG_RGB = (0xD6, 0x27, 0x28)
+
+
+def overview_png(a: Analysis) -> tuple[bytes, dict[str, float]] | None:
+    """The PNG and what it shows (ranks, rows, ranks per row, ms span, µs per column); None
+    without an overview."""
+    import numpy as np
+    from PIL import Image
+
+    ov = a.overview
+    if ov is None or len(ov.ranks) == 0:
+        return None
+    order = rank_order(ov, a, RankOrder.STRAGGLER)
+    n = len(order)
+    height = max(RANK_PX, min(MAX_HEIGHT, RANK_PX * n))
+    flagged = set(a.flagged_ranks())
+    magnify = flagged_rows(ov, order, list(flagged))
+    r = raster(ov, order, width=IMAGE_WIDTH, rows=row_layout(n, height, magnify))
+    rgb = to_rgb(r)
+    # stretch rows to the image height (each pixel row repeated: a bigger pixel, never a blend)
+    rows = np.repeat(
+        np.arange(len(rgb)), np.diff(np.floor(np.linspace(0, height, len(rgb) + 1)).astype(int))
+    )
+    body = rgb[rows]
+    strip = np.zeros((len(rgb), STRIP_PX, 3), np.uint8)
+    strip[:] = PLAIN_RGB
+    for g in range(len(rgb)):
+        lo, hi = int(r.rows.lo[g]), int(r.rows.hi[g])
+        if any(int(ov.ranks[i]) in flagged for i in order[lo:hi]):
+            strip[g] = FLAG_RGB
+    gap = np.full((len(body), 2, 3), 255, np.uint8)
+    img = np.concatenate([strip[rows], gap, body], axis=1)
+    buf = io.BytesIO()
+    Image.fromarray(img, "RGB").save(buf, format="PNG", optimize=True)
+    info = {
+        "ranks": float(n),
+        "ranks_per_row": float(r.ranks_per_row),
+        "span_ms": (int(r.x_edges_ns[-1]) - int(r.x_edges_ns[0])) / 1e6,
+        "column_us": r.bins_per_column * ov.grid.bin_ns / 1e3,
+    }
+    return buf.getvalue(), info
+
+
+def overview_html(a: Analysis) -> str:
+    """The section (empty without an overview)."""
+    got = overview_png(a)
+    if got is None:
+        return ""
+    png, info = got
+    legend = "".join(
+        f"<span class='sw' style='background:{CATEGORY_COLORS[c]}'></span>{escape(CATEGORY_LABELS[c])} "
+        for c in Category
+    )
+    flagged = a.flagged_ranks()
+    first = (
+        f"Top rows: the flagged rank(s) {', '.join(map(str, flagged))} (red in the left strip), "
+        "then the others by the wait they caused."
+        if flagged
+        else "Rows by the wait each rank caused, most first."
+    )
+    per_row = (
+        f" Up to {int(info['ranks_per_row'])} ranks per pixel row (their time summed); each "
+        "flagged rank keeps rows of its own."
+        if info["ranks_per_row"] > 1
+        else ""
+    )
+    src = base64.b64encode(png).decode("ascii")
+    return (
+        "<section><h2>Every rank over time</h2>"
+        f"<img class='overview' alt='rank × time overview' src='data:image/png;base64,{src}'>"
+        f"<div class='legend'>{legend}</div>"
+        f"<p class='note'>{int(info['ranks']):,} ranks × {info['span_ms']:,.1f} ms (from the "
+        f"first profiled step); each pixel is the share of its time per category "
+        f"({info['column_us']:,.1f} µs per column).{per_row} {first} "
+        "<code>rankscope view</code> draws the same overview, zoomable, and opens the lanes "
+        "of the ranks you select.</p></section>"
+    )
