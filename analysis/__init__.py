@@ -58,10 +58,18 @@ _EXPORTS: dict[str, str] = {
     "Scenario": "engine.whatif",
 }
 
-__all__ = sorted(_EXPORTS)
+#: public module name -> the module (inside rankscope.analysis) it is: names users typed before
+#: the analysis had its floors (``rankscope.analysis.schema``), kept.
+_MODULES: dict[str, str] = {"schema": "store.schema"}
+
+__all__ = sorted([*_EXPORTS, *_MODULES])
 
 
 def __getattr__(name: str) -> Any:
+    if name in _MODULES:
+        mod = importlib.import_module(f"rankscope.analysis.{_MODULES[name]}")
+        globals()[name] = mod
+        return mod
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'rankscope.analysis' has no attribute {name!r}")

@@ -100,7 +100,7 @@ def build_store(out: Path, ranks: int, target: int = EVENTS_PER_RANK) -> tuple[P
     import pandas as pd
     from rankscope.analysis.store import schema
     from rankscope.analysis.store.reader import StoreWriter, open_store
-    from rankscope.orchestrator.merge import merge_run_dir
+    from rankscope.orchestrator.ingest.merge import merge_run_dir
 
     out.mkdir(parents=True, exist_ok=True)
     src = out / "source.h5"
@@ -195,7 +195,7 @@ def part_scale(ranks: int) -> dict[str, Any]:
 
 def part_hta(hta_python: Path) -> dict[str, Any]:
     from rankscope.analysis.engine.driver import LOCAL, SYNCHRONOUS, ClusterSpec, analyze
-    from rankscope.orchestrator.merge import merge_run_dir
+    from rankscope.orchestrator.ingest.merge import merge_run_dir
 
     out: dict[str, Any] = {}
     if hta_python.exists():

@@ -416,8 +416,8 @@ def hta_try(args: argparse.Namespace, n: int) -> dict[str, Any]:
 def writer_probe(job: Path, output: Path) -> dict[str, Any]:
     """Merge ``job`` in this process (synchronous) with timers around each phase's functions."""
     from rankscope.analysis.store.reader import StoreWriter
-    from rankscope.orchestrator import clock, matching, rank_columns, staging
-    from rankscope.orchestrator.merge import merge_run_dir
+    from rankscope.orchestrator.ingest import clock, matching, rank_columns, staging
+    from rankscope.orchestrator.ingest.merge import merge_run_dir
 
     times: dict[str, float] = {}
     counts = {"parsed_events": 0, "written_events": 0}

@@ -62,7 +62,12 @@ def hwm():
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) * 1024
 import h5py, msgspec, numpy, pandas  # the merge's imports, loaded before the baseline
-from rankscope.orchestrator import merge, decode, discovery, rank_columns, clock, collectives
+from rankscope.orchestrator import collectives
+from rankscope.orchestrator.ingest import merge
+from rankscope.orchestrator.ingest import decode
+from rankscope.orchestrator.ingest import discovery
+from rankscope.orchestrator.ingest import rank_columns
+from rankscope.orchestrator.ingest import clock
 import rankscope.analysis.store.reader
 base = hwm()
 merge.merge_run_dir(Path(sys.argv[1]), output=Path(sys.argv[2]), scheduler="synchronous", quiet=True)
@@ -87,7 +92,7 @@ def setup_hta(venv: Path) -> None:
 
 
 def time_merge(folder: Path, out: Path, scheduler: str | None) -> float:
-    from rankscope.orchestrator.merge import merge_run_dir
+    from rankscope.orchestrator.ingest.merge import merge_run_dir
 
     t = time.perf_counter()
     merge_run_dir(folder, output=out, scheduler=scheduler, quiet=True)
@@ -107,7 +112,7 @@ def time_hta(folder: Path, python: Path) -> float | None:
 
 
 def ingest(tmp: Path, hta_python: Path) -> dict[str, float]:
-    from rankscope.orchestrator.decode import read_trace
+    from rankscope.orchestrator.ingest.decode import read_trace
 
     folder = tmp / "one"
     folder.mkdir()
@@ -214,7 +219,7 @@ def peak_rss(tmp: Path) -> list[dict[str, float]]:
 def compression(tmp: Path) -> None:
     import h5py
     import numpy as np
-    from rankscope.orchestrator.decode import read_trace
+    from rankscope.orchestrator.ingest.decode import read_trace
 
     ft = read_trace(DF_INDEX)
     cols = {k: v for k, v in ft.columns.items()}

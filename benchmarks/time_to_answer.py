@@ -138,7 +138,7 @@ def reader_mb_per_s() -> tuple[float, float]:
     """(seconds, MB of JSON per second) of the in-process reader on the big rank, best of 3."""
     import gzip
 
-    from rankscope.orchestrator import decode
+    from rankscope.orchestrator.ingest import decode
 
     trace = next(BIG.glob("*.json*"))
     raw_mb = (

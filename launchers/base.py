@@ -41,7 +41,7 @@ from rankscope.launchers.spec import LauncherKind, RunSpec, check_run_name
 #: Where each backend lives ("module:Class"), imported on demand.
 LAUNCHERS: dict[LauncherKind, str] = {
     LauncherKind.LOCAL: "rankscope.launchers.local:LocalLauncher",
-    LauncherKind.SLURM: "rankscope.launchers.slurm:SlurmLauncher",
+    LauncherKind.SLURM: "rankscope.launchers.slurm.launcher:SlurmLauncher",
 }
 
 #: Seconds between two polls in the default :meth:`Launcher._wait`.

@@ -338,7 +338,7 @@ def exchange(sync: ClockSync, phase: str, rounds: int = ROUNDS) -> list[dict[str
 def offset_ns(sample: dict[str, Any]) -> float:
     """Reference clock minus leader clock in ns for one round (positive: leader behind).
 
-    The one NTP offset formula: the merge's fit (``orchestrator/clock.py``) applies it to every
+    The one NTP offset formula: the merge's fit (``orchestrator/ingest/clock.py``) applies it to every
     recorded round, and floors it to whole ns there.
     """
     return ((sample["t2"] - sample["t1"]) + (sample["t3"] - sample["t4"])) / 2
@@ -347,6 +347,6 @@ def offset_ns(sample: dict[str, Any]) -> float:
 def rtt_ns(sample: dict[str, Any]) -> int:
     """Round-trip time of one round in ns, without the reference's turnaround.
 
-    The one RTT formula: the merge's fit (``orchestrator/clock.py``) uses it too.
+    The one RTT formula: the merge's fit (``orchestrator/ingest/clock.py``) uses it too.
     """
     return int((sample["t4"] - sample["t1"]) - (sample["t3"] - sample["t2"]))

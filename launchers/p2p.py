@@ -11,7 +11,7 @@ peer's global rank. Only while the profiler records: outside windows the wrapper
 Recent NCCL traces do name the peer (``Dst Rank`` on a send's ``record_param_comms`` and kernel,
 ``Src Rank`` on a recv's, global ranks): the merge then uses the trace's and keeps this
 annotation as the fallback; where both name a peer and differ, the trace's wins and the
-disagreement is counted (``orchestrator/comm_links.py``, docs/analysis.md "Point-to-point pairs").
+disagreement is counted (``orchestrator/ingest/comm_links.py``, docs/analysis.md "Point-to-point pairs").
 
 A recv from any source (``src=None``) is not annotated: its peer is known only once it completes.
 """

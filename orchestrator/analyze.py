@@ -47,7 +47,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="list every rank in the terminal tables (above 16 ranks they are summarised)",
     )
-    from rankscope.orchestrator.merge_cli import add_rank_from
+    from rankscope.orchestrator.merge import add_rank_from
 
     add_rank_from(parser)
 
@@ -109,7 +109,7 @@ def _store_for_trace(
     never overwritten by a merge of one of its files.
     """
     from rankscope.analysis.store.reader import open_store
-    from rankscope.orchestrator.discovery import TraceHead, is_trace_name, sniff
+    from rankscope.orchestrator.ingest.discovery import TraceHead, is_trace_name, sniff
 
     head = sniff(trace)
     if head is TraceHead.EXPORT:
@@ -141,14 +141,14 @@ def _store_for_trace(
 
 def _merge(path: Path, cluster: ClusterSpec, rank_from: str | None = None) -> Path:
     """Merge ``path`` into its default store (prints the clock line and where it went)."""
-    from rankscope.orchestrator.merge import merge_run_dir
+    from rankscope.orchestrator.ingest.merge import merge_run_dir
 
     return Path(merge_run_dir(path, cluster=cluster, main_is_guarded=True, rank_from=rank_from))
 
 
 def _newer_input(store: Path, inputs: list[Path]) -> Path | None:
     """The first input trace file modified after ``store`` was written, else None."""
-    from rankscope.orchestrator.discovery import discover
+    from rankscope.orchestrator.ingest.discovery import discover
 
     written = store.stat().st_mtime_ns
     sources, _, _ = discover(inputs)

@@ -5,7 +5,7 @@ slurm_commands.py``), so it runs however the job ended. It lives up here, not in
 launcher, because it merges and analyses: the launchers floor may not import either, and once
 shelled out to ``rankscope merge`` / ``rankscope analyze`` for that alone. Here both run in this
 process, while the Slurm facts (waiting for accounting's final state, the ``run.json`` ``slurm``
-object, :class:`~rankscope.launchers.slurm_records.MergeState`) stay the launcher's.
+object, :class:`~rankscope.launchers.slurm.records.MergeState`) stay the launcher's.
 
 Each step's exit status is recorded in ``run.json`` (``slurm.merge``: ``merge_exit_code``,
 ``analyze_exit_code``) and printed to the merge log (``RUN/logs/merge-JOB.out``) as the command
@@ -45,8 +45,8 @@ def finalize(run_dir: Path | str, settle_s: float | None = None) -> int:
     leaves the merge ``completed``.
     """
     from rankscope.launchers import rundir
-    from rankscope.launchers.slurm import SETTLE_S, settle_final_state
-    from rankscope.launchers.slurm_records import MergeState, update_slurm
+    from rankscope.launchers.slurm.launcher import SETTLE_S, settle_final_state
+    from rankscope.launchers.slurm.records import MergeState, update_slurm
 
     run_dir = Path(run_dir).resolve()
     state = settle_final_state(run_dir, SETTLE_S if settle_s is None else settle_s)
@@ -79,8 +79,8 @@ def finalize(run_dir: Path | str, settle_s: float | None = None) -> int:
 def _merge(run_dir: Path) -> int:
     """``rankscope merge RUN --scheduler synchronous``, in this process."""
     from rankscope.analysis.engine.scheduler import SYNCHRONOUS
-    from rankscope.orchestrator.merge import merge_run_dir
-    from rankscope.orchestrator.merge_cli import interrupt_wins
+    from rankscope.orchestrator.ingest.merge import merge_run_dir
+    from rankscope.orchestrator.merge import interrupt_wins
 
     with interrupt_wins():
         merge_run_dir(run_dir, scheduler=SYNCHRONOUS)

@@ -165,7 +165,7 @@ def add_slurm_arguments(parser: argparse.ArgumentParser) -> None:
     Everything added here is a rankscope flag (it must come before SCRIPT); switches need
     ``nargs=0`` actions (``store_true``) so the splitter knows they take no value.
     """
-    from rankscope.launchers.slurm_options import add_slurm_arguments as add_flags
+    from rankscope.launchers.slurm.options import add_slurm_arguments as add_flags
 
     add_flags(parser)
 
@@ -344,7 +344,7 @@ def launcher_kind(args: argparse.Namespace) -> Any:
 
 def backend_options(args: argparse.Namespace) -> dict[str, Any]:
     """Backend-specific options recorded in the spec (the Slurm launcher's region)."""
-    from rankscope.launchers.slurm_options import slurm_options_from_args
+    from rankscope.launchers.slurm.options import slurm_options_from_args
 
     return slurm_options_from_args(args)
 
@@ -494,7 +494,7 @@ def after_run(run_dir: Path, *, merge: bool, analyze: bool) -> None:
     """Merge and analyse the run; their failures never touch the run (its traces are kept)."""
     steps = []
     if merge:
-        steps.append(("rankscope.orchestrator.merge", "merge_run_dir"))
+        steps.append(("rankscope.orchestrator.ingest.merge", "merge_run_dir"))
     if analyze:
         steps.append(("rankscope.orchestrator.analyze", "print_run_summary"))
     for module_name, func_name in steps:

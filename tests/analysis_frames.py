@@ -183,7 +183,7 @@ def collectives(
 
 def merged(data_dir: Path, name: str, out_dir: Path) -> Path:
     """Merge ``tests/data/<name>`` with the real merge into ``out_dir`` (once per path)."""
-    from rankscope.orchestrator.merge import merge_run_dir
+    from rankscope.orchestrator.ingest.merge import merge_run_dir
 
     out = out_dir / (name.replace("/", "_") + ".h5")
     if not out.exists():
@@ -203,7 +203,7 @@ def synthetic_store(
     """A ``rankscope synth`` job in ``folder`` (truth.json beside it), merged in-process; returns
     the store. ``stragglers``: (rank, extra ms, fraction of steps)."""
     from rankscope.analysis.engine.scheduler import SYNCHRONOUS
-    from rankscope.orchestrator.merge import merge_run_dir
+    from rankscope.orchestrator.ingest.merge import merge_run_dir
     from rankscope.orchestrator.synth import SynthConfig, generate
 
     generate(

@@ -118,7 +118,7 @@ def test_math_and_flash_runs(tmp_path: Path) -> None:
     """examples/attention.py on the CPU with --sdpa-backend math and flash: each run's backend
     is found with its time, and the math run's finding compares it with the flash run."""
     import rankscope
-    from rankscope.orchestrator.merge import merge_run_dir
+    from rankscope.orchestrator.ingest.merge import merge_run_dir
 
     calls = {}
     for backend in ("math", "flash"):

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from rankscope.analysis.store.reader import open_store
 from rankscope.orchestrator.cli import main as cli
-from rankscope.orchestrator.staging import LOCK_FORMAT, output_lock
+from rankscope.orchestrator.ingest.staging import LOCK_FORMAT, output_lock
 
 DATA = Path(__file__).parent / "data" / "cpu_gloo_4rank_straggler"
 TRACE = "rank2.step5.pt.trace.json"

@@ -1,4 +1,4 @@
-"""Clock alignment (orchestrator/clock.py): pure functions, then accuracy on real traces.
+"""Clock alignment (orchestrator/ingest/clock.py): pure functions, then accuracy on real traces.
 
 Accuracy sets:
 * param_dlrm_8rank: 8 V100 ranks on ONE node (one clock), NCCL, no runtime samples. Copies get
@@ -24,8 +24,8 @@ import pytest
 from rankscope.analysis.store.reader import open_store
 from rankscope.analysis.store.schema import ClockMethod
 from rankscope.launchers import rundir
-from rankscope.orchestrator import clock
-from rankscope.orchestrator.merge import merge_run_dir
+from rankscope.orchestrator.ingest import clock
+from rankscope.orchestrator.ingest.merge import merge_run_dir
 
 DATA = Path(__file__).parent / "data"
 DLRM = DATA / "param_dlrm_8rank"
@@ -307,7 +307,7 @@ def test_feasible_offsets_equal_floyd_warshall(seed: int) -> None:
     random partial collectives, with and without contradictory clocks (a negative cycle)."""
     import numpy as np
     import pandas as pd
-    from rankscope.orchestrator.clock import _constraints, feasible_offsets
+    from rankscope.orchestrator.ingest.clock import _constraints, feasible_offsets
 
     rng = np.random.default_rng(seed)
     ranks = list(range(12))

@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from rankscope.analysis.store.reader import open_store
-from rankscope.orchestrator.clock import apply_transform
-from rankscope.orchestrator.merge import merge_run_dir
+from rankscope.orchestrator.ingest.clock import apply_transform
+from rankscope.orchestrator.ingest.merge import merge_run_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "train_ddp.py"

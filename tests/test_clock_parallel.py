@@ -42,7 +42,7 @@ def _errors(clock: pd.DataFrame, truth: dict[str, Any]) -> dict[int, tuple[float
 
 def _merge(tmp: Path, **config: Any) -> tuple[pd.DataFrame, dict[str, Any]]:
     from rankscope.analysis.store.reader import open_store
-    from rankscope.orchestrator.merge import merge_run_dir
+    from rankscope.orchestrator.ingest.merge import merge_run_dir
     from rankscope.orchestrator.synth import SynthConfig, generate
 
     generate(SynthConfig(**{"steps": 5, "seed": 1, **config}), tmp)
@@ -86,7 +86,7 @@ def test_only_sends_and_receives_connect_the_hosts(
     pipeline sends/receives is dropped before alignment (the generator always writes the
     embedding and grad-norm all-reduces). Causality alone bounds the offset: the stated
     uncertainty must bound the true error."""
-    from rankscope.orchestrator import clock as clk
+    from rankscope.orchestrator.ingest import clock as clk
 
     align = clk.align
     seen: dict[str, int] = {}
@@ -114,7 +114,7 @@ def test_a_faked_rank_leaves_its_host_group() -> None:
     collectives break causality at a common offset, so it is fitted alone; 2 and 3 keep the
     host's."""
     import numpy as np
-    from rankscope.orchestrator import clock
+    from rankscope.orchestrator.ingest import clock
 
     ends = np.arange(8) * 50_000_000 + 10**18
     offsets = {0: 0, 1: 0, 2: -2_000_000, 3: -2_000_000, 4: -42_000_000}  # minus true end

@@ -481,7 +481,7 @@ def test_gate_directions_thresholds_and_kpis_without_spread() -> None:
 def pipeline_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
     """The slow-stage pipeline run and its balanced twin (4 ranks, steps 2-4), analysed."""
     from rankscope.analysis.engine.driver import SYNCHRONOUS, ClusterSpec, analyze
-    from rankscope.orchestrator.merge import merge_run_dir
+    from rankscope.orchestrator.ingest.merge import merge_run_dir
 
     out = []
     for name in ("cpu_gloo_4rank_pipeline_balanced", "cpu_gloo_4rank_pipeline"):
@@ -664,7 +664,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     tests/data/compare_ddp_3rank_wide (make_runs.py there), merged here as a user's would be.
     Same settings and a straggler: the gate's recorded runs above; a mismatched world size: a
     recorded 4-rank run."""
-    from rankscope.orchestrator.merge import merge_run_dir
+    from rankscope.orchestrator.ingest.merge import merge_run_dir
 
     out = tmp_path_factory.mktemp("compare-runs")
     found = {}

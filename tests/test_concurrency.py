@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from rankscope.analysis.store.reader import open_store
 from rankscope.atomic import atomic_output
-from rankscope.orchestrator.merge import merge_run_dir
+from rankscope.orchestrator.ingest.merge import merge_run_dir
 
 DATA = Path(__file__).parent / "data"
 RUN = DATA / "cpu_gloo_4rank_pipeline"

@@ -143,7 +143,7 @@ def test_a_forked_merge_and_analysis_equal_the_in_process_ones(tmp_path: Path) -
     from analysis_frames import synthetic_store
     from rankscope.analysis.engine.driver import analyze
     from rankscope.analysis.store.reader import open_store
-    from rankscope.orchestrator.merge import merge_run_dir
+    from rankscope.orchestrator.ingest.merge import merge_run_dir
 
     store = synthetic_store(tmp_path / "job", ranks=8, stragglers=[(3, 4.0, 1.0)], seed=4)
     forked = Path(merge_run_dir(tmp_path / "job", output=tmp_path / "forked.h5", quiet=True,

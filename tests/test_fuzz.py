@@ -31,10 +31,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rankscope.analysis.store.reader import open_store
 from rankscope.errors import InputFileError
-from rankscope.orchestrator import decode, event_columns
-from rankscope.orchestrator.decode import read_trace
-from rankscope.orchestrator.kineto_json import TraceReadError
-from rankscope.orchestrator.merge import merge_run_dir
+from rankscope.orchestrator.ingest import decode, event_columns
+from rankscope.orchestrator.ingest.decode import read_trace
+from rankscope.orchestrator.ingest.kineto_json import TraceReadError
+from rankscope.orchestrator.ingest.merge import merge_run_dir
 
 DATA = Path(__file__).parent / "data"
 WINDOW = DATA / "cpu_gloo_4rank_pipeline" / "ranks" / "00000" / "window-000.json.gz"

@@ -21,11 +21,11 @@ import pytest
 from rankscope.analysis.store import schema
 from rankscope.analysis.store.reader import open_store
 from rankscope.errors import InputFileError
-from rankscope.orchestrator import kineto_json
 from rankscope.orchestrator.cli import main as cli
-from rankscope.orchestrator.decode import read_trace
-from rankscope.orchestrator.kineto_json import TraceReadError
-from rankscope.orchestrator.merge import merge_run_dir
+from rankscope.orchestrator.ingest import kineto_json
+from rankscope.orchestrator.ingest.decode import read_trace
+from rankscope.orchestrator.ingest.kineto_json import TraceReadError
+from rankscope.orchestrator.ingest.merge import merge_run_dir
 
 DATA = Path(__file__).parent / "data"
 STRAGGLER = DATA / "cpu_gloo_4rank_straggler"

@@ -1,4 +1,4 @@
-"""The Kineto reader (orchestrator/decode.py, kineto_json.py, event_columns.py, discovery.py, vocabulary.py) on the real traces in tests/data."""
+"""The Kineto reader (orchestrator/ingest/decode.py, kineto_json.py, event_columns.py, discovery.py, vocabulary.py) on the real traces in tests/data."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from rankscope.analysis.store.schema import EventKind, LaneKind
-from rankscope.orchestrator import decode as kineto
-from rankscope.orchestrator import discovery, event_columns, kineto_json, vocabulary
+from rankscope.orchestrator.ingest import decode as kineto
+from rankscope.orchestrator.ingest import discovery, event_columns, kineto_json, vocabulary
 
 DATA = Path(__file__).parent / "data"
 GLOO = DATA / "cpu_gloo_4rank_skew" / "rank2.step5.pt.trace.json"

@@ -69,10 +69,10 @@ def test_the_guard_sees_imports_inside_functions(tmp_path: Path) -> None:
 def test_the_guard_reads_subpackages(tmp_path: Path) -> None:
     sub = tmp_path / "analysis" / "views"
     sub.mkdir(parents=True)
-    (sub / "mod.py").write_text("from rankscope.orchestrator.merge import merge_run_dir\n")
+    (sub / "mod.py").write_text("from rankscope.orchestrator.ingest.merge import merge_run_dir\n")
     assert violations("analysis", tmp_path) == [
-        "analysis/views/mod.py:1 imports rankscope.orchestrator.merge",
-        "analysis/views/mod.py:1 imports rankscope.orchestrator.merge.merge_run_dir",
+        "analysis/views/mod.py:1 imports rankscope.orchestrator.ingest.merge",
+        "analysis/views/mod.py:1 imports rankscope.orchestrator.ingest.merge.merge_run_dir",
     ]
 
 
@@ -255,4 +255,53 @@ def test_the_inner_guard_sees_an_upward_import_and_a_loose_module(tmp_path: Path
         "analysis/compute/mod.py:2 imports rankscope.analysis.render (a floor above)",
         "analysis/compute/mod.py:2 imports rankscope.analysis.render.report (a floor above)",
         "analysis/loose.py is in no floor of " + str(ANALYSIS_FLOORS),
+    ]
+
+
+#: Inside the orchestrator and the launchers: folder -> the modules of its floor that it must not
+#: import. ``orchestrator/ingest`` (the merge) sits below the commands (the modules at
+#: ``orchestrator/``'s top) and the generator; ``launchers/slurm`` (a backend) above the
+#: launchers' core, which finds it by name only.
+INNER_FORBIDDEN = {
+    "orchestrator/ingest": ("rankscope.orchestrator.",),
+    "launchers": ("rankscope.launchers.slurm",),
+}
+#: What a folder of INNER_FORBIDDEN may import all the same: its own floor.
+INNER_ALLOWED = {
+    "orchestrator/ingest": ("rankscope.orchestrator.ingest",),
+    "launchers": (),
+}
+
+
+def floor_violations(folder: str, root: Path = ROOT) -> list[str]:
+    """Imports of a folder of :data:`INNER_FORBIDDEN` into what it must not import (for
+    ``launchers``: its top-level modules only; its backend folder is above them)."""
+    base = root / folder
+    paths = sorted(base.rglob("*.py")) if folder != "launchers" else sorted(base.glob("*.py"))
+    bad = []
+    for path in paths:
+        for line, module in imported_modules(path):
+            name = module + "."
+            if any(
+                name.startswith(f if f.endswith(".") else f + ".") for f in INNER_FORBIDDEN[folder]
+            ) and not any(name.startswith(a + ".") for a in INNER_ALLOWED[folder]):
+                bad.append(f"{path.relative_to(root)}:{line} imports {module}")
+    return bad
+
+
+@pytest.mark.parametrize("folder", sorted(INNER_FORBIDDEN))
+def test_the_inner_floors_of_the_orchestrator_and_launchers(folder: str) -> None:
+    assert floor_violations(folder) == []
+
+
+def test_the_ingest_guard_sees_an_import_of_a_command(tmp_path: Path) -> None:
+    ingest = tmp_path / "orchestrator" / "ingest"
+    ingest.mkdir(parents=True)
+    (ingest / "mod.py").write_text(
+        "from rankscope.orchestrator.ingest import clock\n"
+        "def f():\n    from rankscope.orchestrator.analyze import print_run_summary\n"
+    )
+    assert floor_violations("orchestrator/ingest", tmp_path) == [
+        "orchestrator/ingest/mod.py:3 imports rankscope.orchestrator.analyze",
+        "orchestrator/ingest/mod.py:3 imports rankscope.orchestrator.analyze.print_run_summary",
     ]

@@ -405,7 +405,7 @@ def test_store_round_trip_of_the_memory_table(tmp_path: Path) -> None:
     memory_rows makes of the same events, its ts on the aligned clock like the events', and
     a malformed event is a problem of the store; GPU totals come from deviceProperties."""
     from rankscope.analysis.store.reader import open_store
-    from rankscope.orchestrator.merge import merge_run_dir
+    from rankscope.orchestrator.ingest.merge import merge_run_dir
 
     traces = tmp_path / "traces"
     traces.mkdir()

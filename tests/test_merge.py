@@ -14,7 +14,7 @@ from rankscope.analysis.store.schema import ClockMethod
 from rankscope.errors import InputFileError
 from rankscope.launchers import rundir
 from rankscope.orchestrator.cli import main as cli
-from rankscope.orchestrator.merge import merge_run_dir, output_lock
+from rankscope.orchestrator.ingest.merge import merge_run_dir, output_lock
 
 DATA = Path(__file__).parent / "data"
 SETS = {
@@ -240,7 +240,7 @@ def test_lock_held_by_another_process(tmp_path: Path) -> None:
             sys.executable,
             "-c",
             "import sys; from pathlib import Path; "
-            "from rankscope.orchestrator.merge import output_lock\n"
+            "from rankscope.orchestrator.ingest.merge import output_lock\n"
             f"with output_lock(Path({str(out)!r})):\n"
             f"    Path({str(ready)!r}).touch(); sys.stdin.read()",  # held until killed
         ],

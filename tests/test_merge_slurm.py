@@ -29,7 +29,7 @@ from rankscope.analysis.engine.scheduler import SYNCHRONOUS
 from rankscope.analysis.engine.slurm_workers import SLURM_WORKER_TIMEOUT_ENV
 from rankscope.analysis.store.reader import open_store
 from rankscope.orchestrator.cli import build_parser
-from rankscope.orchestrator.merge import MERGE_JOB_NAME, merge_run_dir
+from rankscope.orchestrator.ingest.merge import MERGE_JOB_NAME, merge_run_dir
 from rankscope.orchestrator.synth import SynthConfig, generate
 from slurm_cluster import LocalSlurm, interruptible
 from slurm_cluster import rankscope as run_rankscope

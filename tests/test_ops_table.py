@@ -219,7 +219,7 @@ def test_equals_key_averages_on_a_real_run(tmp_path: Path) -> None:
     tabled equals ``prof.key_averages()`` of the same run: count, self and total CPU time for
     every op, per op and per (op, input shapes), within 1 ns per call (µs rounding)."""
     import rankscope
-    from rankscope.orchestrator.merge import merge_run_dir
+    from rankscope.orchestrator.ingest.merge import merge_run_dir
 
     trace, ka = tmp_path / "trace.json", tmp_path / "key_averages.json"
     subprocess.run(

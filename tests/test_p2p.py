@@ -26,9 +26,9 @@ from rankscope.analysis.store.reader import open_store
 from rankscope.analysis.store.schema import EventKind
 from rankscope.launchers.rundir import P2P_ANNOTATION_PATTERN
 from rankscope.orchestrator.cli import main as cli
-from rankscope.orchestrator.matching import match
-from rankscope.orchestrator.merge import merge_run_dir
-from rankscope.orchestrator.rank_columns import _p2p_peers
+from rankscope.orchestrator.ingest.matching import match
+from rankscope.orchestrator.ingest.merge import merge_run_dir
+from rankscope.orchestrator.ingest.rank_columns import _p2p_peers
 
 DATA = Path(__file__).parent / "data" / "cpu_gloo_4rank_pipeline"
 #: The same job with no slow stage.

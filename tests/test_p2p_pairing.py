@@ -23,7 +23,7 @@ from rankscope.analysis.conclude.findings import PIPELINE_KINDS, findings, point
 from rankscope.analysis.engine.driver import SYNCHRONOUS, ClusterSpec, analyze
 from rankscope.analysis.store.reader import open_store
 from rankscope.launchers.rundir import P2P_ANNOTATION_FORMAT
-from rankscope.orchestrator.merge import merge_run_dir
+from rankscope.orchestrator.ingest.merge import merge_run_dir
 
 #: ns of the trace's time base (µs stamps are relative to it).
 BASE_NS = 1_700_000_000_000_000_000

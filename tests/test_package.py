@@ -46,7 +46,9 @@ PUBLIC_NAMES = [
     "rankscope.launchers.rank.main",
     "rankscope.launchers.clocksync.exchange",
     "rankscope.launchers.rundir.RunState",
-    "rankscope.analysis.store.schema",
+    "rankscope.analysis.schema",
+    "rankscope.analysis.analyze",
+    "rankscope.analysis.open_store",
 ]
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

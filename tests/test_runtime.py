@@ -332,7 +332,7 @@ def test_record_gc_writes_python_gc_events_the_analysis_counts(tmp_path: Path) -
     from rankscope.analysis.compute.gc_pauses import GC_EVENT_NAME, gc_per_step
     from rankscope.analysis.engine.driver import SYNCHRONOUS
     from rankscope.analysis.store.reader import open_store
-    from rankscope.orchestrator.merge import merge_run_dir
+    from rankscope.orchestrator.ingest.merge import merge_run_dir
 
     settings = ProfilerSettings(wait=0, warmup=1, active=3, repeat=1, record_gc=True)
     proc, run_dir = run_rank(tmp_path, GC_EVERY_STEP, env={rundir.ENV_PROFILER: settings.to_json()})

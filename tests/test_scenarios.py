@@ -50,7 +50,7 @@ CASES = [(8, name) for name in SCENARIOS] + [(32, name) for name in AT_32]
 
 def _job(root: Path, ranks: int, name: str) -> tuple[dict[str, Any], Any]:
     from rankscope.analysis.engine.driver import SYNCHRONOUS, ClusterSpec, analyze
-    from rankscope.orchestrator.merge import merge_run_dir
+    from rankscope.orchestrator.ingest.merge import merge_run_dir
     from rankscope.orchestrator.synth import SynthConfig, generate
 
     out = root / f"{ranks}-{name}"
@@ -288,7 +288,7 @@ def _named_links(links: Any, truth: list[str]) -> list[str]:
 
 def _layered(root: Path, ranks: int, name: str) -> tuple[dict[str, Any], Any]:
     from rankscope.analysis.engine.driver import SYNCHRONOUS
-    from rankscope.orchestrator.merge import merge_run_dir
+    from rankscope.orchestrator.ingest.merge import merge_run_dir
 
     out = root / f"{ranks}-{name}"
     generate_layered(out, ranks, name, LAYOUTS[ranks])
@@ -350,7 +350,7 @@ def test_gc_pauses_are_named_when_the_trace_shows_them(tmp_path: Path, events: b
     from rankscope.analysis.compute.stragglers import Cause
     from rankscope.analysis.engine import whatif as wi
     from rankscope.analysis.engine.driver import SYNCHRONOUS, ClusterSpec, analyze
-    from rankscope.orchestrator.merge import merge_run_dir
+    from rankscope.orchestrator.ingest.merge import merge_run_dir
     from rankscope.orchestrator.synth import SynthConfig, generate
 
     tp, pp, dp, steps, slow, _ = LAYOUTS[8]
@@ -387,7 +387,7 @@ def test_a_slow_link_between_two_hosts_is_named_with_its_what_if(
     from rankscope.analysis.conclude.findings import FindingKind, findings
     from rankscope.analysis.engine import whatif as wi
     from rankscope.analysis.engine.driver import SYNCHRONOUS, ClusterSpec, analyze
-    from rankscope.orchestrator.merge import merge_run_dir
+    from rankscope.orchestrator.ingest.merge import merge_run_dir
     from rankscope.orchestrator.synth import SynthConfig, generate
 
     config = SynthConfig(

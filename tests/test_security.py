@@ -15,7 +15,7 @@ from rankscope.errors import UsageError
 from rankscope.launchers import clocksync
 from rankscope.launchers.base import create_run_dir
 from rankscope.orchestrator import view
-from rankscope.orchestrator.merge import merge_run_dir
+from rankscope.orchestrator.ingest.merge import merge_run_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ["package", "orchestrator", "launchers", "analysis", "slurm"]

@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 from rankscope.errors import UsageError
 from rankscope.launchers import rundir
-from rankscope.launchers.slurm_node import node_torchrun_args
-from rankscope.launchers.slurm_options import SlurmOptions, load_defaults, slurm_options_from_args
-from rankscope.launchers.slurm_records import task_states
+from rankscope.launchers.slurm.node import node_torchrun_args
+from rankscope.launchers.slurm.options import SlurmOptions, load_defaults, slurm_options_from_args
+from rankscope.launchers.slurm.records import task_states
 from rankscope.launchers.torchrun import TORCHELASTIC_DIR
 from slurm_cluster import REPO, LocalSlurm, interruptible, rankscope
 
@@ -195,7 +195,7 @@ def test_sbatch_script_asks_gpus_only_when_wanted(tmp_path: Path) -> None:
 def test_slurm_flags_need_slurm() -> None:
     import argparse
 
-    from rankscope.launchers.slurm_options import add_slurm_arguments
+    from rankscope.launchers.slurm.options import add_slurm_arguments
 
     parser = argparse.ArgumentParser()
     add_slurm_arguments(parser)

@@ -8,7 +8,7 @@ import argparse
 import dataclasses
 
 import pytest
-from rankscope.launchers import slurm_options as slurm
+from rankscope.launchers.slurm import options as slurm
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -12,7 +12,7 @@ import rankscope
 from rankscope.analysis.store import schema
 from rankscope.analysis.store.reader import open_store
 from rankscope.errors import InputFileError
-from rankscope.orchestrator.merge import merge_run_dir
+from rankscope.orchestrator.ingest.merge import merge_run_dir
 
 DATA = Path(__file__).parent / "data"
 

@@ -18,7 +18,7 @@ import pytest
 import rankscope
 from rankscope.errors import UsageError
 from rankscope.orchestrator.cli import main as cli
-from rankscope.orchestrator.merge import merge_run_dir
+from rankscope.orchestrator.ingest.merge import merge_run_dir
 from rankscope.orchestrator.synth import (
     SynthConfig,
     generate,

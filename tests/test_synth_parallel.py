@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import rankscope
 from rankscope.errors import UsageError
-from rankscope.orchestrator.merge import merge_run_dir
+from rankscope.orchestrator.ingest.merge import merge_run_dir
 from rankscope.orchestrator.synth import SynthConfig, generate, simulate, truth
 from rankscope.orchestrator.synth.engine import schedule
 from rankscope.orchestrator.synth.parallel import ParallelJob, simulate_parallel

@@ -89,7 +89,7 @@ def _store(tmp: Path, facts: dict[int, dict[str, Any]]) -> Any:
     """The balanced pipeline run (4 ranks, steps 2-4) with ``facts`` added to ranks' meta.json,
     merged and analysed."""
     from rankscope.analysis.engine.driver import SYNCHRONOUS, ClusterSpec, analyze
-    from rankscope.orchestrator.merge import merge_run_dir
+    from rankscope.orchestrator.ingest.merge import merge_run_dir
 
     run = tmp / "run"
     shutil.copytree(DATA / "cpu_gloo_4rank_pipeline_balanced", run)

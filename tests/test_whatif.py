@@ -44,7 +44,7 @@ STORES = [
 @pytest.fixture(scope="module")
 def models(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     from rankscope.analysis.store.reader import open_store
-    from rankscope.orchestrator.merge import merge_run_dir
+    from rankscope.orchestrator.ingest.merge import merge_run_dir
 
     root = tmp_path_factory.mktemp("whatif")
     out: dict[str, Any] = {}
@@ -182,7 +182,7 @@ def _synth_saving(root: Path, ranks: int, case: str) -> tuple[float, float]:
     """(predicted, measured) saving of ``case`` at ``ranks`` ranks, ns per step (mean)."""
     from rankscope.analysis.engine.driver import SYNCHRONOUS
     from rankscope.analysis.store.reader import open_store
-    from rankscope.orchestrator.merge import merge_run_dir
+    from rankscope.orchestrator.ingest.merge import merge_run_dir
     from rankscope.orchestrator.synth import SynthConfig, generate
 
     bad, good, rank, scenario = CASES[case]

@@ -356,7 +356,7 @@ def launch_rows(
     corr: np.ndarray, kind: np.ndarray, idx: np.ndarray, runtime: np.ndarray | None = None
 ) -> np.ndarray:
     """:func:`launches` on bare columns (``corr``, ``kind``): the one launch-matching rule, also
-    the merge's (``orchestrator/rank_columns.py``, on a rank's columns before any DataFrame)."""
+    the merge's (``orchestrator/ingest/rank_columns.py``, on a rank's columns before any DataFrame)."""
     import numpy as np
 
     out = np.full(len(idx), -1, dtype=np.int64)

@@ -1,7 +1,7 @@
 """Where Dask work runs, and the one runner that runs it: shared by the merge and the analysis.
 
 Both commands fan one task out per rank: the merge parses a rank's traces
-(``rankscope.orchestrator.rank_columns.parse_source``), the analysis measures a rank's events
+(``rankscope.orchestrator.ingest.rank_columns.parse_source``), the analysis measures a rank's events
 (``rankscope.analysis.engine.driver.rank_task``). They share the scheduler vocabulary
 (:class:`ClusterSpec`, ``"auto"`` / ``"processes"`` / ``"local"`` / ``"synchronous"`` /
 ``"threads"`` / an address), the choice of where ``"auto"`` runs (:func:`choose`: in-process

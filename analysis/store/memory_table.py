@@ -9,7 +9,7 @@ allocation and per free (Kineto ``"ph": "i"``, ``"name": "[memory]"``, ``cat``
 :func:`memory_rows` turns one decoded trace (its event list) into rows of :data:`MEMORY_COLUMNS`,
 skipping and counting malformed events; :func:`bad_memory_field`, :func:`attribute` and
 :func:`device_total_memory` are the same rule in pieces, for the merge's columnar decoder
-(``orchestrator/event_columns.py``).
+(``orchestrator/ingest/event_columns.py``).
 
 Why a module apart from ``memory.py``: this is the ingest half (what a memory event is and
 which op, scope and step it belongs to), which the decoder needs without the analyses; it stays

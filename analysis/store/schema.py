@@ -1,6 +1,6 @@
 """Store schema v1: names, kinds and the DataFrame contract between the merge and the analyses.
 
-The merge (``rankscope.orchestrator.merge``) writes a store through ``rankscope.analysis.store.reader``;
+The merge (``rankscope.orchestrator.ingest.merge``) writes a store through ``rankscope.analysis.store.reader``;
 every analysis reads it through :class:`rankscope.analysis.store.reader.Store`. This module holds what
 both sides must agree on. The on-disk layout is documented in ``docs/format.md``.
 

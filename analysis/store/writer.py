@@ -172,7 +172,7 @@ class _GuardedFile:
 
 
 class StoreWriter:
-    """Writes a store file; used by the merge (``rankscope.orchestrator.merge``).
+    """Writes a store file; used by the merge (``rankscope.orchestrator.ingest.merge``).
 
     Usage: create, :meth:`intern` strings, :meth:`write_rank` one rank at a time, complete and
     final (so only one rank's arrays are ever in memory, and no space is written twice: HDF5

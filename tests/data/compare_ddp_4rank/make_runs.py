@@ -79,7 +79,7 @@ def verdicts() -> None:
     """The gate (``--fail-above 5%``) on each pair, on copies (merging writes into the run)."""
     from rankscope.analysis.conclude.compare import GateConfig, compare, gate_checks
     from rankscope.analysis.engine.driver import SYNCHRONOUS, ClusterSpec, analyze
-    from rankscope.orchestrator.merge import merge_run_dir
+    from rankscope.orchestrator.ingest.merge import merge_run_dir
 
     with tempfile.TemporaryDirectory() as tmp:
         analyses = {}

@@ -2,7 +2,7 @@
 ``record_param_comms`` op that launched a kernel, the send/recv ops of a coalesced batch, and
 which peer names win when the runtime's annotation names one too.
 
-Why: the matching (``orchestrator/matching.py``) keys a collective by ``(group, Seq)`` and a
+Why: the matching (``orchestrator/ingest/matching.py``) keys a collective by ``(group, Seq)`` and a
 send/recv by its two ends, but Kineto copies only part of ``record_param_comms``' args onto the
 NCCL kernel it launches — the group and ``Dst Rank`` / ``Src Rank``, never ``Seq`` — and a
 ``batch_isend_irecv`` on CUDA runs all its sends and recvs as ONE ``SendRecv`` kernel, launched
@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 
 from rankscope.analysis.compute.ops import launch_rows
 from rankscope.analysis.store.schema import P2P_OPS, EventKind
-from rankscope.orchestrator.vocabulary import NCCL_COALESCED, PEER_OPS
+from rankscope.orchestrator.ingest.vocabulary import NCCL_COALESCED, PEER_OPS
 
 if TYPE_CHECKING:
     import numpy as np

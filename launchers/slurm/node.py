@@ -14,7 +14,7 @@ the shared filesystem; the other tasks wait for that file. Node 0's torchrun hos
 (``--rdzv-conf is_host=1``, the others ``is_host=0``): explicit, because torch's guess from host
 names fails for emulated nodes and multi-homed hosts.
 
-:func:`run_node` is pickled by submitit by reference (``rankscope.launchers.slurm_node.run_node``)
+:func:`run_node` is pickled by submitit by reference (``rankscope.launchers.slurm.node.run_node``)
 and runs inside the job; :class:`NodePlan` is its only argument, plain data.
 """
 
@@ -36,7 +36,7 @@ from rankscope.errors import UsageError
 from rankscope.launchers import rundir
 from rankscope.launchers.output import tee
 from rankscope.launchers.rundir import RunState, utc_now
-from rankscope.launchers.slurm_records import SLURM_DIR, TASK_FORMAT, read_task_records
+from rankscope.launchers.slurm.records import SLURM_DIR, TASK_FORMAT, read_task_records
 from rankscope.launchers.torchrun import (
     TORCHELASTIC_DIR,
     flag_value,

@@ -124,7 +124,7 @@ def sniff(path: Path, limit: int = SNIFF_BYTES) -> TraceHead:
     rankscope's own outputs (summary.json, a Perfetto export) and the user's. Reading the head
     of each is cheap and tells them apart without parsing the whole file.
     """
-    from rankscope.orchestrator.kineto_json import TraceReadError, text_pieces
+    from rankscope.orchestrator.ingest.kineto_json import TraceReadError, text_pieces
 
     head = bytearray()
     pieces = cast("Generator[bytes, None, None]", text_pieces(path))  # a generator

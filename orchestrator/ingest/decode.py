@@ -18,8 +18,8 @@ import re
 from pathlib import Path
 
 import msgspec
-from rankscope.orchestrator.event_columns import EventColumns, FileTrace, StringTable
-from rankscope.orchestrator.kineto_json import (
+from rankscope.orchestrator.ingest.event_columns import EventColumns, FileTrace, StringTable
+from rankscope.orchestrator.ingest.kineto_json import (
     BLOCK_DECODER,
     BLOCK_DECODER_EXACT,
     FILE_DECODER,

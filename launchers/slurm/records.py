@@ -16,7 +16,7 @@ from typing import Any
 
 from rankscope.launchers import rundir
 from rankscope.launchers.rundir import RunState, load_run, update_run
-from rankscope.launchers.slurm_commands import SlurmError, query_job
+from rankscope.launchers.slurm.commands import SlurmError, query_job
 
 #: Folder of the Slurm records inside the run directory (rendezvous and per-task files).
 SLURM_DIR = "slurm"

@@ -6,7 +6,7 @@ Inputs are the per-rank communication events found by the reader (NCCL kernels o
 * ``(group, seq)`` when the trace carries a sequence number (``Seq`` in the
   ``record_param_comms`` args of recent PyTorch, Mar 2026; Kineto does not copy it to the
   kernel, which takes it from the ``record_param_comms`` that launched it —
-  ``orchestrator/comm_links.py``) — exact, even when a rank's trace lacks some of the group's ops;
+  ``orchestrator/ingest/comm_links.py``) — exact, even when a rank's trace lacks some of the group's ops;
 * else ``(group, op, step, k)``: the group's call order, the k-th op of that kind in profiler step
   ``step`` of that group (``k`` counts per rank in time order; every rank of a group calls its
   collectives in one order). Counting inside a step keeps one missing event from shifting every
@@ -26,7 +26,7 @@ collectives; whether recent builds use a p2p counter is not confirmed, so it is 
 recv on d from s in that step (both sides issue in program order; the ops of a
 ``batch_isend_irecv`` in the order they were issued), key ``(s, d, step, k)``. The peer (``peer``
 column, a global rank) is the trace's own ``Dst Rank`` / ``Src Rank`` where it has them, else the
-rank runtime's annotation (``launchers/p2p.py``; ``orchestrator/comm_links.py`` says which wins).
+rank runtime's annotation (``launchers/p2p.py``; ``orchestrator/ingest/comm_links.py`` says which wins).
 Without either each send / recv stays a collective of one rank (key prefix
 :data:`UNKNOWN_PEER_PREFIX`, counted by :func:`without_peer`): unmatched rather than wrongly
 matched; so does an op whose peer's counterpart is in no trace.

@@ -1,7 +1,7 @@
 """What the merge tells the user while it runs: one line per input problem, and a progress bar.
 
-Separate from the driver (``orchestrator/merge.py``) because both the driver and the decisions
-on which ranks to keep (``orchestrator/rank_selection.py``) print problems, and both must print
+Separate from the driver (``orchestrator/ingest/merge.py``) because both the driver and the decisions
+on which ranks to keep (``orchestrator/ingest/rank_selection.py``) print problems, and both must print
 them through the bar's console while it is shown (a plain ``print`` would tear the bar).
 Everything goes to stderr; ``quiet`` silences it.
 """
@@ -12,8 +12,8 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from rankscope.orchestrator.discovery import Problem
-    from rankscope.orchestrator.rank_columns import RankResult
+    from rankscope.orchestrator.ingest.discovery import Problem
+    from rankscope.orchestrator.ingest.rank_columns import RankResult
 
 
 def _say(problem: Problem, quiet: bool, progress: Any = None) -> None:

@@ -1,6 +1,6 @@
 """Clock offsets of whole clocks, over the graph that collectives and sends/receives make.
 
-Stage 2 of the clock alignment (``orchestrator/clock.py``) for ranks without runtime samples
+Stage 2 of the clock alignment (``orchestrator/ingest/clock.py``) for ranks without runtime samples
 (foreign traces, ``rankscope synth``). All times ns, all pure functions on numpy / pandas.
 
 **Groups.** Ranks that read one clock share one unknown: a clock domain (meta.json), else a

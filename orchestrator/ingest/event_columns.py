@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from rankscope.analysis.store.memory_table import memory_field_limits
 from rankscope.analysis.store.schema import EventKind, LaneKind
-from rankscope.orchestrator.kineto_json import KEvent, KFile, TraceReadError
-from rankscope.orchestrator.vocabulary import (
+from rankscope.orchestrator.ingest.kineto_json import KEvent, KFile, TraceReadError
+from rankscope.orchestrator.ingest.vocabulary import (
     GPU_CATS,
     GPU_KINDS,
     RECORD_PARAM_COMMS,

@@ -15,7 +15,7 @@ Three stages (DESIGN, "Clock alignment"), all pure functions on numpy / pandas:
    collectives spanning several clocks and paired sends/receives make: end agreement along the
    best-bounded path from the reference, a drift where the data show one, clipped into the
    causality interval; sends/receives alone give the interval's middle
-   (``orchestrator/clock_graph.py``). A rank without runtime facts on the reference's host keeps
+   (``orchestrator/ingest/clock_graph.py``). A rank without runtime facts on the reference's host keeps
    0 (``same-host``) while causality allows it (docs/format.md, "/clock"); without either, the
    raw clock.
 3. **Causality**: no rank can finish a synchronizing collective before its last participant
@@ -40,8 +40,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rankscope.analysis.store.schema import ClockMethod
-from rankscope.orchestrator.clock_graph import constraints as _constraints
-from rankscope.orchestrator.clock_graph import shortest_from as shortest_from
+from rankscope.orchestrator.ingest.clock_graph import constraints as _constraints
+from rankscope.orchestrator.ingest.clock_graph import shortest_from as shortest_from
 
 if TYPE_CHECKING:
     import numpy as np
@@ -293,8 +293,8 @@ def align(
     import numpy as np
     import pandas as pd
     from rankscope.analysis.store.schema import P2P_OPS
-    from rankscope.orchestrator import clock_graph as cg
-    from rankscope.orchestrator.matching import SYNCHRONIZING_OPS
+    from rankscope.orchestrator.ingest import clock_graph as cg
+    from rankscope.orchestrator.ingest.matching import SYNCHRONIZING_OPS
 
     by_rank = {i.rank: i for i in inputs}
     ref_domain = by_rank[ref_rank].domain if ref_rank in by_rank else ""
@@ -384,7 +384,7 @@ def align(
                 method[r] = ClockMethod.RUNTIME_COLLECTIVES
                 spread[r] = gspread[r]
         # Ranks without runtime facts: whole clocks (domain, else host) over the graph that
-        # collectives and sends/receives make (orchestrator/clock_graph.py).
+        # collectives and sends/receives make (orchestrator/ingest/clock_graph.py).
         unknown = {
             r: by_rank[r].domain or ("" if method[r] == ClockMethod.SAME_HOST else by_rank[r].host)
             for r in ranks

@@ -4,7 +4,7 @@ Decided before anything is written to the store: of two files claiming a rank th
 wins; ranks from another job (world size, or a clock :data:`FOREIGN_TIME_NS` away from the
 others) are left out; traces that hold no rank (no ``distributedInfo``) get one from their file
 name (``--rank-from``) or the lowest free ranks, in the order given, and the merge says which.
-Separate from the driver (``orchestrator/merge.py``) because these rules are what a reader of
+Separate from the driver (``orchestrator/ingest/merge.py``) because these rules are what a reader of
 "why is rank N missing" looks for, apart from the parsing, aligning and writing around them.
 """
 
@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rankscope.errors import UsageError
-from rankscope.orchestrator.discovery import Problem
-from rankscope.orchestrator.merge_progress import _say
+from rankscope.orchestrator.ingest.discovery import Problem
+from rankscope.orchestrator.ingest.merge_progress import _say
 
 if TYPE_CHECKING:
-    from rankscope.orchestrator.rank_columns import RankResult
-    from rankscope.orchestrator.staging import Spill
+    from rankscope.orchestrator.ingest.rank_columns import RankResult
+    from rankscope.orchestrator.ingest.staging import Spill
 
 #: A rank whose trace starts this far (ns) from the others' median start is from another job.
 FOREIGN_TIME_NS = 24 * 3600 * 10**9

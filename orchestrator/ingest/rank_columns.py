@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 from rankscope.analysis.compute.ops import launch_rows
 from rankscope.analysis.store.schema import EventKind
-from rankscope.orchestrator.discovery import Problem, RankSource
-from rankscope.orchestrator.vocabulary import GPU_KINDS
+from rankscope.orchestrator.ingest.discovery import Problem, RankSource
+from rankscope.orchestrator.ingest.vocabulary import GPU_KINDS
 
 if TYPE_CHECKING:
     import numpy as np
     import pandas as pd
-    from rankscope.orchestrator.comm_links import LinkCounts
-    from rankscope.orchestrator.event_columns import FileTrace
+    from rankscope.orchestrator.ingest.comm_links import LinkCounts
+    from rankscope.orchestrator.ingest.event_columns import FileTrace
 
 #: Annotations looked back through for one that is still open (p2p calls nest at most this deep).
 MAX_P2P_NESTING = 4
@@ -62,9 +62,9 @@ def parse_source(source: RankSource) -> RankResult:
     """Parse all files of one rank (runs in a Dask worker): compact columns + small tables."""
     import numpy as np
     import pandas as pd
-    from rankscope.orchestrator.decode import read_trace
-    from rankscope.orchestrator.event_columns import StringTable, sort_by_ts
-    from rankscope.orchestrator.kineto_json import TraceReadError
+    from rankscope.orchestrator.ingest.decode import read_trace
+    from rankscope.orchestrator.ingest.event_columns import StringTable, sort_by_ts
+    from rankscope.orchestrator.ingest.kineto_json import TraceReadError
 
     parts: list[tuple[int, FileTrace]] = []
     problems: list[Problem] = []
@@ -243,14 +243,14 @@ def _comm_table(
     """
     import numpy as np
     import pandas as pd
-    from rankscope.orchestrator.comm_links import (
+    from rankscope.orchestrator.ingest.comm_links import (
         LinkCounts,
         expand_coalesced,
         fill_from_enqueue,
         link_enqueue,
         prefer_trace,
     )
-    from rankscope.orchestrator.matching import RANK_COMM_COLUMNS, normalise_groups
+    from rankscope.orchestrator.ingest.matching import RANK_COMM_COLUMNS, normalise_groups
 
     counts = LinkCounts()
     if comm.empty:

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from rankscope.errors import UsageError
-from rankscope.launchers.slurm_commands import check_slurm
+from rankscope.launchers.slurm.commands import check_slurm
 
 #: The file of configuration defaults, unless ``$RANKSCOPE_SLURM_CONFIG`` names another.
 DEFAULT_CONFIG_PATH = Path("~/.config/rankscope/slurm.toml")

@@ -1,0 +1,460 @@
+"""``rankscope merge``, the driver: per-rank Kineto traces → one HDF5 store with aligned clocks.
+
+Pipeline (docs/format.md, "How the merge works"; docs/architecture.md, "The path of one trace"):
+
+1. **Discover** the inputs (:mod:`~rankscope.orchestrator.ingest.discovery`): a run directory, any
+   folder of Kineto traces (searched recursively; rankscope's own outputs there are never
+   inputs), or trace files.
+2. **Parse** one task per rank source (:func:`~rankscope.orchestrator.ingest.rank_columns.parse_source`,
+   which decodes with :mod:`~rankscope.orchestrator.ingest.decode` in the words of
+   :mod:`~rankscope.orchestrator.ingest.vocabulary`) where :mod:`rankscope.analysis.engine.scheduler` says:
+   the analysis' scheduler, chosen the same way (in-process until worker processes pay for their
+   start-up, on the events :func:`estimate_events` expects), with the same one line on stderr
+   saying where and why. At most ``2 × workers`` tasks are in flight, and the parent parks each
+   finished rank's columns on disk at once (:class:`Spill`) and drops them, so memory holds a
+   few ranks, never all.
+3. **Decide** which ranks belong (:mod:`~rankscope.orchestrator.ingest.rank_selection`) — of two files
+   claiming a rank the first by name wins; ranks from another job (world size, or a clock
+   :data:`~rankscope.orchestrator.ingest.rank_selection.FOREIGN_TIME_NS` away from the others) are left
+   out — before anything is written.
+4. **Match** collectives across ranks, **align** clocks (orchestrator/ingest/clock.py), then write each
+   kept rank ONCE: ``ts`` already on the aligned clock, its ``coll`` column, its names and
+   categories translated to the store's string table; then the run-wide tables.
+5. The store is written to a temporary name in the output folder and renamed; a lock file
+   (``.trace.h5.lock``, removed when the merge ends) keeps two merges of one output apart.
+   A write that fails (full disk, quota, read-only: in the spill, the store, the rename) ends
+   the merge with ONE :class:`~rankscope.errors.OutputError` line naming the output; the
+   temporary store and the spill are removed, a previous store is untouched
+   (docs/reliability.md).
+
+Why the columns are parked rather than written as they arrive: whether a rank is kept and how its
+clock is shifted are known only once every rank is parsed, and HDF5 neither gives back the space
+of a deleted rank nor rewrites compressed chunks cheaply. A raw ``.npy`` per column (~43 bytes
+per event, beside the output, gone when the merge ends) costs one plain write and one read,
+where writing at once cost a compressed write, a read-back of ``ts`` and a compressed rewrite.
+
+Bad input never costs the other ranks: every problem is recorded in ``/problems`` and printed
+with its file; the exit status is non-zero only when no rank could be merged (or ``--strict``).
+
+The driver stays one module: the decisions between parsing and writing (keep, leave out, align,
+write once) read best in one place. Beside it: which ranks are kept and how rank-less traces are
+ranked in ``rank_selection.py``, the problem lines and progress bar in ``merge_progress.py``, the
+command's arguments in ``merge_cli.py``, the files beside the output in ``staging.py``, the
+per-rank work in ``rank_columns.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rankscope.analysis.engine.scheduler import (
+    SYNCHRONOUS as SYNCHRONOUS,  # the one word, for callers
+)
+from rankscope.atomic import translate_write_errors
+from rankscope.errors import InputFileError, UsageError
+from rankscope.launchers import rundir
+from rankscope.orchestrator.ingest.discovery import Problem, RankSource, discover, nothing_to_merge
+from rankscope.orchestrator.ingest.merge_progress import _Progress, _say
+from rankscope.orchestrator.ingest.rank_selection import FOREIGN_TIME_NS as FOREIGN_TIME_NS
+from rankscope.orchestrator.ingest.rank_selection import MAX_RANKS as MAX_RANKS
+from rankscope.orchestrator.ingest.rank_selection import (
+    _accept,
+    _common,
+    _ranges,
+    _reject_foreign,
+    _world_claim,
+)
+from rankscope.orchestrator.ingest.rank_selection import rank_in_name as rank_in_name
+from rankscope.orchestrator.ingest.rank_selection import rank_pattern as rank_pattern
+from rankscope.orchestrator.ingest.rank_selection import rank_rankless as rank_rankless
+from rankscope.orchestrator.ingest.rank_selection import rankless_note as rankless_note
+from rankscope.orchestrator.ingest.staging import (
+    SPILL_FORMAT,
+    TMP_FORMAT,
+    WORKERS_FORMAT,
+    Spill,
+    output_lock,
+    remove_stale,
+)
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pandas as pd
+    from rankscope.analysis.engine.scheduler import ClusterSpec
+    from rankscope.orchestrator.ingest.rank_columns import RankResult
+
+#: Bytes of Kineto JSON per event, to size a merge before parsing it (:func:`estimate_events`).
+#: Measured on tests/data: 367-409 bytes per event (mean 380) over 21 plain traces.
+JSON_BYTES_PER_EVENT = 380
+#: The same for gzip-compressed traces: 24-30 bytes per event (mean 25) over 16 ``.json.gz``.
+GZIP_BYTES_PER_EVENT = 25
+#: Slurm job name of the merge's ``--slurm-workers`` (what squeue and sacct show).
+MERGE_JOB_NAME = "rankscope-merge"
+
+
+def estimate_events(sources: list[RankSource]) -> int:
+    """Events the sources hold, estimated from their size on disk (nothing is read).
+
+    Enough to choose where to parse (:func:`rankscope.analysis.engine.scheduler.choose` weighs it
+    against what worker processes cost). Parsing an event costs more than analysing one, so the
+    estimate errs toward in-process, the choice that costs least when it is wrong on small runs.
+    """
+    total = 0
+    for source in sources:
+        for _, path in source.files:
+            try:
+                size = path.stat().st_size
+            except OSError:
+                continue
+            per_event = GZIP_BYTES_PER_EVENT if path.name.endswith(".gz") else JSON_BYTES_PER_EVENT
+            total += size // per_event
+    return total
+
+
+def merge_run_dir(
+    run_dir: Path,
+    *,
+    output: Path | None = None,
+    scheduler: str | None = None,
+    cluster: ClusterSpec | None = None,
+    quiet: bool = False,
+    strict: bool = False,
+    extra_inputs: list[Path] | None = None,
+    main_is_guarded: bool = False,
+    rank_from: str | None = None,
+) -> Path:
+    """Merge the traces under ``run_dir`` (a run directory or any folder of traces) into a store.
+
+    Returns the store path (``run_dir/trace.h5`` unless ``output``). ``scheduler`` takes the
+    analysis' words (:class:`rankscope.analysis.engine.scheduler.ClusterSpec`): None or ``"auto"``
+    parses in-process unless worker processes pay for their start-up, ``"processes"`` forks
+    them (Linux), ``"local"`` starts a LocalCluster (one single-threaded worker process per core, at most one per rank),
+    ``"threads"`` and ``"synchronous"`` stay in this process, anything else is the address of a
+    running Dask scheduler. ``cluster``: the whole :class:`ClusterSpec` instead (Slurm workers:
+    ``slurm_workers``, ``slurm_partition`` …; ``rankscope merge --slurm-workers N``), not with
+    ``scheduler``; its Slurm jobs are named :data:`MERGE_JOB_NAME` and write beside the output
+    (:data:`~rankscope.orchestrator.ingest.staging.WORKERS_FORMAT`) unless it says otherwise.
+    ``main_is_guarded``: the caller's ``__main__`` is safe to re-import
+    in worker processes (rankscope's CLI; see ``scheduler.processes_are_safe``). Raises
+    :class:`InputFileError` when no rank could be merged (or, with ``strict``, when any problem
+    was found — the store is still written). ``rank_from``: a regular expression whose first
+    group (or whole match) in a file's name is its rank, for traces without ``distributedInfo``
+    (:func:`~rankscope.orchestrator.ingest.rank_selection.rank_rankless`).
+    """
+    if cluster is not None and scheduler is not None:
+        raise ValueError("give merge_run_dir scheduler= or cluster=, not both")
+    inputs = [Path(run_dir), *(extra_inputs or [])]
+    rank_rx = rank_pattern(rank_from)
+    base = inputs[0] if inputs[0].is_dir() else inputs[0].parent
+    out = Path(output) if output is not None else base / rundir.STORE_NAME
+    if out.is_dir():
+        out = out / rundir.STORE_NAME
+    with translate_write_errors(out):
+        out.parent.mkdir(parents=True, exist_ok=True)
+    with output_lock(out):
+        problems = _merge_locked(
+            inputs,
+            out,
+            scheduler=scheduler,
+            cluster=cluster,
+            quiet=quiet,
+            main_is_guarded=main_is_guarded,
+            rank_from=rank_rx,
+        )
+    if strict and problems:
+        raise InputFileError(f"{out}: {len(problems)} input problem(s) (--strict)", exit_code=1)
+    return out
+
+
+def _merge_locked(
+    inputs: list[Path],
+    out: Path,
+    *,
+    scheduler: str | None,
+    quiet: bool,
+    main_is_guarded: bool,
+    rank_from: re.Pattern[str] | None = None,
+    cluster: ClusterSpec | None = None,
+) -> list[Problem]:
+    """The merge proper, under the output lock; returns the problems found."""
+    import numpy as np
+    import pandas as pd
+    from rankscope import __version__
+    from rankscope.analysis.engine.scheduler import AUTO, ClusterSpec, choose, run_each
+    from rankscope.analysis.store.reader import StoreWriter
+    from rankscope.analysis.store.schema import P2P_WITHOUT_PEER_ATTR
+    from rankscope.orchestrator.ingest import clock as clk
+    from rankscope.orchestrator.ingest.matching import match, renumber, without_peer
+    from rankscope.orchestrator.ingest.rank_columns import parse_source
+
+    sources, run, problems = discover(inputs)
+    if rank_from is not None:
+        for src in sources:
+            if not src.from_run_dir:
+                src.rank_hint = rank_in_name(rank_from, src.files[0][1])
+    order = {src.label: i for i, src in enumerate(sources)}
+    rankless: list[RankResult] = []
+    if not sources:
+        # One line, not the problems and then an error: ``analyze`` relays it under its name.
+        raise InputFileError(nothing_to_merge(inputs[0], problems))
+    for p in problems:
+        _say(p, quiet)
+    try:
+        spec = (
+            cluster
+            if cluster is not None
+            else ClusterSpec(scheduler=scheduler or AUTO, main_is_guarded=main_is_guarded)
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    choice = choose(spec, len(sources), estimate_events(sources))
+    workers_dir = out.parent / WORKERS_FORMAT.format(name=out.name, pid=os.getpid())
+    spec = dataclasses.replace(
+        spec,
+        scheduler=choice.scheduler,
+        main_is_guarded=spec.main_is_guarded or main_is_guarded,
+        slurm_job_name=spec.slurm_job_name or MERGE_JOB_NAME,
+        # What Slurm workers write goes beside the output (shared, removed with the spill).
+        slurm_work_dir=spec.slurm_work_dir or workers_dir,
+    )
+    if not quiet:
+        print(f"merge: {choice.reason}", file=sys.stderr)  # the line analyze prints, for the merge
+    remove_stale(out)
+    tmp = out.parent / TMP_FORMAT.format(name=out.name, pid=os.getpid())
+    spill_dir = out.parent / SPILL_FORMAT.format(name=out.name, pid=os.getpid())
+    total_bytes = sum(p.stat().st_size for s in sources for _, p in s.files if p.exists())
+    parked: dict[int, RankResult] = {}  # their columns wait in the spill
+    try:
+        spill = Spill(spill_dir, out)
+        writer = StoreWriter(
+            tmp,
+            target=out,
+            attrs={
+                "run_id": str(run.get("run_id") or inputs[0].resolve().name),
+                "source": str(inputs[0].resolve()),
+                "rankscope_version": __version__,
+                "tool_versions": _tool_versions(),
+                "run": run or None,
+            },
+        )
+        # closing(): a failure in the loop's body (a full disk in the spill) stops the workers
+        # now, before the folders beside the output are removed, not when the runner is collected.
+        with (
+            writer,
+            _Progress(quiet, len(sources), total_bytes) as progress,
+            contextlib.closing(
+                run_each(parse_source, [(s,) for s in sources], spec, len(sources))
+            ) as results,
+        ):
+            for result in results:
+                for p in result.problems:
+                    problems.append(p)
+                    _say(p, quiet, progress)
+                progress.advance(result)
+                if result.columns is None:
+                    continue
+                if result.rank is None:
+                    rankless.append(result)  # ranked once every rank is known
+                    continue
+                _accept(result, parked, spill, problems, quiet, progress)
+            rankless.sort(key=lambda r: order.get(r.source.label, len(order)))
+            for res, why in rank_rankless(rankless, set(parked), rank_from):
+                if res.rank is None:
+                    p = Problem(res.source.label, -1, why)
+                    problems.append(p)
+                    _say(p, quiet, progress)
+                else:
+                    _accept(res, parked, spill, problems, quiet, progress)
+            if rankless and rank_from is None and any(r.rank is not None for r in rankless):
+                note = rankless_note([r for r in rankless if r.rank is not None])
+                if progress.console is not None:
+                    progress.console.print(f"merge: {note}", markup=False, highlight=False)
+            _reject_foreign(run, parked, spill, problems, quiet)
+            if not parked:
+                raise InputFileError(
+                    f"{inputs[0]}: no rank could be merged ({len(problems)} problem(s), see above)"
+                )
+            world = _world_claim(
+                run.get("world_size") or _common(r.world_size for r in parked.values())
+            )
+            world = max(world, max(parked) + 1)
+            missing = [r for r in range(world) if r not in parked]
+            if missing:
+                # One line for all of them (a 2-of-128 sample would otherwise print 126 lines).
+                p = Problem(
+                    str(inputs[0]),
+                    missing[0] if len(missing) == 1 else -1,
+                    f"{len(missing)} of {world} rank(s) missing (no trace): {_ranges(missing)}",
+                )
+                problems.append(p)
+                _say(p, quiet)
+            # Collectives + clocks.
+            colls = match({r: res.comm for r, res in parked.items() if res.comm is not None})
+            inputs_clock = _share_domain_fits(
+                [_clock_input(r, res) for r, res in sorted(parked.items())]
+            )
+            ref = 0 if 0 in parked else min(parked)
+            clock_table, colls_aligned = clk.align(colls, inputs_clock, ref)
+            colls_aligned = renumber(colls_aligned) if not colls_aligned.empty else colls_aligned
+            per_rank_clock = clock_table.set_index("rank")
+            steps_frames = []
+            for r in sorted(parked):
+                c = per_rank_clock.loc[r]
+                args = (int(c["offset_ns"]), float(c["drift_ppb"]), int(c["t_ref_ns"]))
+                events = spill.take(r)
+                events["ts"] = clk.apply_transform(events["ts"], *args)
+                events["coll"] = np.full(len(events["ts"]), -1, dtype=np.int64)
+                if not colls_aligned.empty:
+                    mine = colls_aligned[colls_aligned["rank"] == r]
+                    events["coll"][mine["event"].to_numpy(np.int64)] = mine["coll"].to_numpy(
+                        np.int64
+                    )
+                _write_rank(writer, r, parked[r], events)
+                del events
+                memory = spill.take(r, part="memory")
+                if memory:  # the same clock as the rank's events
+                    memory["ts"] = clk.apply_transform(memory["ts"], *args)
+                    _write_memory(writer, r, parked[r], memory)
+                spill.drop(r)
+                steps = parked[r].steps
+                if steps is not None and not steps.empty:
+                    st = steps.copy()
+                    st["start"] = clk.apply_transform(st["start"].to_numpy(np.int64), *args)
+                    st["end"] = clk.apply_transform(st["end"].to_numpy(np.int64), *args)
+                    st.insert(0, "rank", np.int32(r))
+                    steps_frames.append(st)
+            writer.set_attr("world_size", world)
+            writer.set_attr("reference_rank", ref)
+            writer.set_attr(P2P_WITHOUT_PEER_ATTR, without_peer(colls))
+            writer.write_tables(
+                {
+                    "collectives": colls_aligned if not colls_aligned.empty else _empty_colls(),
+                    "steps": pd.concat(steps_frames, ignore_index=True)
+                    if steps_frames
+                    else pd.DataFrame({"rank": [], "step": [], "start": [], "end": []}),
+                    "clock": clock_table,
+                    "problems": pd.DataFrame(
+                        [(p.file, p.rank, p.problem) for p in problems],
+                        columns=["file", "rank", "problem"],
+                    ),
+                }
+            )
+        with translate_write_errors(out):
+            os.replace(tmp, out)
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        shutil.rmtree(spill_dir, ignore_errors=True)
+        shutil.rmtree(workers_dir, ignore_errors=True)  # the runner removed it; in case
+    if not quiet:
+        n_coll = int(colls_aligned["coll"].nunique()) if not colls_aligned.empty else 0
+        print(clk.summary_line(clock_table))
+        print(
+            f"merged {len(parked)} of {world} rank(s), {n_coll} collective(s), "
+            f"{len(problems)} problem(s) → {out}"
+        )
+    return problems
+
+
+def _write_rank(writer: Any, rank: int, result: RankResult, events: dict[str, np.ndarray]) -> None:
+    """Write one kept rank: ``events`` aligned, with ``coll``; name/cat become the store's codes."""
+    import numpy as np
+
+    codes = writer.intern(result.strings)
+    events["name"] = codes[events["name"]] if len(codes) else events["name"]
+    events["cat"] = codes[events["cat"]] if len(codes) else events["cat"]
+    for col in ("shapes", "dtypes"):  # optional (record_shapes): -1 stays -1
+        if col in events and len(codes):
+            v = events[col]
+            events[col] = np.where(v >= 0, codes[np.maximum(v, 0)], -1).astype(np.int32)
+    meta = dict(result.source.meta)
+    meta.pop("clock", None)
+    attrs = {
+        "files": [str(p) for _, p in result.source.files],
+        "world_size_claimed": result.world_size if result.world_size is not None else -1,
+        "backend": result.backend or meta.get("backend") or "",
+        "host": meta.get("host") or result.host or "",
+        "trace_ids": result.trace_ids,
+        "json_bytes": result.nbytes,
+        "meta": meta or None,
+    }
+    for key in ("device", "versions", "local_rank", "pid", "windows"):
+        if key in meta:
+            attrs[key] = meta[key]
+    if result.process_groups:
+        attrs["process_groups"] = result.process_groups
+    if result.device_memory:
+        attrs["device_memory"] = {str(k): v for k, v in sorted(result.device_memory.items())}
+    writer.write_rank(rank, events, result.lanes, attrs)
+
+
+def _write_memory(
+    writer: Any, rank: int, result: RankResult, memory: dict[str, np.ndarray]
+) -> None:
+    """Write one kept rank's memory table (aligned ``ts``; op/scope become the store's codes)."""
+    codes = writer.intern(result.strings)
+    memory["op"] = codes[memory["op"]]
+    memory["scope"] = codes[memory["scope"]]
+    writer.write_memory(rank, memory)
+
+
+def _clock_input(rank: int, res: RankResult) -> Any:
+    """Clock facts of one rank from its meta.json (run directories) or nothing."""
+    import pandas as pd
+    from rankscope.orchestrator.ingest.clock import ClockInput, fit_samples
+
+    meta = res.source.meta
+    cinfo = meta.get("clock") or {}
+    host = str(meta.get("host") or res.host or "")
+    domain = str(cinfo.get("domain") or "")
+    fit = None
+    samples = cinfo.get("samples") or []
+    if samples:
+        try:
+            fit = fit_samples(pd.DataFrame(samples))
+        except (KeyError, TypeError, ValueError):
+            fit = None
+    return ClockInput(rank=rank, host=host, domain=domain, fit=fit)
+
+
+def _share_domain_fits(inputs: list[Any]) -> list[Any]:
+    """Ranks of one clock domain share its leader's fit (only leaders record samples)."""
+    import dataclasses
+
+    fits = {ci.domain: ci.fit for ci in inputs if ci.domain and ci.fit is not None}
+    return [
+        dataclasses.replace(ci, fit=fits[ci.domain]) if ci.fit is None and ci.domain in fits else ci
+        for ci in inputs
+    ]
+
+
+def _empty_colls() -> pd.DataFrame:
+    import pandas as pd
+    from rankscope.analysis.store.schema import COLLECTIVE_COLUMNS
+
+    return pd.DataFrame({c: [] for c in COLLECTIVE_COLUMNS})
+
+
+def _tool_versions() -> dict[str, str]:
+    import platform
+
+    import h5py
+    import msgspec
+    import numpy
+    import pandas
+
+    return {
+        "python": platform.python_version(),
+        "h5py": h5py.__version__,
+        "hdf5": h5py.version.hdf5_version,
+        "msgspec": msgspec.__version__,
+        "numpy": numpy.__version__,
+        "pandas": pandas.__version__,
+    }
