@@ -231,7 +231,7 @@ def configs(args: argparse.Namespace) -> tuple[Any, GateConfig, Any]:
 
 def _analysis(path: Path) -> Any:
     from rankscope.analysis.engine.driver import ClusterSpec, analyze
-    from rankscope.orchestrator.analyze import resolve_store
+    from rankscope.orchestrator.workflow import resolve_store
 
     store = resolve_store(path)
     return analyze(store, ClusterSpec(main_is_guarded=True))

@@ -86,7 +86,7 @@ def main(args: argparse.Namespace) -> int:
     from rankscope.analysis.render.perfetto import export_perfetto
     from rankscope.analysis.store.reader import open_store
     from rankscope.analysis.views.timeline import step_window
-    from rankscope.orchestrator.analyze import resolve_store
+    from rankscope.orchestrator.workflow import resolve_store
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 

@@ -20,7 +20,10 @@ import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rankscope.analysis.engine.scheduler import ClusterSpec
 
 #: Prefix of the lines this command writes to the merge log.
 LOG_PREFIX = "rankscope finalize"
@@ -77,24 +80,26 @@ def finalize(run_dir: Path | str, settle_s: float | None = None) -> int:
 
 
 def _merge(run_dir: Path) -> int:
-    """``rankscope merge RUN --scheduler synchronous``, in this process."""
-    from rankscope.analysis.engine.scheduler import SYNCHRONOUS
-    from rankscope.orchestrator.ingest.merge import merge_run_dir
-    from rankscope.orchestrator.merge import interrupt_wins
+    """``rankscope merge RUN --scheduler synchronous``, in this process (the workflow's merge)."""
+    from rankscope.orchestrator.workflow import merge_into_store
 
-    with interrupt_wins():
-        merge_run_dir(run_dir, scheduler=SYNCHRONOUS)
+    merge_into_store(run_dir, _in_process())
     return 0
 
 
 def _analyze(run_dir: Path) -> int:
     """``rankscope analyze RUN --scheduler synchronous``, in this process (its own defaults)."""
-    from rankscope.analysis.engine.scheduler import SYNCHRONOUS
-    from rankscope.orchestrator import analyze
+    from rankscope.orchestrator.workflow import Workflow, merge_analyse_report
 
-    parser = argparse.ArgumentParser(prog="rankscope analyze")
-    analyze.configure(parser)
-    return analyze.main(parser.parse_args([str(run_dir), "--scheduler", SYNCHRONOUS]))
+    merge_analyse_report(run_dir, Workflow(cluster=_in_process()))
+    return 0
+
+
+def _in_process() -> ClusterSpec:
+    """The merge job has one CPU: every per-rank task in this process (no Dask LocalCluster)."""
+    from rankscope.analysis.engine.scheduler import SYNCHRONOUS, ClusterSpec
+
+    return ClusterSpec(scheduler=SYNCHRONOUS, main_is_guarded=True)
 
 
 def _step(name: str, body: Callable[[], int]) -> int:

@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import importlib
 import os
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -490,27 +488,6 @@ def print_run_outcome(run_dir: Path) -> dict[str, Any]:
     return s
 
 
-def after_run(run_dir: Path, *, merge: bool, analyze: bool) -> None:
-    """Merge and analyse the run; their failures never touch the run (its traces are kept)."""
-    steps = []
-    if merge:
-        steps.append(("rankscope.orchestrator.ingest.merge", "merge_run_dir"))
-    if analyze:
-        steps.append(("rankscope.orchestrator.analyze", "print_run_summary"))
-    for module_name, func_name in steps:
-        func = getattr(importlib.import_module(module_name), func_name)
-        try:
-            func(run_dir)
-        except Exception as exc:
-            print(
-                f"rankscope run: warning: {func_name} failed ({type(exc).__name__}: {exc}); "
-                f"the traces in {run_dir} are kept",
-                file=sys.stderr,
-            )
-            if func_name == "merge_run_dir":
-                break  # nothing to analyse without a store
-
-
 def main(args: argparse.Namespace) -> int:
     """Validate, launch, wait (Ctrl-C → interrupted, 130), summarise, merge, analyse."""
     from rankscope.launchers.base import EXIT_INTERRUPTED, launcher_for_kind
@@ -536,8 +513,12 @@ def main(args: argparse.Namespace) -> int:
         from rankscope.launchers.rundir import STORE_NAME
 
         merged = (handle.run_dir / STORE_NAME).exists()
+        from rankscope.orchestrator.workflow import after_run
+
         after_run(
-            handle.run_dir, merge=not opts.no_merge and not merged, analyze=not opts.no_analyze
+            handle.run_dir,
+            merge_traces=not opts.no_merge and not merged,
+            analyse=not opts.no_analyze,
         )
     if state == RunState.INTERRUPTED:
         return EXIT_INTERRUPTED

@@ -84,7 +84,7 @@ def free_port(address: str) -> int:
 
 def _analysis(store_path: Path) -> Any:
     from rankscope.analysis.engine.driver import ClusterSpec
-    from rankscope.orchestrator.analyze import run_analysis
+    from rankscope.orchestrator.workflow import run_analysis
 
     spec = ClusterSpec(main_is_guarded=True)
     return run_analysis(store_path, spec, show_progress=sys.stderr.isatty())
@@ -103,7 +103,7 @@ def main(args: argparse.Namespace) -> int:
     import signal
 
     from rankscope.analysis.store.reader import open_store
-    from rankscope.orchestrator.analyze import resolve_store
+    from rankscope.orchestrator.workflow import resolve_store
 
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be 0..65535, got {args.port}")

@@ -211,7 +211,7 @@ def test_print_run_summary_at_the_end_of_a_run(
     data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """What `rankscope run` calls after merging: summary on stdout, reports in RUN/report/."""
-    from rankscope.orchestrator.analyze import print_run_summary
+    from rankscope.orchestrator.workflow import print_run_summary
 
     run = tmp_path / "run"
     shutil.copytree(data_dir / "cpu_gloo_4rank_straggler", run)
@@ -220,3 +220,34 @@ def test_print_run_summary_at_the_end_of_a_run(
     out = capsys.readouterr().out
     assert "Stragglers" in out and "own compute" in out
     assert (run / "report" / "summary.json").exists() and (run / "report" / "report.html").exists()
+
+
+def test_the_end_of_a_run_and_analyze_write_the_same_report(
+    data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One merge → analyse → report path (orchestrator/workflow.py): what `rankscope run`
+    writes at its end, what a Slurm run's merge job writes (`finalize`, in-process) and what
+    `rankscope analyze RUN` writes are the same summary.json, rank for rank and figure for
+    figure (only the analysis' own timing and where it ran may differ)."""
+    from rankscope.orchestrator.finalize import _analyze
+    from rankscope.orchestrator.workflow import print_run_summary
+
+    run = tmp_path / "run"
+    shutil.copytree(data_dir / "cpu_gloo_4rank_straggler", run)
+    merged(data_dir, "cpu_gloo_4rank_straggler", tmp_path).rename(run / "trace.h5")
+    summary = run / "report" / "summary.json"
+
+    def written() -> dict:
+        doc = json.loads(summary.read_text())
+        doc.pop("analysis", None)  # the scheduler it ran on and its seconds
+        summary.unlink()
+        return doc
+
+    print_run_summary(run)
+    at_run_end = written()
+    assert _analyze(run) == 0
+    in_merge_job = written()
+    assert cli_main(["analyze", str(run), "--scheduler", "synchronous"]) == 0
+    by_analyze = written()
+    assert at_run_end == in_merge_job == by_analyze
+    assert at_run_end["stragglers"], "the straggler of this run is in every one of them"

@@ -1,7 +1,7 @@
 """Slurm backend: the job goes to Slurm through submitit; a dependent job merges it when it ends.
 
 This module is the launcher (:class:`SlurmLauncher`: submit, follow, status, cancel) and the
-entry of ``slurm/rankscope.sbatch`` (``python -m rankscope.launchers.slurm.launcher prepare``). The rest of
+entry of ``slurm/rankscope.sbatch`` (``python -m rankscope.launchers.slurm prepare``). The rest of
 the backend lives by role in ``slurm_options.py`` (what the job asks for, the run flags),
 ``slurm_commands.py`` (sinfo/sacct/squeue/sbatch/scancel), ``slurm_node.py`` (what runs on each
 node: placement, rendezvous, torchrun) and ``slurm_records.py`` (``run.json``'s ``slurm`` object
@@ -380,7 +380,7 @@ def prepare_run(argv: list[str]) -> Path:
     ``run.json`` (launcher ``slurm``, state ``running``), submits the ``afterany`` merge job and
     returns the run directory.
     """
-    parser = argparse.ArgumentParser(prog="python -m rankscope.launchers.slurm.launcher prepare")
+    parser = argparse.ArgumentParser(prog="python -m rankscope.launchers.slurm prepare")
     parser.add_argument("--out", type=Path, default=Path("rankscope-runs"))
     parser.add_argument("--name", default="")
     parser.add_argument("--nproc-per-node", type=int, required=True)
@@ -443,13 +443,13 @@ def prepare_run(argv: list[str]) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m rankscope.launchers.slurm.launcher prepare …`` (used by the sbatch template, not by people).
+    """``python -m rankscope.launchers.slurm prepare …`` (used by the sbatch template, not by people).
 
     The merge job's own step is an orchestrator command (``rankscope finalize RUN``): it merges
     and analyses, which this floor may not import.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    usage = "usage: python -m rankscope.launchers.slurm.launcher prepare ARGS"
+    usage = "usage: python -m rankscope.launchers.slurm prepare ARGS"
     if not argv or argv[0] != "prepare":
         print(usage, file=sys.stderr)
         return 2

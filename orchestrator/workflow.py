@@ -1,0 +1,306 @@
+"""The one path from traces to reports: a store (merged when needed) → its analysis → the
+terminal summary, summary.json and report.html.
+
+``rankscope analyze`` (:func:`merge_analyse_report` with its flags), the end of ``rankscope run``
+(:func:`after_run`), a Slurm run's merge job (``rankscope finalize``: :func:`merge` and
+:func:`merge_analyse_report` in this process) and the commands that only need the store
+(``view``, ``export``, ``compare``: :func:`resolve_store`) all go through here, so a store is
+found, merged, refused, analysed and reported the same way whichever command the user typed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rankscope.errors import InputFileError, RankscopeError
+from rankscope.launchers import rundir
+
+if TYPE_CHECKING:
+    from rankscope.analysis.engine.driver import Analysis
+    from rankscope.analysis.engine.scheduler import ClusterSpec
+
+#: Width of the summary when stdout is not a terminal (rich would use 80 columns).
+PIPE_WIDTH = 110
+#: File names taken as a store by ``analyze`` (an HDF5 signature makes any name one).
+STORE_SUFFIXES = (".h5", ".hdf5")
+#: Slurm job name of the analysis' ``--slurm-workers`` (a merge first names its own).
+ANALYZE_JOB_NAME = "rankscope-analyze"
+#: Terminal rows of the top-ops table unless asked otherwise (``--top-ops``).
+TOP_OPS = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class Workflow:
+    """What one merge → analyse → report does; ``rankscope analyze``'s flags fill it."""
+
+    cluster: ClusterSpec | None = None
+    """Where the merge's and the analysis' per-rank tasks run (None: ``auto``, in this process
+    unless worker processes pay for their start-up)."""
+    merge: bool = True
+    """Merge a folder or trace whose store is missing or older than its inputs (False: a missing
+    store is an error: ``rankscope run`` merged already)."""
+    rank_from: str | None = None
+    """``--rank-from`` of a merge run first (a regular expression naming the rank in a file name)."""
+    json_path: Path | None = None
+    """Where summary.json goes (None: ``RUN/report/summary.json`` for a folder, else nowhere)."""
+    html_path: Path | None = None
+    """Where report.html goes (None: ``RUN/report/report.html`` for a folder, else nowhere)."""
+    top_ops: int = TOP_OPS
+    """Rows of the terminal's top-ops table."""
+    all_ranks: bool = False
+    """List every rank in the terminal tables and the HTML report (above 16 they are summarised)."""
+    progress: bool = True
+    """Show the per-rank progress bar on stderr."""
+
+
+def merge_analyse_report(path: Path, wf: Workflow) -> Analysis:
+    """Store of ``path`` (merged when needed) → analysis → terminal summary and reports written
+    atomically (``wrote …`` for each); returns the analysis."""
+    from rankscope.analysis.engine.scheduler import AUTO, ClusterSpec
+    from rankscope.analysis.render.report import print_summary
+
+    cluster = wf.cluster or ClusterSpec(scheduler=AUTO, main_is_guarded=True)
+    _refuse_unprofiled_run(path)
+    store = resolve_store(path, merge=wf.merge, cluster=cluster, rank_from=wf.rank_from)
+    analysis = run_analysis(
+        store,
+        dataclasses.replace(cluster, slurm_job_name=ANALYZE_JOB_NAME),
+        show_progress=wf.progress,
+    )
+    json_path, html_path = wf.json_path, wf.html_path
+    if path.is_dir():
+        report = path / rundir.REPORT_DIR
+        json_path = json_path or report / rundir.SUMMARY_JSON
+        html_path = html_path or report / rundir.REPORT_HTML
+    console = _console()
+    print_summary(analysis, console, top_ops=wf.top_ops, all_ranks=wf.all_ranks)
+    for p in write_reports(analysis, json_path, html_path, all_ranks=wf.all_ranks):
+        console.print(f"wrote {p}")
+    return analysis
+
+
+def merge_into_store(
+    path: Path, cluster: ClusterSpec | None = None, rank_from: str | None = None
+) -> Path:
+    """Merge ``path`` into its default store (prints the clock line and where it went); Ctrl-C
+    during it is reported as an interrupt. Returns the store."""
+    from rankscope.orchestrator.ingest.merge import merge_run_dir
+    from rankscope.orchestrator.merge import interrupt_wins
+
+    with interrupt_wins():
+        return Path(merge_run_dir(path, cluster=cluster, main_is_guarded=True, rank_from=rank_from))
+
+
+def after_run(run_dir: Path, *, merge_traces: bool, analyse: bool) -> None:
+    """The end of ``rankscope run``: merge, then analyse and report; a failure of either is a
+    warning that never touches the run (its traces are kept), and a failed merge leaves nothing
+    to analyse."""
+    steps: list[tuple[str, Any]] = []
+    if merge_traces:
+        steps.append(("merge_run_dir", lambda: merge_into_store(run_dir)))
+    if analyse:
+        steps.append(("print_run_summary", lambda: print_run_summary(run_dir)))
+    for name, step in steps:
+        try:
+            step()
+        except Exception as exc:
+            print(
+                f"rankscope run: warning: {name} failed ({type(exc).__name__}: {exc}); "
+                f"the traces in {run_dir} are kept",
+                file=sys.stderr,
+            )
+            if name == "merge_run_dir":
+                break  # nothing to analyse without a store
+
+
+def print_run_summary(run_dir: Path) -> None:
+    """Analyse a merged run, print the summary, write ``RUN/report/`` (the store must exist)."""
+    merge_analyse_report(Path(run_dir), Workflow(merge=False, progress=sys.stderr.isatty()))
+
+
+def resolve_store(
+    path: Path,
+    *,
+    merge: bool = True,
+    scheduler: str | None = None,
+    rank_from: str | None = None,
+    cluster: ClusterSpec | None = None,
+) -> Path:
+    """The store to analyse for ``path``, checked readable (so a bad one fails in one line).
+
+    ``path`` is a store file, a run directory or folder of traces, or one Kineto trace file. A
+    folder or trace without an up-to-date store is merged (``scheduler``, or the whole
+    ``cluster`` spec — Slurm workers — as ``rankscope merge``) into the store ``rankscope merge
+    PATH`` writes: ``trace.h5`` in the folder, or beside the trace. An existing store is used as
+    it is when no input is newer; ``merge=False`` never merges (``rankscope run`` merged
+    already). ``rank_from``: ``--rank-from`` of the merge.
+    """
+    if cluster is None:
+        from rankscope.analysis.engine.scheduler import AUTO, ClusterSpec
+
+        cluster = ClusterSpec(scheduler=scheduler or AUTO, main_is_guarded=True)
+    elif scheduler is not None:
+        raise ValueError("give resolve_store scheduler= or cluster=, not both")
+    if not path.exists():
+        raise InputFileError(f"{path}: no such file or directory")
+    if path.is_file():
+        if _is_store_file(path):
+            return _checked(path)
+        return _store_for_trace(path, merge=merge, cluster=cluster, rank_from=rank_from)
+    store = path / rundir.STORE_NAME
+    if store.exists():
+        newer = _newer_input(store, [path]) if merge else None
+        if newer is None:
+            return _checked(store)
+        print(f"{newer} is newer than {store}: merging again", file=sys.stderr)
+    elif not merge:
+        raise InputFileError(f"{path}: no {rundir.STORE_NAME} (run `rankscope merge {path}` first)")
+    return _checked(merge_into_store(path, cluster, rank_from))
+
+
+def _is_store_file(path: Path) -> bool:
+    """A store by its name (``.h5`` …) or its HDF5 signature; it is then opened as one."""
+    import h5py
+
+    return path.name.endswith(STORE_SUFFIXES) or bool(h5py.is_hdf5(path))
+
+
+def _store_for_trace(
+    trace: Path, *, merge: bool, cluster: ClusterSpec, rank_from: str | None = None
+) -> Path:
+    """The store of one trace file: ``trace.h5`` beside it, merged from it when out of date.
+
+    The store is the one ``rankscope merge TRACE`` writes; it is reused while it was merged from
+    this very file and is newer than it. One merged from other inputs (the whole folder) is
+    never overwritten by a merge of one of its files.
+    """
+    from rankscope.analysis.store.reader import open_store
+    from rankscope.orchestrator.ingest.discovery import TraceHead, is_trace_name, sniff
+
+    head = sniff(trace)
+    if head is TraceHead.EXPORT:
+        raise InputFileError(
+            f"{trace}: a Perfetto export written by rankscope, not a trace to analyse; "
+            "analyze the store or run folder it was exported from"
+        )
+    if not (head is TraceHead.TRACE or (head is TraceHead.UNREADABLE and is_trace_name(trace))):
+        raise InputFileError(
+            f"{trace}: neither a rankscope store (HDF5 trace.h5) nor a Kineto trace "
+            "(.json, .json.gz)"
+        )
+    store = trace.parent / rundir.STORE_NAME
+    if store.exists():
+        with open_store(store) as s:
+            source = str(s.meta.get("source") or "")
+        if source != str(trace.resolve()):
+            raise InputFileError(
+                f"{trace}: {store} holds another merge ({source or 'unknown source'}); analyze "
+                f"that, or merge this file elsewhere: rankscope merge {trace} -o OTHER.h5"
+            )
+        if _newer_input(store, [trace]) is None or not merge:
+            print(f"using {store} (merged from {trace}; up to date)")
+            return _checked(store)
+    elif not merge:
+        raise InputFileError(f"{trace}: no {rundir.STORE_NAME} beside it (run `rankscope merge`)")
+    return _checked(merge_into_store(trace, cluster, rank_from))
+
+
+def _newer_input(store: Path, inputs: list[Path]) -> Path | None:
+    """The first input trace file modified after ``store`` was written, else None."""
+    from rankscope.orchestrator.ingest.discovery import discover
+
+    written = store.stat().st_mtime_ns
+    sources, _, _ = discover(inputs)
+    for source in sources:
+        for _, f in source.files:
+            try:
+                if f.stat().st_mtime_ns > written:
+                    return f
+            except OSError:
+                continue
+    return None
+
+
+def _checked(store: Path) -> Path:
+    """``store`` once it opens as a rankscope store (InputFileError naming it otherwise)."""
+    from rankscope.analysis.store.reader import open_store
+
+    with open_store(store):
+        return store
+
+
+def run_analysis(store: Path, spec: Any, *, show_progress: bool = True) -> Any:
+    """Analyse ``store`` with a progress bar on stderr."""
+    from rankscope.analysis.engine.driver import analyze
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = Console(stderr=True)
+    if not show_progress:
+        analysis = analyze(store, spec)
+    else:
+        with Progress(
+            TextColumn("analysing ranks"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        ) as bar:
+            task = bar.add_task("ranks", total=None)
+
+            def tick(done: int, total: int) -> None:
+                bar.update(task, completed=done, total=total)
+
+            analysis = analyze(store, spec, progress=tick)
+    # one short line: where the work ran and why (docs/reading-output.md)
+    console.print(
+        f"[dim]analysis: {analysis.scheduler.reason}[/dim]", highlight=False, soft_wrap=True
+    )
+    return analysis
+
+
+def write_reports(
+    analysis: Any, json_path: Path | None, html_path: Path | None, *, all_ranks: bool = False
+) -> list[Path]:
+    """Write summary.json and/or the HTML report atomically; returns what was written.
+
+    A report that cannot be written (full disk, quota, read-only folder) raises
+    :class:`~rankscope.errors.OutputError`: one line naming it and the cause, the previous file
+    untouched, no temporary file left (``rankscope.atomic``; docs/reliability.md).
+    """
+    from rankscope.analysis.render.report import render_html, render_json
+
+    written = []
+    if json_path is not None:
+        rundir.write_bytes_atomic(json_path, render_json(analysis).encode())
+        written.append(json_path)
+    if html_path is not None:
+        rundir.write_bytes_atomic(html_path, render_html(analysis, all_ranks=all_ranks).encode())
+        written.append(html_path)
+    return written
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    return Console(width=None if sys.stdout.isatty() else PIPE_WIDTH)
+
+
+def _refuse_unprofiled_run(path: Path) -> None:
+    """A run folder without a store whose ranks recorded no window: say why, in one line."""
+    if not (path.is_dir() and (path / rundir.RUN_JSON).is_file()):
+        return
+    if (path / rundir.STORE_NAME).exists():
+        return
+    from rankscope.orchestrator.run import nothing_profiled, run_summary
+
+    try:
+        why = nothing_profiled(run_summary(path))
+    except (OSError, ValueError, KeyError, RankscopeError):
+        return  # an unreadable run.json / meta.json: the merge reports it with its file
+    if why:
+        raise InputFileError(f"{path}: {why}")
