@@ -296,7 +296,7 @@ def _refuse_unprofiled_run(path: Path) -> None:
         return
     if (path / rundir.STORE_NAME).exists():
         return
-    from rankscope.orchestrator.run import nothing_profiled, run_summary
+    from rankscope.orchestrator.run_outcome import nothing_profiled, run_summary
 
     try:
         why = nothing_profiled(run_summary(path))

@@ -174,7 +174,7 @@ def test_unsized_cluster_counts_the_parents_core(monkeypatch: pytest.MonkeyPatch
 
 
 def test_nothing_profiled_says_why() -> None:
-    from rankscope.orchestrator.run import nothing_profiled
+    from rankscope.orchestrator.run_outcome import nothing_profiled
 
     prof = {"skip_first": 0, "wait": 1, "warmup": 1, "active": 3}
     rank = {"rank": 0, "windows": 0, "steps": 0, "profiler": prof}
