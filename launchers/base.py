@@ -28,6 +28,7 @@ import shutil
 import sys
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -35,6 +36,8 @@ from typing import Any, ClassVar
 from rankscope.atomic import translate_write_errors
 from rankscope.errors import InputFileError, OutputError, RankscopeError, UsageError
 from rankscope.launchers import rundir
+from rankscope.launchers.hang_watch import EXIT_HUNG as EXIT_HUNG
+from rankscope.launchers.hang_watch import HangNotice, HangWatch, wait_watching
 from rankscope.launchers.rundir import RunRecord, RunState, load_run, update_run, utc_now
 from rankscope.launchers.spec import LauncherKind, RunSpec, check_run_name
 
@@ -194,13 +197,19 @@ class RunHandle:
             return state
         return self.launcher._finish(self, outcome)
 
-    def wait(self, timeout: float | None = None) -> RunState:
+    def wait(
+        self,
+        timeout: float | None = None,
+        hang: HangWatch | None = None,
+        on_hang: Callable[[HangNotice], None] | None = None,
+    ) -> RunState:
         """Block until the job ends (or ``timeout`` seconds pass); return the state.
 
         Ctrl-C while waiting stops the job (state ``interrupted``) and re-raises
-        KeyboardInterrupt once ``run.json`` is final.
+        KeyboardInterrupt once ``run.json`` is final; ``hang``/``on_hang``: see
+        :meth:`Launcher.wait`.
         """
-        return self.launcher.wait(self, timeout)
+        return self.launcher.wait(self, timeout, hang, on_hang)
 
     def cancel(self) -> RunState:
         """Stop the job (state ``cancelled``)."""
@@ -220,6 +229,8 @@ class Launcher(ABC):
     """Which backend this is (recorded in ``run.json``)."""
     started_state: ClassVar[RunState] = RunState.RUNNING
     """State right after :meth:`_start` returns (``queued`` for a batch scheduler)."""
+    ranks_are_local: ClassVar[bool] = True
+    """The ranks run on this host (a silent rank can be sent the stack signal)."""
 
     # ----------------------------------------------------------------- hooks for backends
     @abstractmethod
@@ -244,6 +255,12 @@ class Launcher(ABC):
             if deadline is not None and time.monotonic() >= deadline:
                 return None
             time.sleep(POLL_INTERVAL_S)
+
+    def _mute_output(self, job: Any) -> None:
+        """Stop copying the job's output to the terminal (it still goes to the log): called
+        when the job hangs, so that its teardown noise does not bury the diagnosis. Backends
+        whose output does not reach this terminal (a batch job) have nothing to do."""
+        return None
 
     def _record_fields(self, job: Any) -> dict[str, Any]:
         """Extra ``run.json`` fields once the job has started (e.g. ``{"slurm": {...}}``)."""
@@ -312,15 +329,28 @@ class Launcher(ABC):
         job = None if RunState(record["state"]).finished else self._attach(run_dir, record)
         return RunHandle(self, run_dir, job)
 
-    def wait(self, handle: RunHandle, timeout: float | None = None) -> RunState:
-        """Wait for the job; on Ctrl-C stop it, record ``interrupted`` and re-raise."""
+    def wait(
+        self,
+        handle: RunHandle,
+        timeout: float | None = None,
+        hang: HangWatch | None = None,
+        on_hang: Callable[[HangNotice], None] | None = None,
+    ) -> RunState:
+        """Wait for the job; on Ctrl-C stop it, record ``interrupted`` and re-raise.
+
+        With ``hang``, the ranks' progress is read between polls: when the job hangs
+        (:mod:`rankscope.launchers.hang_watch`) the notice is printed at once, the ranks are
+        asked where they are (unless ``--on-hang kill``), ``on_hang`` gets the notice (the
+        orchestrator diagnoses and says who and where), and the job is ended as ``hung``
+        (:data:`EXIT_HUNG`) — or, ``--on-hang wait``, left running.
+        """
         current = RunState(handle.record()["state"])
         if current.finished:
             return current
         if handle.job is None:
             raise UsageError(f"run {handle.run_dir} cannot be reached from this process")
         try:
-            outcome = self._wait(handle.job, timeout)
+            outcome = wait_watching(self, handle, timeout, hang, on_hang, POLL_INTERVAL_S)
         except KeyboardInterrupt:
             outcome = self._cancel(handle.job, interrupt=True)
             outcome.state = RunState.INTERRUPTED

@@ -60,6 +60,8 @@ class LocalJob:
     log_path: Path
     pump: threading.Thread
     echo: IO[bytes] | None = None
+    shown: ConsoleFilter = field(default_factory=ConsoleFilter)
+    """What of the job's output reaches the terminal (muted once the job hangs)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -85,11 +87,13 @@ class LocalLauncher(Launcher):
         if proc.stdout is None:  # cannot happen with stdout=PIPE; keeps the type checker honest
             raise RuntimeError("torchrun started without an output pipe")
         echo = getattr(sys.stdout, "buffer", None) if self.echo else None
-        pump = threading.Thread(
-            target=tee, args=(proc.stdout, log_path, echo, ConsoleFilter()), daemon=True
-        )
+        shown = ConsoleFilter()
+        pump = threading.Thread(target=tee, args=(proc.stdout, log_path, echo, shown), daemon=True)
         pump.start()
-        return LocalJob(proc=proc, log_path=log_path, pump=pump, echo=echo)
+        return LocalJob(proc=proc, log_path=log_path, pump=pump, echo=echo, shown=shown)
+
+    def _mute_output(self, job: LocalJob) -> None:
+        job.shown.mute()
 
     def _record_fields(self, job: LocalJob) -> dict[str, Any]:
         return {"local": {"pid": job.proc.pid, "log": str(job.log_path)}}

@@ -35,9 +35,18 @@ class ConsoleFilter:
 
     def __init__(self) -> None:
         self._owed_newlines = 0
+        self.muted = False
+        """Show nothing more (the job is being ended after a hang: its teardown noise — the
+        ranks' tracebacks — stays in the log, the terminal keeps rankscope's paragraph)."""
+
+    def mute(self) -> None:
+        """From now on, nothing reaches the terminal (the log still gets every byte)."""
+        self.muted = True
 
     def __call__(self, line: bytes) -> bytes | None:
         """The line to show, or None to show nothing."""
+        if self.muted:
+            return None
         rest, markers = KINETO_MARKER_RE.subn(b"", line)
         if not markers:
             if self._owed_newlines and not line.strip(b"\r\n"):

@@ -47,6 +47,17 @@ REPORT_DIR = "report"
 SUMMARY_JSON = "summary.json"
 REPORT_HTML = "report.html"
 LOGS_DIR = "logs"
+#: A rank's progress (steps done, when the last one ended), rewritten as it trains: how the
+#: launcher notices a hang (``launchers/hang_probe.py``).
+PROGRESS_FILE = "progress.json"
+#: Written by the launcher when the job looks hung (its content: a token); every rank answers.
+HANG_REQUEST = "hang.request"
+#: A rank's answer: its threads' stacks and its Flight Recorder (``ranks/NNNNN/hang.json``).
+HANG_DUMP = "hang.json"
+#: faulthandler's stacks of a rank whose Python threads could not answer (``ranks/NNNNN/``).
+STACKS_FILE = "stacks.txt"
+#: The diagnosis of a hang (``report/hang.json``).
+HANG_REPORT = "hang.json"
 
 #: Name of the annotation (``record_function``) the rank runtime puts around every isend / irecv
 #: (and so around send / recv / batch_isend_irecv), naming the peer's GLOBAL rank: Kineto traces
@@ -73,6 +84,7 @@ class RunState(enum.StrEnum):
     INTERRUPTED = "interrupted"
     CANCELLED = "cancelled"
     TIMEOUT = "timeout"
+    HUNG = "hung"
 
     @property
     def finished(self) -> bool:
@@ -133,7 +145,9 @@ def versions() -> dict[str, str | None]:
 #: :class:`RunRecord` fields left out of ``run.json`` while None: what one writer does not know
 #: (rank 0 under the user's own launcher has no spec options, run folder path or launching host;
 #: only one backend's own object is present).
-OPTIONAL_RUN_KEYS = frozenset({"module", "options", "run_dir", "cwd", "host", "local", "slurm"})
+OPTIONAL_RUN_KEYS = frozenset(
+    {"module", "options", "run_dir", "cwd", "host", "local", "slurm", "hang"}
+)
 
 
 @dataclass(kw_only=True)
@@ -191,6 +205,9 @@ class RunRecord:
     """When the run ended."""
     failures: list[dict[str, Any]] = field(default_factory=list)
     """What failed: ``rank``, ``error``, ``exit_code`` …"""
+    hang: dict[str, Any] | None = None
+    """When the job hung: when it was noticed, the collective it is stuck in, the ranks that did
+    not arrive and where they are (``report/hang.json`` has the whole diagnosis)."""
     local: dict[str, Any] | None = None
     """Local backend: torchrun's pid and log."""
     slurm: dict[str, Any] | None = None

@@ -48,6 +48,7 @@ from typing import Any
 from rankscope import __version__
 from rankscope.atomic import output_error
 from rankscope.launchers import clocksync, p2p, rundir
+from rankscope.launchers.hang_probe import HangProbe, innermost_user_frame
 from rankscope.launchers.spec import LauncherKind, ProfilerSettings, check_samples
 from rankscope.launchers.stepping import DEFERRED_SIGNALS as DEFERRED_SIGNALS
 from rankscope.launchers.stepping import STEP_CPU_KEY as STEP_CPU_KEY
@@ -128,6 +129,8 @@ class RankRuntime(RankStepping, RankWindows):
         """The rank's folder could not be created: the training runs without profiling."""
         self._warned: set[str] = set()
         self.writer = WindowWriter(self._write_window)
+        self.probe = HangProbe(run_dir, self.rank)
+        """Progress for the launcher, and the answer when the job looks hung."""
         self.meta: dict[str, Any] = {
             "rank": self.rank,
             "local_rank": self.local_rank,
@@ -168,6 +171,7 @@ class RankRuntime(RankStepping, RankWindows):
             self.warn(f"{output_error(self.dir, exc)}; this rank runs without profiling")
             return
         self._continue_previous_attempt()
+        self.probe.start()
         cuda = torch.cuda.is_available()
         versions = self.meta["versions"]
         versions.update(torch=torch.__version__, nccl=None, cuda=torch.version.cuda, driver=None)
@@ -309,6 +313,7 @@ class RankRuntime(RankStepping, RankWindows):
                 os.close(self._schedstat)
             self._schedstat = None
         self.meta["ended_ns"] = time.time_ns()
+        self.probe.stop()
         self.write_meta()
         if self.external:
             self.external = False
@@ -330,6 +335,7 @@ class RankRuntime(RankStepping, RankWindows):
             if isinstance(exc, KeyboardInterrupt)
             else ("SIGTERM" if isinstance(exc, Terminated) else None),
             "traceback": "".join(tb[-3:])[-2000:],
+            "user_frame": innermost_user_frame(exc),
         }
         self.write_meta()
         if not interrupted:

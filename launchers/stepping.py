@@ -22,7 +22,10 @@ import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rankscope.launchers.hang_probe import HangProbe
 
 #: The calling thread's scheduler counters (Linux): ns on a CPU, ns runnable but waiting for one
 #: (run-queue delay), time slices. Opened once by the training thread and read with ``pread`` at
@@ -102,6 +105,7 @@ class RankStepping:
     _lead_settled: bool
     _after_lead: weakref.ref[Any] | None
     _lead_optimizer: weakref.ref[Any] | None
+    probe: HangProbe
 
     # ------------------------------------------------------------------ stepping
     def step(self, samples: float | None = None) -> None:
@@ -188,6 +192,7 @@ class RankStepping:
         else:
             self.prof.step()
         self.meta["steps"] += 1
+        self.probe.beat(self.meta["steps"])
         self._tag_window()
         # the next step begins now, as the trace's ProfilerStep#N does: the profiler's own work
         # in step() (starting a window, exporting one, counting FLOPs: milliseconds under load)

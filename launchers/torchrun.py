@@ -94,8 +94,16 @@ def prune_empty_dirs(folder: Path) -> None:
 
 
 def rank_settings_env(spec: RunSpec, run_dir: Path) -> dict[str, str]:
-    """The variables every rank needs: the user's extra ones, the run folder, the profiler."""
+    """The variables every rank needs: the user's extra ones, the run folder, the profiler, and
+    PyTorch's Flight Recorder on (unless the user sized it: then theirs) — the collectives each
+    rank entered and completed, read when the job hangs (``launchers/hang_probe.py``)."""
+    from rankscope.launchers.hang_probe import FLIGHT_RECORDER_ENTRIES, FLIGHT_RECORDER_ENV
+
+    recorder = {}
+    if FLIGHT_RECORDER_ENV not in os.environ and FLIGHT_RECORDER_ENV not in spec.env:
+        recorder[FLIGHT_RECORDER_ENV] = FLIGHT_RECORDER_ENTRIES
     return {
+        **recorder,
         **spec.env,
         rundir.ENV_RUN_DIR: str(run_dir),
         rundir.ENV_PROFILER: spec.profiler.to_json(),

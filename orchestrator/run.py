@@ -155,6 +155,40 @@ def add_output_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_hang_arguments(parser: argparse.ArgumentParser) -> None:
+    """When the job counts as hung and what happens then (``launchers/hang_watch.py``)."""
+    from rankscope.launchers.hang_watch import MIN_HANG_AFTER_S, STEP_FACTOR, OnHang
+
+    g = parser.add_argument_group("hangs")
+    g.add_argument(
+        "--hang-after",
+        type=_positive_seconds,
+        default=None,
+        metavar="S",
+        help=f"the job is hung when no rank finishes a step for S seconds (default: "
+        f"max({STEP_FACTOR:g} x the p99 step time, {MIN_HANG_AFTER_S:g} s); before the first "
+        "step, 3 x S)",
+    )
+    g.add_argument(
+        "--on-hang",
+        choices=[str(o) for o in OnHang],
+        default=str(OnHang.REPORT),
+        help="when it hangs: 'report' where every rank is, then end the job (default); 'kill' "
+        "it at once; 'wait': report and leave it running",
+    )
+
+
+def _positive_seconds(text: str) -> float:
+    """A number of seconds > 0 (argparse's one-line error otherwise)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}")
+    return value
+
+
 def add_slurm_arguments(parser: argparse.ArgumentParser) -> None:
     """Slurm flags (``--slurm``, nodes, partition, time …): the Slurm launcher's region.
 
@@ -172,6 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-h", "--help", action="store_true", help="show this help and exit")
     add_profiler_arguments(parser)
     add_output_arguments(parser)
+    add_hang_arguments(parser)
     add_slurm_arguments(parser)
     return parser
 
@@ -348,7 +383,7 @@ def backend_options(args: argparse.Namespace) -> dict[str, Any]:
 # --------------------------------------------------------------------------- summary
 def main(args: argparse.Namespace) -> int:
     """Validate, launch, wait (Ctrl-C → interrupted, 130), summarise, merge, analyse."""
-    from rankscope.launchers.base import EXIT_INTERRUPTED, launcher_for_kind
+    from rankscope.launchers.base import EXIT_HUNG, EXIT_INTERRUPTED, launcher_for_kind
     from rankscope.launchers.rundir import RunState
 
     parser = build_parser()
@@ -359,8 +394,18 @@ def main(args: argparse.Namespace) -> int:
     launcher = launcher_for_kind(spec.launcher)
     handle = launcher.launch(spec)
     print(f"rankscope run: {handle.run_dir}", flush=True)
+    from rankscope.launchers.hang_watch import HangRule, HangWatch, OnHang
+    from rankscope.orchestrator.hang import say_who_and_where
+
+    # the ranks' progress is watched for hangs where the launcher waits on them (local runs;
+    # a Slurm job is followed by Slurm's own state)
+    rule = HangRule(opts.hang_after, OnHang(opts.on_hang))
+    watch = HangWatch(handle.run_dir, rule, local=launcher.ranks_are_local)
     try:
-        state = handle.wait()
+        state = handle.wait(
+            hang=watch if launcher.ranks_are_local else None,
+            on_hang=lambda n: say_who_and_where(handle.run_dir, n),
+        )
     except KeyboardInterrupt:
         state = RunState.INTERRUPTED
     if not state.finished:
@@ -382,6 +427,8 @@ def main(args: argparse.Namespace) -> int:
         )
     if state == RunState.INTERRUPTED:
         return EXIT_INTERRUPTED
+    if state == RunState.HUNG:
+        return EXIT_HUNG
     code = handle.exit_code
     if state == RunState.COMPLETED:
         return 0

@@ -97,6 +97,7 @@ class SlurmLauncher(Launcher):
 
     kind: ClassVar[LauncherKind] = LauncherKind.SLURM
     started_state: ClassVar[RunState] = RunState.QUEUED
+    ranks_are_local: ClassVar[bool] = False
 
     def __init__(self, *, echo: bool = True) -> None:
         self.echo = echo

@@ -1,0 +1,156 @@
+"""A hang, said once for the terminal, ``run.json`` and ``report/hang.json``: which collective
+the job is stuck in, which ranks never arrived (or arrived at another one) and where each is.
+
+Ranks at the same place in the same state are one group ("ranks 0, 2–7"), so a 1,024-rank job
+reads as a few lines. The diagnosis is :func:`rankscope.analysis.compute.hang.diagnose`'s; this
+module only words it. Seconds are rounded to whole seconds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rankscope.analysis.compute.hang import HangDiagnosis, RankPlace, RankState
+
+#: Groups of ranks listed in the paragraph (the rest are counted).
+MAX_GROUPS = 6
+
+
+def rank_list(ranks: list[int]) -> str:
+    """``rank 3`` / ``ranks 0, 2–7``: consecutive ranks as ranges."""
+    ranks = sorted(ranks)
+    parts: list[str] = []
+    start = prev = ranks[0]
+    for r in [*ranks[1:], None]:
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        parts.append(str(start) if start == prev else f"{start}–{prev}")
+        if r is not None:
+            start = prev = r
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(parts)
+
+
+def _where(p: RankPlace) -> str:
+    where = f"in {p.user_frame.where()}" if p.user_frame else "outside the user's code"
+    if p.inside:
+        where += f" inside {p.inside}"
+    return where
+
+
+def _what(p: RankPlace, diag: HangDiagnosis) -> str:
+    """The state of a group of ranks, in words."""
+    label = diag.collective.label() if diag.collective else ""
+    if p.state == RankState.WAITING:
+        return f"waiting in {label}" if label else "waiting"
+    if p.state == RankState.MISSING:
+        return f"never entered {label}" if label else "somewhere else than the others"
+    if p.state == RankState.DESYNC:
+        return (
+            f"called {p.op or '?'} as collective #{diag.collective.seq}" if diag.collective else ""
+        )
+    if p.state == RankState.DEAD:
+        return f"had died ({p.error})" if p.error else "had died"
+    if p.state == RankState.SILENT:
+        return "did not answer (its stacks, if any: ranks/NNNNN/stacks.txt)"
+    return "running"
+
+
+def groups(diag: HangDiagnosis) -> list[tuple[list[int], RankPlace]]:
+    """(ranks, one of their places) for each group of ranks in the same state at the same place;
+    the culprits first."""
+    order = {
+        s: i
+        for i, s in enumerate(
+            (
+                RankState.DEAD,
+                RankState.MISSING,
+                RankState.DESYNC,
+                RankState.SILENT,
+                RankState.ELSEWHERE,
+                RankState.WAITING,
+            )
+        )
+    }
+    found: dict[tuple[Any, ...], list[RankPlace]] = {}
+    for p in diag.places:
+        found.setdefault((p.state, p.user_frame, p.inside, p.op, p.error), []).append(p)
+    out = [([p.rank for p in ps], ps[0]) for ps in found.values()]
+    out.sort(key=lambda g: (order[g[1].state], g[0][0]))
+    return out
+
+
+def headline(diag: HangDiagnosis) -> str:
+    """One sentence: where the job is stuck and who the others wait for."""
+    culprits = diag.culprits
+    who = rank_list(culprits) if culprits else "no rank in particular"
+    if diag.collective is not None and diag.desync:
+        c = diag.collective
+        where = c.label().split(" of ", 1)[1]
+        return (
+            f"The job hung on a desync at collective #{c.seq} of {where}: the ranks called "
+            f"different collectives ({c.op})."
+        )
+    if diag.collective is not None:
+        return f"The job hung in {diag.collective.label()}: the others wait for {who}."
+    if culprits:
+        return (
+            f"The job hung: {who} {'is' if len(culprits) == 1 else 'are'} not where the others are."
+        )
+    return "The job hung: every rank is at the same place (see each rank's stacks)."
+
+
+def paragraph(diag: HangDiagnosis) -> str:
+    """The terminal's short paragraph: the headline, then one line per group of ranks."""
+    lines = [headline(diag)]
+    gs = groups(diag)
+    for ranks, p in gs[:MAX_GROUPS]:
+        since = (
+            f", {p.since_s:.0f} s after step {p.steps}" if p.since_s is not None and p.steps else ""
+        )
+        lines.append(f"  {rank_list(ranks)}: {_what(p, diag)}, {_where(p)}{since}")
+    if len(gs) > MAX_GROUPS:
+        lines.append(f"  … {len(gs) - MAX_GROUPS} more groups (report/hang.json)")
+    return "\n".join(lines)
+
+
+def hang_json(diag: HangDiagnosis, notice: dict[str, Any]) -> dict[str, Any]:
+    """``report/hang.json``: the notice, the diagnosis, every rank's place, the words."""
+    c = diag.collective
+    return {
+        "notice": notice,
+        "basis": diag.basis,
+        "collective": None
+        if c is None
+        else {"group": c.group, "group_desc": c.group_desc, "seq": c.seq, "op": c.op},
+        "desync": diag.desync,
+        "culprits": diag.culprits,
+        "headline": headline(diag),
+        "ranks": [
+            {
+                "rank": p.rank,
+                "state": str(p.state),
+                "file": p.user_frame.file if p.user_frame else None,
+                "line": p.user_frame.line if p.user_frame else None,
+                "function": p.user_frame.function if p.user_frame else None,
+                "inside": p.inside,
+                "op": p.op,
+                "steps": p.steps,
+                "since_last_step_s": None if p.since_s is None else round(p.since_s, 3),
+                "error": p.error,
+            }
+            for p in diag.places
+        ],
+    }
+
+
+def run_record(diag: HangDiagnosis) -> dict[str, Any]:
+    """What ``run.json``'s ``hang`` object adds: the headline and the culprits' places."""
+    culprit_places = [p for p in diag.places if p.rank in set(diag.culprits)]
+    return {
+        "headline": headline(diag),
+        "collective": None if diag.collective is None else diag.collective.label(),
+        "culprits": [
+            {"rank": p.rank, "state": str(p.state), "where": _where(p)} for p in culprit_places[:16]
+        ],
+    }

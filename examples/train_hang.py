@@ -1,0 +1,103 @@
+"""A small data-parallel job that hangs (or dies) the ways real jobs do, for ``rankscope run``'s
+hang diagnosis:
+
+    rankscope run --nproc-per-node 2 --hang-after 20 examples/train_hang.py --hang loop --rank 1
+    rankscope run --nproc-per-node 2 --hang-after 20 examples/train_hang.py --hang loader --rank 1
+    rankscope run --nproc-per-node 2 --hang-after 20 examples/train_hang.py --hang desync --rank 1
+    rankscope run --nproc-per-node 2 examples/train_hang.py --hang kill --rank 1
+    rankscope run --nproc-per-node 2 --hang-after 20 examples/train_hang.py --grow 0.2:3 --steps 12
+
+``--hang loop``: rank R spins forever after step ``--after`` (an endless loop in user code);
+``loader``: rank R's DataLoader worker never yields batch ``--after`` (a data-loader deadlock);
+``desync``: at step ``--after`` rank R calls all_gather where the others call all_reduce;
+``kill``: rank R is killed with SIGKILL in the middle of step ``--after``. ``--grow A:B`` makes
+the steps take from A to B seconds (busy compute; a slow job, not a hung one). gloo on CPU.
+Delays never use ``time.sleep`` (``threading.Event().wait``: libfaketime-safe).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, IterableDataset
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--steps", type=int, default=40, help="training iterations")
+    p.add_argument("--hang", choices=["none", "loop", "loader", "desync", "kill"], default="none")
+    p.add_argument("--rank", type=int, default=1, help="the rank that hangs or dies")
+    p.add_argument("--after", type=int, default=4, help="the step at which it does")
+    p.add_argument("--grow", default="", metavar="A:B", help="steps take from A to B seconds")
+    p.add_argument("--step-s", type=float, default=0.05, help="seconds of work per step")
+    return p.parse_args()
+
+
+class Batches(IterableDataset):
+    """Random batches; on the hanging rank, the worker stops yielding at batch ``stop``."""
+
+    def __init__(self, stop: int | None) -> None:
+        self.stop = stop
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        i = 0
+        while True:
+            if self.stop is not None and i == self.stop:
+                threading.Event().wait()  # a worker that never yields again (a deadlock)
+            yield torch.randn(16, 32)
+            i += 1
+
+
+def busy(seconds: float) -> None:
+    """Compute for ``seconds`` (no sleep)."""
+    end = time.perf_counter() + seconds
+    x = torch.randn(192, 192) / 192
+    while time.perf_counter() < end:
+        x = torch.tanh(x @ x)  # few, large ops: a small trace
+
+
+def main() -> None:
+    args = parse_args()
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = nn.Linear(32, 32)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    me = rank == args.rank
+    stop = args.after if me and args.hang == "loader" else None
+    loader = DataLoader(Batches(stop), batch_size=None, num_workers=1)
+    grow = [float(v) for v in args.grow.split(":")] if args.grow else None
+    for step, batch in enumerate(loader):
+        if step >= args.steps:
+            break
+        loss = model(batch).square().mean()
+        loss.backward()
+        grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+        if me and step == args.after and args.hang == "loop":
+            while True:  # the endless loop
+                pass
+        if me and step == args.after and args.hang == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if me and step == args.after and args.hang == "desync":
+            out = [torch.empty_like(grads) for _ in range(world)]
+            dist.all_gather(out, grads)  # the desync: the others call all_reduce here
+        else:
+            dist.all_reduce(grads)  # the gradient all-reduce
+        opt.step()
+        opt.zero_grad()
+        if grow:
+            busy(grow[0] + (grow[1] - grow[0]) * step / max(args.steps - 1, 1))
+        else:
+            busy(args.step_s)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,229 @@
+"""What a rank tells when the job looks stuck: its progress, every thread's Python stack, and the
+collectives it entered and completed.
+
+The launcher cannot see inside a rank that stopped making progress, and the rank's own main
+thread is the one that is stuck (in an endless loop, in a collective, waiting on a data-loader
+worker). So every rank runs, beside the training, one daemon thread of this module:
+
+* **Progress.** :meth:`HangProbe.beat` (called at the end of every step) writes
+  ``ranks/NNNNN/progress.json`` — steps done, when the last one ended (ns since the epoch),
+  the pid — at most every :data:`BEAT_INTERVAL_S`, atomically: the launcher reads them to notice
+  that no rank finishes steps any more.
+* **Answers.** When the launcher writes ``RUN/hang.request``, the thread writes
+  ``ranks/NNNNN/hang.json``: the Python stack of every thread (``sys._current_frames``: the
+  thread runs between the stuck thread's bytecodes, or while it waits in C code that released
+  the GIL, as collectives do), each frame marked as user code or not, and PyTorch's Flight
+  Recorder as JSON (``_dump_fr_trace_json``: the collectives of every process group with their
+  sequence numbers, whatever the backend; never its pickle form: docs/security.md).
+* **Last resort.** ``faulthandler`` on :data:`STACK_SIGNAL` writes every thread's stack to
+  ``ranks/NNNNN/stacks.txt`` from C, for a rank whose Python threads cannot run at all (a C
+  extension holding the GIL); the launcher sends that signal to ranks that do not answer.
+
+Times are ns since the epoch (``time.time_ns``) unless a name says ``_s``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import sysconfig
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from rankscope.launchers import rundir
+
+#: Seconds between two progress.json writes at most (a step ends far more often in small jobs).
+BEAT_INTERVAL_S = 0.5
+#: Seconds between two looks for the launcher's request.
+REQUEST_POLL_S = 0.25
+#: Signal on which faulthandler writes every thread's stack (C level, no GIL needed).
+STACK_SIGNAL = signal.SIGUSR2
+#: Frames kept per thread (innermost last), like faulthandler's own limit.
+MAX_FRAMES = 100
+#: Environment variable (and value) that makes PyTorch keep its Flight Recorder ring buffer of
+#: collectives; set by ``rankscope run`` for its ranks unless the user set it.
+FLIGHT_RECORDER_ENV = "TORCH_FR_BUFFER_SIZE"
+FLIGHT_RECORDER_ENTRIES = "2000"
+
+
+def _library_dirs() -> tuple[str, ...]:
+    """Folders whose code is not the user's: the standard library, installed packages, and
+    rankscope itself (its runtime wraps the user's script)."""
+    paths = sysconfig.get_paths()
+    dirs = {paths.get(k, "") for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    import rankscope
+
+    # rankscope's own folders, not their parent: in a clone, the user's examples sit beside them
+    dirs.add(str(Path(rankscope.__file__).resolve().parent))
+    dirs.add(str(Path(__file__).resolve().parent))
+    return tuple(sorted(d for d in dirs if d))
+
+
+LIBRARY_DIRS = _library_dirs()
+
+
+def is_user_file(filename: str) -> bool:
+    """Whether a frame's file is the user's code (not Python's, a package's or rankscope's)."""
+    if filename.startswith("<"):
+        return False
+    path = os.path.abspath(filename)
+    return not any(path.startswith(d + os.sep) or path == d for d in LIBRARY_DIRS)
+
+
+def innermost_user_frame(exc: BaseException) -> dict[str, Any] | None:
+    """``{file, line, function}`` of the deepest frame of ``exc``'s traceback in user code (where
+    the user's script called what failed), None when no frame is the user's."""
+    found = None
+    tb = exc.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if is_user_file(code.co_filename):
+            found = {"file": code.co_filename, "line": tb.tb_lineno, "function": code.co_name}
+        tb = tb.tb_next
+    return found
+
+
+def thread_stacks() -> list[dict[str, Any]]:
+    """Every thread's Python stack: ``{"thread", "name", "frames": [{file, line, function,
+    user}]}`` with the innermost frame last (the probe's own thread left out)."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    me = threading.get_ident()
+    out = []
+    for ident, frame in sys._current_frames().items():
+        if ident == me:
+            continue
+        frames: list[dict[str, Any]] = []
+        f: Any = frame
+        while f is not None and len(frames) < MAX_FRAMES:
+            code = f.f_code
+            frames.append(
+                {
+                    "file": code.co_filename,
+                    "line": f.f_lineno,
+                    "function": code.co_name,
+                    "user": is_user_file(code.co_filename),
+                }
+            )
+            f = f.f_back
+        frames.reverse()
+        out.append({"thread": ident, "name": names.get(ident, "?"), "frames": frames})
+    out.sort(key=lambda t: (t["name"] != "MainThread", str(t["name"])))
+    return out
+
+
+def flight_recorder() -> dict[str, Any] | None:
+    """PyTorch's Flight Recorder of this process as JSON (None when torch.distributed is not in
+    use, or this torch cannot dump it)."""
+    if "torch" not in sys.modules:
+        return None
+    try:
+        import torch.distributed as dist
+
+        if not dist.is_available() or not dist.is_initialized():
+            return None
+        import torch._C._distributed_c10d as c10d
+
+        text = c10d._dump_fr_trace_json(includeCollectives=True)  # type: ignore[attr-defined]
+    except Exception:  # a torch without it, or a process group that cannot say
+        return None
+    try:
+        doc = json.loads(text if isinstance(text, str) else bytes(text).decode())
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+class HangProbe:
+    """The rank side of hang diagnosis (see the module docstring): one per rank process."""
+
+    def __init__(self, run_dir: Path, rank: int) -> None:
+        self.run_dir = run_dir
+        self.rank = rank
+        self.dir = rundir.rank_dir(run_dir, rank)
+        self.steps = 0
+        self.last_step_ns: int | None = None
+        self._written_ns = 0
+        self._written_steps = -1
+        self._answered: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._stacks_file: Any = None
+        self.stack_signal = False
+        """faulthandler answers STACK_SIGNAL in this process (else the launcher must not send
+        it: its default action ends the process)."""
+
+    def start(self) -> None:
+        """Register the stack signal, write the first progress record, start the thread."""
+        with contextlib.suppress(OSError, ValueError, RuntimeError, AttributeError):
+            import faulthandler
+
+            self._stacks_file = open(self.dir / rundir.STACKS_FILE, "a")  # noqa: SIM115
+            faulthandler.register(STACK_SIGNAL, file=self._stacks_file, all_threads=True)
+            self.stack_signal = True
+        self._thread = threading.Thread(
+            target=self._watch, name="rankscope-hang-probe", daemon=True
+        )
+        self._thread.start()
+
+    def beat(self, steps: int) -> None:
+        """A step ended (``steps`` done in all): written now when BEAT_INTERVAL_S passed since
+        the last write, else by the probe's thread within that time (so the last step before a
+        hang is always on disk)."""
+        now = time.time_ns()
+        self.steps = steps
+        self.last_step_ns = now
+        if now - self._written_ns >= BEAT_INTERVAL_S * 1e9 or steps == 1:
+            self._write_progress()
+
+    def stop(self) -> None:
+        """The rank ends: a last progress record, the thread stopped."""
+        self._stop.set()
+        self._write_progress()
+
+    def _write_progress(self) -> None:
+        self._written_ns = time.time_ns()
+        self._written_steps = self.steps
+        doc = {
+            "rank": self.rank,
+            "pid": os.getpid(),
+            "steps": self.steps,
+            "last_step_ns": self.last_step_ns,
+            "written_ns": self._written_ns,
+            "stack_signal": self.stack_signal,
+        }
+        with contextlib.suppress(OSError):
+            rundir.write_json_atomic(self.dir / rundir.PROGRESS_FILE, doc)
+
+    def _watch(self) -> None:
+        request = self.run_dir / rundir.HANG_REQUEST
+        while not self._stop.wait(REQUEST_POLL_S):
+            if self._written_steps != self.steps:
+                self._write_progress()  # steps the main thread did not write (throttled)
+            try:
+                token = request.read_text().strip()
+            except OSError:
+                continue
+            if token and token != self._answered:
+                self._answered = token
+                self.answer(token)
+
+    def answer(self, token: str) -> None:
+        """Write ``hang.json``: stacks, Flight Recorder, progress (the launcher's ``token``)."""
+        self._write_progress()
+        doc = {
+            "token": token,
+            "rank": self.rank,
+            "pid": os.getpid(),
+            "time_ns": time.time_ns(),
+            "steps": self.steps,
+            "last_step_ns": self.last_step_ns,
+            "threads": thread_stacks(),
+            "flight_recorder": flight_recorder(),
+        }
+        with contextlib.suppress(OSError):
+            rundir.write_json_atomic(self.dir / rundir.HANG_DUMP, doc)

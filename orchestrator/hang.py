@@ -1,0 +1,76 @@
+"""Saying who stopped a hung job and where: the launcher noticed the hang and asked the ranks;
+this reads their answers, has the analysis diagnose them, and tells the user.
+
+On the terminal: one short paragraph (no traceback; the ranks' own output stays in the log).
+On disk: ``report/hang.json`` (the whole diagnosis) and ``run.json``'s ``hang`` object (the
+notice, the headline, the culprits' places). The orchestrator does it because the launchers,
+which notice the hang, may not import the analysis (docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rankscope.errors import OutputError, RankscopeError
+from rankscope.launchers import rundir
+
+if TYPE_CHECKING:
+    from rankscope.launchers.hang_watch import HangNotice
+
+
+def read_answers(run_dir: Path, token: str) -> dict[int, dict[str, Any]]:
+    """rank → its hang.json, for the answers to this notice (``token``) only."""
+    out: dict[int, dict[str, Any]] = {}
+    for path in sorted((run_dir / rundir.RANKS_DIR).glob(f"*/{rundir.HANG_DUMP}")):
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            doc = json.loads(path.read_text())
+            if str(doc.get("token")) == token:
+                out[int(doc["rank"])] = doc
+    return out
+
+
+def dead_ranks(run_dir: Path) -> dict[int, dict[str, Any]]:
+    """rank → the error its runtime recorded (meta.json), for ranks that died of one."""
+    out: dict[int, dict[str, Any]] = {}
+    for path in sorted((run_dir / rundir.RANKS_DIR).glob(f"*/{rundir.META_JSON}")):
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            meta = json.loads(path.read_text())
+            err = meta.get("error")
+            if err and not err.get("interrupted"):
+                out[int(meta["rank"])] = {
+                    "error": f"{err.get('type')}: {err.get('message')}",
+                    "user_frame": err.get("user_frame"),
+                }
+    return out
+
+
+def say_who_and_where(run_dir: Path, notice: HangNotice) -> None:
+    """Diagnose the answers to ``notice``, print the paragraph, write hang.json and run.json."""
+    from rankscope.analysis.compute.hang import diagnose
+    from rankscope.analysis.conclude.hang_findings import hang_json, paragraph, run_record
+
+    answers = read_answers(run_dir, str(notice.noticed_ns))
+    try:
+        world = int(rundir.load_run(run_dir).get("world_size") or 0)
+    except (RankscopeError, OSError, ValueError):
+        world = 0
+    world = max(world, 1 + max([*answers, *(p.rank for p in notice.ranks), -1]))
+    progress = {p.rank: (p.steps, notice.since_s(p)) for p in notice.ranks}
+    for rank, doc in answers.items():  # the answer's own record is newer than the notice's
+        last = doc.get("last_step_ns")
+        since = None if last is None else (notice.noticed_ns - int(last)) / 1e9
+        progress[rank] = (int(doc.get("steps") or 0), since)
+    diag = diagnose(answers, world, dead_ranks(run_dir), progress)
+    print(paragraph(diag), file=sys.stderr, flush=True)
+    report = run_dir / rundir.REPORT_DIR / rundir.HANG_REPORT
+    try:
+        rundir.write_json_atomic(report, hang_json(diag, notice.record()))
+        rundir.update_run(run_dir, hang={**notice.record(), **run_record(diag)})
+    except OutputError as exc:
+        print(f"rankscope run: warning: {exc}", file=sys.stderr, flush=True)
+        return
+    print(f"rankscope run: wrote {report}", file=sys.stderr, flush=True)

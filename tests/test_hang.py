@@ -1,0 +1,154 @@
+"""Real hung jobs: ``rankscope run`` on 2-rank gloo jobs of examples/train_hang.py that hang the
+ways real jobs do, each checked against what the example did (which rank, which collective,
+which line).
+
+The five jobs run at once (module fixture) to keep the suite short: an endless loop, a
+data-loader worker that never yields, a desync (all_gather against all_reduce), a rank killed
+with SIGKILL mid-step (a failure, not a hang), and steps that grow from 0.2 to 3 s (slow, not
+hung).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "train_hang.py"
+HANG_AFTER_S = 10
+#: --hang-after of the growing job: above its longest step (3 s), as a user would set it.
+GROW_HANG_AFTER_S = 20
+EXIT_HUNG = 124
+#: scenario -> the example's arguments (and rankscope run's extra flags)
+SCENARIOS: dict[str, tuple[list[str], list[str]]] = {
+    "loop": (["--hang", "loop", "--rank", "1", "--after", "4"], []),
+    "loader": (["--hang", "loader", "--rank", "1", "--after", "4"], ["--no-analyze"]),
+    "desync": (["--hang", "desync", "--rank", "1", "--after", "4"], ["--no-analyze"]),
+    "kill": (["--hang", "kill", "--rank", "1", "--after", "4"], ["--no-merge", "--no-analyze"]),
+    "grow": (
+        ["--grow", "0.2:3", "--steps", "7"],
+        ["--no-merge", "--no-analyze", "--hang-after", str(GROW_HANG_AFTER_S)],
+    ),
+}
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+
+
+def _line(text: str) -> int:
+    """The line of the example that holds ``text``."""
+    lines = EXAMPLE.read_text().splitlines()
+    return next(i for i, line in enumerate(lines, start=1) if text in line)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """Every scenario's exit status, terminal output, run folder, run.json and hang.json."""
+    base = tmp_path_factory.mktemp("hangs")
+    procs = {}
+    for name, (script_args, flags) in SCENARIOS.items():
+        out = base / name
+        cmd = [
+            sys.executable, "-m", "rankscope.orchestrator", "run", "--nproc-per-node", "2",
+            "--hang-after", str(HANG_AFTER_S), "--out", str(out), *flags,
+            str(EXAMPLE), *script_args,
+        ]  # fmt: skip
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        procs[name] = (
+            out,
+            subprocess.Popen(
+                cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=base
+            ),
+        )
+    results = {}
+    for name, (out, proc) in procs.items():
+        stdout, stderr = proc.communicate(timeout=300)
+        (run,) = out.iterdir()
+        report = run / "report" / "hang.json"
+        results[name] = {
+            "code": proc.returncode,
+            "terminal": stdout + stderr,
+            "stderr": stderr,
+            "run": run,
+            "record": json.loads((run / "run.json").read_text()),
+            "hang": json.loads(report.read_text()) if report.exists() else None,
+        }
+    return results
+
+
+def _ranks(hang: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    return {r["rank"]: r for r in hang["ranks"]}
+
+
+def _hung(result: dict[str, Any]) -> dict[str, Any]:
+    """The checks every hung run passes; returns its hang.json."""
+    assert result["code"] == EXIT_HUNG, result["terminal"][-3000:]
+    assert result["record"]["state"] == "hung"
+    hang = result["hang"]
+    assert hang is not None
+    assert hang["notice"]["idle_s"] < HANG_AFTER_S + 30
+    assert result["record"]["hang"]["headline"] == hang["headline"]
+    # the terminal: our paragraph, no traceback (the ranks' teardown noise is in the log only)
+    assert hang["headline"] in result["stderr"]
+    assert "Traceback" not in result["terminal"]
+    return hang
+
+
+def test_an_endless_loop_is_named_with_its_line(runs: dict[str, dict[str, Any]]) -> None:
+    result = runs["loop"]
+    hang = _hung(result)
+    assert (
+        hang["collective"]["op"] == "all_reduce"
+        and hang["collective"]["group_desc"] == "default_pg"
+    )
+    assert hang["culprits"] == [1]
+    ranks = _ranks(hang)
+    loop = _line("while True:  # the endless loop")
+    assert ranks[1]["state"] == "missing" and ranks[1]["line"] in (loop, loop + 1)
+    assert Path(ranks[1]["file"]).name == "train_hang.py"
+    assert ranks[0]["state"] == "waiting" and ranks[0]["line"] == _line("# the gradient all-reduce")
+    assert ranks[1]["steps"] == 4  # steps 0-3 finished; it hangs in step 4
+    # the windows recorded before the hang are still merged and analysed
+    assert (result["run"] / "report" / "summary.json").exists()
+
+
+def test_a_stuck_data_loader_is_named_where_the_loop_asks_for_a_batch(
+    runs: dict[str, dict[str, Any]],
+) -> None:
+    hang = _hung(runs["loader"])
+    assert hang["culprits"] == [1]
+    rank1 = _ranks(hang)[1]
+    assert rank1["state"] == "missing"
+    assert rank1["line"] == _line("for step, batch in enumerate(loader):")
+    assert "dataloader.py" in rank1["inside"]
+
+
+def test_a_desync_is_named_with_both_call_sites(runs: dict[str, dict[str, Any]]) -> None:
+    hang = _hung(runs["desync"])
+    assert hang["desync"] is True
+    ranks = _ranks(hang)
+    assert (ranks[0]["op"], ranks[0]["line"]) == ("all_reduce", _line("# the gradient all-reduce"))
+    assert (ranks[1]["op"], ranks[1]["line"]) == (
+        "all_gather",
+        _line("dist.all_gather(out, grads)"),
+    )
+
+
+def test_a_killed_rank_is_a_failure_not_a_hang(runs: dict[str, dict[str, Any]]) -> None:
+    result = runs["kill"]
+    assert result["code"] != EXIT_HUNG and result["record"]["state"] == "failed"
+    assert result["hang"] is None and "hang" not in result["record"]
+    first = result["record"]["failures"][0]
+    assert first["rank"] == 1 and "SIGKILL" in first["error"]
+
+
+def test_steps_that_grow_to_3_s_are_slow_not_hung(runs: dict[str, dict[str, Any]]) -> None:
+    result = runs["grow"]
+    assert result["code"] == 0, result["terminal"][-3000:]
+    assert result["record"]["state"] == "completed" and result["hang"] is None
+    assert "hung" not in result["stderr"]

@@ -1,0 +1,197 @@
+"""Hang diagnosis without a job: the diagnosis of the ranks' answers against known truth
+(Flight-Recorder-shaped answers built here, as PyTorch 2.13 writes them for gloo), the words,
+and the launcher's rule on real progress files."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from rankscope.analysis.compute.hang import RankState, diagnose
+from rankscope.analysis.conclude.hang_findings import hang_json, paragraph, rank_list
+from rankscope.launchers import rundir
+from rankscope.launchers.hang_watch import MIN_HANG_AFTER_S, HangRule, HangWatch
+
+
+def _frames(*where: tuple[str, int, str, bool]) -> list[dict[str, Any]]:
+    return [{"file": f, "line": ln, "function": fn, "user": u} for f, ln, fn, u in where]
+
+
+def _answer(
+    rank: int, groups: dict[str, tuple[int, int, dict[int, str]]], frames: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """A rank's hang.json: per group name (enqueued, completed, {seq: op}), its main stack."""
+    entries, status = [], {}
+    for i, (name, (enq, done, ops)) in enumerate(groups.items()):
+        for seq, op in ops.items():
+            entries.append(
+                {
+                    "collective_seq_id": seq,
+                    "pg_id": i,
+                    "process_group": [name, "default_pg" if name == "0" else "undefined"],
+                    "profiling_name": f"gloo:{op}",
+                    "time_created_ns": 1_000 * seq + i,
+                    "is_p2p": False,
+                }
+            )
+        status[str(i)] = {
+            "last_enqueued_collective": str(enq),
+            "last_completed_collective": str(done),
+        }
+    return {
+        "rank": rank,
+        "threads": [{"name": "MainThread", "frames": frames}],
+        "flight_recorder": {"entries": entries, "pg_status": status},
+    }
+
+
+TRAIN = "/home/u/train.py"
+WAITING = _frames(
+    (TRAIN, 10, "<module>", True),
+    (TRAIN, 41, "main", True),
+    ("/lib/c10d.py", 9, "all_reduce", False),
+)
+LOOPING = _frames((TRAIN, 10, "<module>", True), (TRAIN, 88, "main", True))
+OPS = {1: "all_reduce", 2: "all_reduce", 3: "all_reduce"}
+
+
+def test_the_rank_that_never_arrived_is_named_with_its_line() -> None:
+    """8 ranks; rank 5 stopped after collective 2, the others wait in #3."""
+    answers = {
+        r: _answer(r, {"0": (2, 2, OPS) if r == 5 else (3, 2, OPS)}, LOOPING if r == 5 else WAITING)
+        for r in range(8)
+    }
+    diag = diagnose(answers, 8)
+    assert diag.collective is not None and (diag.collective.op, diag.collective.seq) == (
+        "all_reduce",
+        3,
+    )
+    assert diag.culprits == [5] and not diag.desync
+    assert diag.ranks(RankState.WAITING) == [0, 1, 2, 3, 4, 6, 7]
+    text = paragraph(diag)
+    assert text.splitlines()[0] == (
+        "The job hung in all_reduce #3 of the default group: the others wait for rank 5."
+    )
+    assert "rank 5: never entered all_reduce #3 of the default group, in train.py:88 (main)" in text
+    assert "ranks 0–4, 6–7: waiting in all_reduce #3" in text and "train.py:41 (main)" in text
+
+
+def test_a_desync_names_both_call_sites() -> None:
+    gather = _frames((TRAIN, 45, "main", True), ("/lib/c10d.py", 9, "all_gather", False))
+    answers = {
+        0: _answer(0, {"0": (3, 2, OPS)}, WAITING),
+        1: _answer(1, {"0": (3, 2, {**OPS, 3: "all_gather"})}, gather),
+    }
+    diag = diagnose(answers, 2)
+    assert diag.desync and diag.collective is not None and diag.collective.seq == 3
+    assert {p.rank: p.op for p in diag.places} == {0: "all_reduce", 1: "all_gather"}
+    text = paragraph(diag)
+    assert "desync at collective #3 of the default group" in text
+    assert "train.py:41" in text and "train.py:45" in text
+
+
+def test_of_two_waiting_groups_the_one_waiting_longest_is_named() -> None:
+    """Ranks 0-1 wait in the default group's #3 (created first); rank 2 never arrived there
+    because it waits in group 1's #2 for rank 3, which never arrived there: the wavefront is the
+    group that waits longest (the others wait behind it)."""
+    g1 = {1: "broadcast", 2: "broadcast"}
+    answers = {
+        0: _answer(0, {"0": (3, 2, OPS)}, WAITING),
+        1: _answer(1, {"0": (3, 2, OPS)}, WAITING),
+        2: _answer(2, {"0": (2, 2, OPS), "1": (2, 1, g1)}, WAITING),
+        3: _answer(3, {"0": (2, 2, OPS), "1": (1, 1, g1)}, LOOPING),
+    }
+    # group 1's #2 was created before the default group's #3 (time_created_ns = 1000*seq + pg)
+    diag = diagnose(answers, 4)
+    assert diag.collective is not None and (diag.collective.group, diag.collective.seq) == ("1", 2)
+    assert diag.culprits == [3]
+
+
+def test_without_a_flight_recorder_the_odd_one_out_is_suspected() -> None:
+    answers = {
+        r: {"rank": r, "threads": [{"name": "MainThread", "frames": WAITING}]} for r in range(4)
+    }
+    answers[2] = {"rank": 2, "threads": [{"name": "MainThread", "frames": LOOPING}]}
+    diag = diagnose(answers, 4)
+    assert diag.collective is None and diag.basis == "stacks"
+    assert diag.culprits == [2]
+    same = {
+        r: {"rank": r, "threads": [{"name": "MainThread", "frames": WAITING}]} for r in range(4)
+    }
+    assert diagnose(same, 4).culprits == []
+
+
+def test_dead_and_silent_ranks_are_named_as_such() -> None:
+    answers = {0: _answer(0, {"0": (3, 2, OPS)}, WAITING)}
+    dead = {1: {"error": "killed by SIGKILL", "user_frame": None}}
+    diag = diagnose(answers, 3, dead)
+    states = {p.rank: p.state for p in diag.places}
+    assert states == {0: RankState.ELSEWHERE, 1: RankState.DEAD, 2: RankState.SILENT}
+    assert diag.culprits == [1]
+    doc = hang_json(diag, {"idle_s": 21.0})
+    assert [r["state"] for r in doc["ranks"]] == ["elsewhere", "dead", "silent"]
+    json.dumps(doc)  # plain JSON
+
+
+def test_rank_lists_read_as_ranges() -> None:
+    assert rank_list([3]) == "rank 3"
+    assert rank_list([7, 0, 1, 2, 5]) == "ranks 0–2, 5, 7"
+
+
+def _progress(run: Path, rank: int, steps: int, last_ns: int | None, pid: int) -> None:
+    rundir.write_json_atomic(
+        rundir.rank_dir(run, rank) / rundir.PROGRESS_FILE,
+        {"rank": rank, "pid": pid, "steps": steps, "last_step_ns": last_ns},
+    )
+
+
+def test_the_rule_counts_from_the_last_step_of_any_rank(tmp_path: Path) -> None:
+    """Real progress files: rank 1 finished a step 2 s ago, rank 0 30 s ago: not hung at
+    --hang-after 20; both 25 s ago: hung, and the notice says each rank's last step."""
+    now = time.time_ns()
+    me = os.getpid()
+    watch = HangWatch(tmp_path, HangRule(hang_after_s=20.0))
+    _progress(tmp_path, 0, 7, now - 30 * 10**9, me)
+    _progress(tmp_path, 1, 8, now - 2 * 10**9, me)
+    assert watch.check() is None
+    _progress(tmp_path, 1, 8, now - 25 * 10**9, me)
+    notice = watch.check()
+    assert notice is not None and not notice.before_first_step and 24 < notice.idle_s < 40
+    assert (
+        "rank 0: step 7, 30 s ago" in notice.line() and "rank 1: step 8, 25 s ago" in notice.line()
+    )
+    assert watch.check() is None  # reported once; no new step since
+
+
+def test_growing_steps_raise_the_default_threshold(tmp_path: Path) -> None:
+    """Without --hang-after: max(10 x p99 step, 300 s); steps growing to 60 s make it 600 s, so
+    a 400 s step is not a hang, and before any step the first-step rule applies."""
+    watch = HangWatch(tmp_path, HangRule())
+    assert watch.threshold_s(before_first_step=False) == MIN_HANG_AFTER_S
+    t = time.time_ns() - 10**12
+    me = os.getpid()
+    for step, dur in enumerate([0.2, 1.0, 3.0, 20.0, 60.0], start=1):
+        t += int(dur * 1e9)
+        _progress(tmp_path, 0, step, t, me)
+        watch.check()
+    assert watch.p99_step_s() == 60.0
+    assert watch.threshold_s(before_first_step=False) == 600.0
+    assert HangWatch(tmp_path, HangRule(hang_after_s=20)).threshold_s(True) == 120.0
+    assert HangWatch(tmp_path, HangRule(hang_after_s=50)).threshold_s(True) == 150.0
+
+
+def test_a_rank_whose_process_is_gone_is_a_failure_not_a_hang(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    old = time.time_ns() - 100 * 10**9
+    _progress(tmp_path, 0, 3, old, os.getpid())
+    _progress(tmp_path, 1, 3, old, int(gone.stdout))
+    assert HangWatch(tmp_path, HangRule(hang_after_s=5.0)).check() is None
+    assert HangWatch(tmp_path, HangRule(hang_after_s=5.0), local=False).check() is not None
