@@ -51,6 +51,9 @@ PUBLIC_NAMES = [
     "rankscope.analysis.open_store",
 ]
 
+#: The HTML pages' Jinja2 templates (package data of rankscope.analysis.render).
+TEMPLATES = "analysis/render/templates"
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
@@ -129,6 +132,12 @@ def test_every_package_folder_and_module_is_in_the_wheel(wheel: Path) -> None:
                 f"{folder}/{source.relative_to(ROOT / folder)} missing from the wheel"
             )
     assert "rankscope/py.typed" in names
+    # the HTML pages' templates (package data)
+    templates = sorted((ROOT / TEMPLATES).glob("*.html.j2"))
+    assert templates
+    for source in templates:
+        member = f"rankscope/analysis/render/templates/{source.name}"
+        assert member in names, f"{TEMPLATES}/{source.name} missing from the wheel"
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     assert (
         "rankscope = rankscope.orchestrator.cli:main"
@@ -170,3 +179,43 @@ def test_console_script_help(venv_python: Path, tmp_path: Path) -> None:
         [str(rankscope), "run", "--help"], cwd=tmp_path, capture_output=True, text=True
     )
     assert run.returncode == 0 and "--nproc-per-node" in run.stdout and "--active" in run.stdout
+
+
+def test_the_html_report_renders_from_the_installed_wheel(
+    venv_python: Path, tmp_path: Path
+) -> None:
+    """Every template loads from the installed package, and ``rankscope analyze --html`` of a
+    real run writes the report (the templates are package data, not the source tree's)."""
+    import shutil
+
+    expected = sorted(p.name for p in (ROOT / TEMPLATES).glob("*.html.j2"))
+    code = "\n".join(
+        [
+            "from rankscope.analysis.render import templating",
+            "env = templating.environment()",
+            "names = templating.template_names()",
+            "for n in names: env.get_template(n)",
+            "path = env.get_template(names[0]).filename",
+            "assert 'site-packages' in path and '/analysis/render/' in path, path",
+            "print(' '.join(names))",
+        ]
+    )
+    proc = subprocess.run(
+        [str(venv_python), "-c", code], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == expected
+    run = tmp_path / "run"
+    shutil.copytree(ROOT / "tests" / "data" / "cpu_gloo_4rank_straggler", run)
+    report = tmp_path / "report.html"
+    rankscope = venv_python.parent / "rankscope"
+    res = subprocess.run(
+        [str(rankscope), "analyze", str(run), "--scheduler", "synchronous", "--html", str(report)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    page = report.read_text()
+    assert page.startswith("<!DOCTYPE html>") and "<h2>Stragglers</h2>" in page

@@ -1,9 +1,11 @@
 """The HTML report's charts, drawn as inline SVG (no script, nothing fetched): the per-rank (or
-per-host) time bars, the arrival lateness per collective and the step-time grid.
+per-host) time bars and the arrival lateness per collective; and the figures of the step-time
+grid, whose markup is the ``steps_table`` macro of ``templates/report_sections.html.j2``.
 
-Separate from ``report_html.py``, which lays out the report and its tables, because these are the
-drawing code (coordinates in px; times come in ns and are labelled in ms) and, together with the
-layout, would make one module of ~680 lines.
+Separate from ``html_report.py``, which computes the report's other sections, because these are
+the drawing code (coordinates in px; times come in ns and are labelled in ms). The charts stay
+SVG strings built here and reach the page template as ``Markup``: a template of coordinates
+would hold the same code in a worse language.
 """
 
 from __future__ import annotations
@@ -248,37 +250,41 @@ def _lateness_summary_svg(
     return f"<div class='legend'>{legend}</div>" + "".join(out)
 
 
-def _steps_html(a: Analysis, max_steps: int = 40, ranks: set[int] | None = None) -> str:
-    """Step time per rank and step (ms), each cell shaded by its exposed-communication share.
+def steps_table(
+    a: Analysis, max_steps: int = 40, ranks: set[int] | None = None
+) -> dict[str, Any] | None:
+    """Step time per rank and step (ms) and each cell's shade (its exposed-communication
+    share), for the ``steps_table`` macro (``templates/report_sections.html.j2``); None without
+    a ProfilerStep.
 
     ``ranks``: list only these ranks, after two rows that aggregate every rank per step (the
     median and the max step time) — many ranks are summarised, not dropped."""
     st = a.breakdown[a.breakdown["step"] >= 0]
     if len(st) == 0:
-        return "<p class='muted'>No ProfilerStep recorded.</p>"
+        return None
     steps = sorted(st["step"].unique())[:max_steps]
-    agg_rows = ""
+    aggregates = []
     if ranks is not None:
         per_step = st.groupby("step")["total_ns"]
         med, mx = per_step.median(), per_step.max()
-        agg_rows = "".join(
-            f"<tr><th class='l'>{label} of {st['rank'].nunique()} ranks</th>"
-            + "".join(f"<td>{float(series.get(s, float('nan'))) / 1e6:.1f}</td>" for s in steps)
-            + "</tr>"
+        aggregates = [
+            {
+                "label": f"{label} of {st['rank'].nunique()} ranks",
+                "cells": [f"{float(series.get(s, float('nan'))) / 1e6:.1f}" for s in steps],
+            }
             for label, series in (("median", med), ("max", mx))
-        )
+        ]
     ranks_listed = sorted(st["rank"].unique())
     if ranks is not None:
         ranks_listed = [r for r in ranks_listed if int(r) in ranks]
     cell = {(int(r.rank), int(r.step)): r for r in st.itertuples(index=False)}
-    head = "".join(f"<th>{int(s)}</th>" for s in steps)
-    rows = [agg_rows] if agg_rows else []
+    rows = []
     for rank in ranks_listed:
-        tds = []
+        cells: list[dict[str, str] | None] = []
         for step in steps:
             r = cell.get((int(rank), int(step)))
             if r is None:
-                tds.append("<td class='muted'>–</td>")
+                cells.append(None)
                 continue
             share = r.comm_exposed_ns / r.total_ns if r.total_ns > 0 else 0.0
             tip = (
@@ -286,14 +292,8 @@ def _steps_html(a: Analysis, max_steps: int = 40, ranks: set[int] | None = None)
                 f"{r.compute_ns / 1e6:.2f} ms, exposed comm {r.comm_exposed_ns / 1e6:.2f} ms, "
                 f"input {r.input_ns / 1e6:.2f} ms, idle {r.idle_ns / 1e6:.2f} ms"
             )
-            tds.append(
-                f"<td title='{_e(tip)}' style='background:rgba(228,87,86,{0.08 + 0.6 * share:.2f})'>"
-                f"{r.total_ns / 1e6:.1f}</td>"
+            cells.append(
+                {"tip": tip, "alpha": f"{0.08 + 0.6 * share:.2f}", "ms": f"{r.total_ns / 1e6:.1f}"}
             )
-        rows.append(f"<tr><th class='l'>rank {int(rank)}</th>{''.join(tds)}</tr>")
-    return (
-        f"<div class='scroll'><table><thead><tr><th class='l'>ms per step</th>{head}</tr></thead>"
-        f"<tbody>{''.join(rows)}</tbody></table></div>"
-        "<p class='note'>Shade: share of the step spent in exposed communication (darker = more "
-        "waiting or transferring with nothing to hide it). Hover a cell for the breakdown.</p>"
-    )
+        rows.append({"rank": int(rank), "cells": cells})
+    return {"steps": [int(s) for s in steps], "aggregates": aggregates, "rows": rows}

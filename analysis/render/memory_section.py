@@ -1,5 +1,6 @@
 """The memory part of the three renderings (``report.py``): summary.json's ``memory``, the
-terminal's Memory section, the HTML report's memory section and its figure.
+terminal's Memory section, the HTML report's memory section (its rows and figure here, its markup
+in ``templates/memory.html.j2``).
 
 Only renders :class:`rankscope.analysis.compute.memory.MemoryAnalysis` and the memory findings
 (``memory_findings.memory_findings``, worded once). A store without memory events renders nothing
@@ -9,7 +10,6 @@ then the section holds the "no memory events" finding.
 
 from __future__ import annotations
 
-import html
 from typing import TYPE_CHECKING, Any
 
 from rankscope.analysis.conclude.findings import MEMORY_KINDS, Finding
@@ -302,11 +302,14 @@ def memory_svg(m: MemoryAnalysis, flagged: set[int]) -> str:
     return "".join(parts)
 
 
-def memory_html(m: MemoryAnalysis, found: list[Finding], finding_html: Any) -> str:
-    """The HTML report's memory section ("" when it has nothing to say, see the module)."""
-    mine = "".join(finding_html(f) for f in found if f.kind in MEMORY_KINDS)
+def memory_view(m: MemoryAnalysis, found: list[Finding]) -> dict[str, Any] | None:
+    """What the HTML report's memory section (``templates/memory.html.j2``) shows; None when it
+    has nothing to say (see the module)."""
+    from rankscope.analysis.render.templating import finding, markup
+
+    mine = [finding(f) for f in found if f.kind in MEMORY_KINDS]
     if not m.has_events:
-        return f"<section><h2>Memory</h2>{mine}</section>" if m.requested else ""
+        return {"has_events": False, "findings": mine} if m.requested else None
     rows = per_device(m)
     flagged = {int(r) for r in rows.loc[rows["flagged"], "rank"]}
     body = []
@@ -330,33 +333,16 @@ def memory_html(m: MemoryAnalysis, found: list[Finding], finding_html: Any) -> s
             leak,
             holder,
         ]
-        cls = " class='bad'" if r["flagged"] else ""
-        body.append(
-            f"<tr{cls}>"
-            + "".join(
-                f"<td{' class=l' if i in (1, 7) else ''}>{html.escape(str(c))}</td>"
-                for i, c in enumerate(cells)
-            )
-            + "</tr>"
-        )
-    head_cells = ["rank", "device", "peak allocated MiB", "at step", "peak reserved MiB"]
-    head_cells += ["headroom MiB", "leak MiB/step", "top holder at the peak"]
-    header = "".join(
-        f"<th{' class=l' if i in (1, 7) else ''}>{html.escape(h)}</th>"
-        for i, h in enumerate(head_cells)
-    )
-    table = f"<div class='scroll'><table><tr>{header}</tr>{''.join(body)}</table></div>"
-    bins = int(m.series.groupby(["rank", "device_type", "device_id"]).size().max())
-    note = (
-        "<p class='note'>Allocated memory (the allocator's Total Allocated) over the profiled "
-        f"windows, aligned clock; each series is cut into at most {bins} time bins and each bin "
-        "drawn at its maximum, so no peak is lost"
-        + (
-            f"; beyond {FIGURE_LINES} series the flagged ranks are lines over a band spanning "
-            "the others"
-            if len(rows) > FIGURE_LINES
-            else ""
-        )
-        + ". Between profiler windows nothing is recorded.</p>"
-    )
-    return f"<section><h2>Memory</h2>{memory_svg(m, flagged)}{note}{table}{mine}</section>"
+        body.append({"bad": bool(r["flagged"]), "cells": cells})
+    headers = ["rank", "device", "peak allocated MiB", "at step", "peak reserved MiB"]
+    headers += ["headroom MiB", "leak MiB/step", "top holder at the peak"]
+    return {
+        "has_events": True,
+        "findings": mine,
+        "svg": markup(memory_svg(m, flagged)),
+        "bins": int(m.series.groupby(["rank", "device_type", "device_id"]).size().max()),
+        "banded_above": FIGURE_LINES if len(rows) > FIGURE_LINES else None,
+        "headers": headers,
+        "left": [1, 7],
+        "rows": body,
+    }

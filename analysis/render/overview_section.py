@@ -1,4 +1,5 @@
-"""The HTML report's overview section: every rank over time as one inline PNG.
+"""The HTML report's overview section: every rank over time as one inline PNG (drawn here; the
+section's markup is ``templates/overview.html.j2``).
 
 The same aggregation as the app's overview (:func:`rankscope.analysis.engine.overview.raster`: each
 pixel the share-weighted mix of the category colours of the time it covers, ranks summed into
@@ -11,8 +12,7 @@ from __future__ import annotations
 
 import base64
 import io
-from html import escape
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rankscope.analysis.engine.overview import (
     CATEGORY_COLORS,
@@ -82,37 +82,19 @@ def overview_png(a: Analysis) -> tuple[bytes, dict[str, float]] | None:
     return buf.getvalue(), info
 
 
-def overview_html(a: Analysis) -> str:
-    """The section (empty without an overview)."""
+def overview_view(a: Analysis) -> dict[str, Any] | None:
+    """What the section (``templates/overview.html.j2``) shows; None without an overview."""
     got = overview_png(a)
     if got is None:
-        return ""
+        return None
     png, info = got
-    legend = "".join(
-        f"<span class='sw' style='background:{CATEGORY_COLORS[c]}'></span>{escape(CATEGORY_LABELS[c])} "
-        for c in Category
-    )
     flagged = a.flagged_ranks()
-    first = (
-        f"Top rows: the flagged rank(s) {', '.join(map(str, flagged))} (red in the left strip), "
-        "then the others by the wait they caused."
-        if flagged
-        else "Rows by the wait each rank caused, most first."
-    )
-    per_row = (
-        f" Up to {int(info['ranks_per_row'])} ranks per pixel row (their time summed); each "
-        "flagged rank keeps rows of its own."
-        if info["ranks_per_row"] > 1
-        else ""
-    )
-    src = base64.b64encode(png).decode("ascii")
-    return (
-        "<section><h2>Every rank over time</h2>"
-        f"<img class='overview' alt='rank × time overview' src='data:image/png;base64,{src}'>"
-        f"<div class='legend'>{legend}</div>"
-        f"<p class='note'>{int(info['ranks']):,} ranks × {info['span_ms']:,.1f} ms (from the "
-        f"first profiled step); each pixel is the share of its time per category "
-        f"({info['column_us']:,.1f} µs per column).{per_row} {first} "
-        "<code>rankscope view</code> draws the same overview, zoomable, and opens the lanes "
-        "of the ranks you select.</p></section>"
-    )
+    return {
+        "src": base64.b64encode(png).decode("ascii"),
+        "legend": [{"colour": CATEGORY_COLORS[c], "label": CATEGORY_LABELS[c]} for c in Category],
+        "ranks": f"{int(info['ranks']):,}",
+        "span_ms": f"{info['span_ms']:,.1f}",
+        "column_us": f"{info['column_us']:,.1f}",
+        "ranks_per_row": int(info["ranks_per_row"]) if info["ranks_per_row"] > 1 else None,
+        "flagged": ", ".join(map(str, flagged)) if flagged else None,
+    }

@@ -11,8 +11,8 @@ This module is the one entry point callers import from; each rendering lives in 
 - ``report_json.py``: summary.json (:func:`summary`, :func:`render_json`), which the other two
   start from;
 - ``report_terminal.py``: the terminal summary (:func:`print_summary`);
-- ``report_html.py``: the self-contained HTML report (:func:`render_html`), its SVG charts in
-  ``report_html_charts.py``;
+- ``html_report.py``: the self-contained HTML report (:func:`render_html`), its SVG charts in
+  ``html_charts.py``, its markup in ``templates/*.html.j2`` (Jinja2, via ``templating.py``);
 - ``report_format.py``: what the terminal and the HTML share (name shortening, the many-rank
   digest);
 - ``report_memory.py`` and ``report_overview.py``: memory's renderings and the overview image.

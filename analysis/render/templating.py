@@ -1,0 +1,103 @@
+"""The Jinja2 environment the HTML pages are rendered with, and the plain structures its shared
+macros take.
+
+The markup of the HTML report and of the comparison's page lives in ``templates/*.html.j2``
+(package data, shipped in the wheel); the Python renderers compute the rows, figures and words and
+pass plain values (the SVG charts, drawn in Python, as ``Markup``). One environment, built once:
+templates loaded from the installed package, ``StrictUndefined`` (a name a template uses and the
+renderer did not pass fails the render instead of printing nothing), ``trim_blocks`` and
+``lstrip_blocks`` (a line holding only a ``{% %}`` tag prints nothing).
+
+Escaping: autoescape is on and every value a template prints with ``{{ }}`` is escaped exactly
+once, by :func:`html.escape` (``finalize``), so user-controlled text (op names, paths, run ids,
+finding text) prints with the same entities as before the templates (``&#x27;``, ``&quot;``);
+a value that is already markup (a macro's output, an SVG chart passed as ``Markup``) prints as is.
+
+Jinja2 is imported inside the functions: a command that renders no HTML (``rankscope --help``)
+never loads it.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import jinja2
+    from markupsafe import Markup
+    from rankscope.analysis.compute.finding import Finding
+
+#: The package whose ``templates`` folder holds the templates.
+PACKAGE = "rankscope.analysis.render"
+#: The folder inside :data:`PACKAGE`.
+FOLDER = "templates"
+#: How every template's name ends (pyproject's package-data ships ``templates/*`` + this).
+SUFFIX = ".html.j2"
+
+
+def _escape_once(value: Any) -> Any:
+    """``finalize``: a value not yet markup is escaped by :func:`html.escape`, once."""
+    import html
+
+    from markupsafe import Markup
+
+    if hasattr(value, "__html__"):
+        return value
+    return Markup(html.escape(str(value)))
+
+
+@functools.cache
+def environment() -> jinja2.Environment:
+    """The one environment (built on first use, then cached)."""
+    import jinja2
+
+    return jinja2.Environment(
+        loader=jinja2.PackageLoader(PACKAGE, FOLDER),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        finalize=_escape_once,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+
+
+def template_names() -> list[str]:
+    """Every template of the package (``*.html.j2``), sorted."""
+    return sorted(n for n in environment().list_templates() if n.endswith(SUFFIX))
+
+
+def render(template: str, /, **context: Any) -> str:
+    """``template`` rendered with ``context`` (jinja2's ``UndefinedError`` when the template
+    uses a name ``context`` lacks)."""
+    return environment().get_template(template).render(**context)
+
+
+def markup(text: str) -> Markup:
+    """``text`` (markup made in Python: an SVG chart) to be printed as is."""
+    from markupsafe import Markup
+
+    return Markup(text)
+
+
+def table(
+    headers: list[str],
+    rows: list[list[Any]],
+    left: set[int] | None = None,
+    wrap: set[int] | None = None,
+) -> dict[str, Any]:
+    """What the ``table`` macro (``_macros.html.j2``) takes: the headers, the rows (cells
+    printed as ``str``) and each column's CSS class (``l``: left-aligned, ``wrap``: wrapped)."""
+    left, wrap = left or set(), wrap or set()
+    classes = [
+        " ".join(c for c, on in (("l", i in left), ("wrap", i in wrap)) if on)
+        for i in range(len(headers))
+    ]
+    return {"headers": headers, "rows": rows, "classes": classes}
+
+
+def finding(f: Finding, cls: str = "") -> dict[str, str]:
+    """What the ``finding`` macro takes: its CSS classes (``finding``, its severity, ``cls``),
+    the headline (bold) and the rest of its one-line form."""
+    classes = " ".join(c for c in ("finding", f"sev-{f.severity}", cls) if c)
+    return {"classes": classes, "headline": f.headline, "tail": f.tail}
