@@ -1,6 +1,8 @@
 """The floors (docs/architecture.md): ``orchestrator`` on top may import ``launchers`` and
 ``analysis``; those two never import each other nor the orchestrator. Shared pieces (errors,
-atomic output) live in the ``rankscope`` umbrella (``package/``), which anyone may import.
+atomic output) live in the ``rankscope`` umbrella (``package/``), which anyone may import, and
+Slurm's own words (its tools, their output, its job states) in the shared ``slurm/`` folder
+(``rankscope.slurm``), which anyone may import and which imports only the umbrella.
 
 Imports are read from the source with ``ast`` — module level and inside functions alike, since
 the project imports heavy modules lazily — so a sideways import cannot hide in a function body;
@@ -22,6 +24,7 @@ FORBIDDEN = {
     "launchers": ("rankscope.analysis", "rankscope.orchestrator"),
     "analysis": ("rankscope.launchers", "rankscope.orchestrator"),
     "orchestrator": (),
+    "slurm": ("rankscope.launchers", "rankscope.analysis", "rankscope.orchestrator"),
 }
 
 
@@ -66,6 +69,23 @@ def test_the_guard_sees_imports_inside_functions(tmp_path: Path) -> None:
     assert (2, "rankscope.analysis.store.schema") in imported_modules(src)
 
 
+def test_the_guard_sees_the_shared_slurm_folder_import_a_floor(tmp_path: Path) -> None:
+    """``rankscope.slurm`` is shared by the launchers and the analysis: it may import neither
+    (nor the orchestrator), or the floors would reach each other through it."""
+    shared = tmp_path / "slurm"
+    shared.mkdir()
+    (shared / "commands.py").write_text(
+        "from rankscope.errors import RankscopeError\n"
+        "def f():\n    from rankscope.launchers.rundir import RunState\n"
+        "import rankscope.analysis.engine.slurm_workers\n"
+    )
+    assert sorted(violations("slurm", tmp_path)) == [
+        "slurm/commands.py:3 imports rankscope.launchers.rundir",
+        "slurm/commands.py:3 imports rankscope.launchers.rundir.RunState",
+        "slurm/commands.py:4 imports rankscope.analysis.engine.slurm_workers",
+    ]
+
+
 def test_the_guard_reads_subpackages(tmp_path: Path) -> None:
     sub = tmp_path / "analysis" / "views"
     sub.mkdir(parents=True)
@@ -82,6 +102,7 @@ PACKAGES = {
     "launchers": "rankscope.launchers",
     "analysis": "rankscope.analysis",
     "package": "rankscope",
+    "slurm": "rankscope.slurm",
 }
 
 

@@ -11,20 +11,34 @@ When the run ends, however it ends, the jobs are cancelled and, once they have l
 ``ClusterSpec.slurm_work_dir`` (their logs and Dask's scratch space) is removed.
 
 Kept apart from the scheduler module, as the launchers keep their Slurm backend apart by role:
-the runner's loop calls only :meth:`SlurmWorkers.check` between two waits.
+the runner's loop calls only :meth:`SlurmWorkers.check` between two waits. Slurm's tools are run,
+and their output read, by :mod:`rankscope.slurm.commands` (shared with the Slurm launcher); this
+module says what their answers mean for the workers, in its own words. Times are in seconds.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
-import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rankscope.errors import UsageError, WorkersError
+from rankscope.slurm.commands import (
+    JobInfo,
+    NoAnswer,
+    Otherwise,
+    SlurmJobState,
+    ToolMissing,
+    error_line,
+    run_tool,
+    scancel,
+    squeue,
+)
 
 if TYPE_CHECKING:
     from rankscope.analysis.engine.scheduler import ClusterSpec
@@ -56,12 +70,24 @@ SLURM_CLUSTER_CLOSE_S = 10.0
 SLURM_QUEUE_POLL_S = 0.5
 #: Seconds any one sbatch/squeue call may take.
 SLURM_COMMAND_TIMEOUT_S = 30.0
-#: Slurm job states (``squeue %T``) in which a worker job may still connect or is connected.
-SLURM_ACTIVE_STATES = frozenset(
-    {"PENDING", "CONFIGURING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "RESIZING", "SUSPENDED"}
+#: Slurm job states in which a worker job may still connect or is connected.
+SLURM_ACTIVE_STATES: frozenset[SlurmJobState] = frozenset(
+    {
+        SlurmJobState.PENDING,
+        SlurmJobState.CONFIGURING,
+        SlurmJobState.RUNNING,
+        SlurmJobState.REQUEUED,
+        SlurmJobState.REQUEUE_HOLD,
+        SlurmJobState.RESIZING,
+        SlurmJobState.SUSPENDED,
+    }
 )
 #: Slurm job states in which a job's processes may still run (it is not gone yet).
-SLURM_LIVE_STATES = SLURM_ACTIVE_STATES | {"COMPLETING", "SIGNALING", "STAGE_OUT"}
+SLURM_LIVE_STATES: frozenset[SlurmJobState] = SLURM_ACTIVE_STATES | {
+    SlurmJobState.COMPLETING,
+    SlurmJobState.SIGNALING,
+    SlurmJobState.STAGE_OUT,
+}
 #: Characters of a job's log line quoted in an error.
 LOG_LINE_CHARS = 200
 
@@ -127,16 +153,21 @@ class SlurmWorkers:
 
     def _check_submission(self, script: str) -> None:
         """``sbatch --test-only`` on the workers' job script: a refusal is one line now."""
-        res = _slurm_command(["sbatch", "--test-only"], script)
-        if res is None:
+        try:
+            with _not_available():
+                res = run_tool(
+                    ["sbatch", "--test-only"], timeout_s=SLURM_COMMAND_TIMEOUT_S, stdin=script
+                )
+        except NoAnswer as exc:
             raise WorkersError(
-                f"--slurm-workers: sbatch did not answer within {SLURM_COMMAND_TIMEOUT_S:.0f} s",
+                f"--slurm-workers: sbatch did not answer within {exc.timeout_s:.0f} s",
                 exit_code=UsageError.exit_code,
-            )
+            ) from None
         if res.returncode != 0:
+            said = error_line(res.stderr + res.stdout, otherwise=Otherwise.LAST)[:LOG_LINE_CHARS]
             raise WorkersError(
                 f"--slurm-workers {self.n}: sbatch refused the worker job: "
-                f"{_error_line(res.stderr + res.stdout) or f'exit status {res.returncode}'}",
+                f"{said or f'exit status {res.returncode}'}",
                 exit_code=UsageError.exit_code,
             )
 
@@ -153,31 +184,16 @@ class SlurmWorkers:
             if job_id and str(job_id) not in self.job_ids:
                 self.job_ids.append(str(job_id))
 
-    def _states(self) -> dict[str, tuple[str, str]] | None:
-        """``{job id: (state, reason)}`` from squeue for the known jobs (a job squeue no longer
-        lists is missing); None when Slurm does not answer."""
+    def _states(self) -> dict[str, JobInfo] | None:
+        """What squeue says about the known jobs (a job squeue no longer lists is missing);
+        None when Slurm does not answer."""
         if not self.job_ids:
             return {}
-        res = _slurm_command(
-            [
-                "squeue",
-                "--noheader",
-                "--states=all",
-                f"--jobs={','.join(self.job_ids)}",
-                "--format=%i|%T|%r",
-            ]
-        )
-        if res is None:
+        try:
+            with _not_available():
+                return squeue(self.job_ids, timeout_s=SLURM_COMMAND_TIMEOUT_S, all_states=True)
+        except NoAnswer:
             return None
-        if res.returncode != 0:
-            return {} if "Invalid job id" in res.stderr else None
-        states: dict[str, tuple[str, str]] = {}
-        for line in res.stdout.splitlines():
-            job_id, _, rest = line.strip().partition("|")
-            state, _, reason = rest.partition("|")
-            if job_id:
-                states[job_id] = (state, reason)
-        return states
 
     def wait_for_workers(self, client: Any) -> None:
         """Return once ``n`` workers are connected; one line when a job ended first or the time
@@ -258,7 +274,7 @@ class SlurmWorkers:
         self._ended_since = self._ended_since or now
         return now - self._ended_since
 
-    def describe(self, states: dict[str, tuple[str, str]] | None = None) -> str:
+    def describe(self, states: dict[str, JobInfo] | None = None) -> str:
         """`` (job 12 CANCELLED: <its log's telling line>; job 13 …)`` for an error line."""
         self._note_jobs()
         states = self._states() if states is None else states
@@ -266,13 +282,13 @@ class SlurmWorkers:
             return ""
         return " (" + "; ".join(self._job(j, states) for j in self.job_ids) + ")"
 
-    def _job(self, job_id: str, states: dict[str, tuple[str, str]] | None) -> str:
+    def _job(self, job_id: str, states: dict[str, JobInfo] | None) -> str:
         """One job for an error line: its state and reason, and its log's telling line."""
-        state = _state(states, job_id) if states is not None else "state unknown"
-        reason = (states or {}).get(job_id, ("", ""))[1]
-        text = f"job {job_id} {state or 'ended'}"
-        if reason and reason not in ("None", "(null)"):
-            text += f" ({reason})"
+        info = (states or {}).get(job_id)
+        state = "state unknown" if states is None else str(info.state) if info else "ended"
+        text = f"job {job_id} {state}"
+        if info is not None and info.reason:
+            text += f" ({info.reason})"
         line = _log_line(self.log_dir or Path.cwd(), job_id)
         return f"{text}: {line}" if line else text
 
@@ -308,7 +324,8 @@ class SlurmWorkers:
     def _cancel(self) -> None:
         """scancel every job seen (also those Dask forgot); Slurm ends their processes."""
         if self.job_ids:
-            _slurm_command(["scancel", *self.job_ids])
+            with _not_available(), contextlib.suppress(NoAnswer):
+                scancel(self.job_ids, timeout_s=SLURM_COMMAND_TIMEOUT_S)
 
     def _wait_until_gone(self, deadline: float) -> None:
         """Wait until no job seen is left in the queue in a live state, or ``deadline``."""
@@ -370,9 +387,10 @@ def _slurm_cluster_class() -> Any:
     return SLURMCluster
 
 
-def _state(states: dict[str, tuple[str, str]], job_id: str) -> str:
-    """squeue's state of ``job_id`` (``""`` when squeue no longer lists it: it ended)."""
-    return states.get(job_id, ("", ""))[0]
+def _state(states: dict[str, JobInfo], job_id: str) -> SlurmJobState | None:
+    """squeue's state of ``job_id`` (None when squeue no longer lists it: it ended)."""
+    info = states.get(job_id)
+    return None if info is None else info.state
 
 
 def _start_timeout(spec: ClusterSpec) -> float:
@@ -392,41 +410,17 @@ def _start_timeout(spec: ClusterSpec) -> float:
     return value
 
 
-def _slurm_command(
-    args: list[str], stdin: str | None = None
-) -> subprocess.CompletedProcess[str] | None:
-    """Run one Slurm command; None when it did not answer in time. A missing command is the
-    one-line "Slurm is not available here" error."""
+@contextlib.contextmanager
+def _not_available() -> Iterator[None]:
+    """A Slurm tool that is not on PATH as the workers' one line (exit status 2)."""
     try:
-        return subprocess.run(
-            args,
-            input=stdin,
-            capture_output=True,
-            text=True,
-            timeout=SLURM_COMMAND_TIMEOUT_S,
-            check=False,
-        )
-    except FileNotFoundError:
+        yield
+    except ToolMissing as exc:
         raise WorkersError(
-            f"Slurm is not available here: `{args[0]}` is not on PATH (--slurm-workers submits "
+            f"Slurm is not available here: `{exc.tool}` is not on PATH (--slurm-workers submits "
             "Slurm jobs; without Slurm use --scheduler)",
             exit_code=UsageError.exit_code,
         ) from None
-    except subprocess.TimeoutExpired:
-        return None
-
-
-def _last_line(text: str) -> str:
-    """The last non-empty line of ``text``, stripped and cut to :data:`LOG_LINE_CHARS`."""
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return lines[-1][:LOG_LINE_CHARS] if lines else ""
-
-
-def _error_line(text: str) -> str:
-    """What a Slurm command said went wrong: its first ``error:`` line (the specific one; sbatch
-    follows it with a generic "Batch job submission failed"), else its last line."""
-    errors = [line.strip() for line in text.splitlines() if "error:" in line]
-    return errors[0][:LOG_LINE_CHARS] if errors else _last_line(text)
 
 
 def _log_line(folder: Path, job_id: str) -> str:

@@ -2,7 +2,9 @@
 
 :mod:`.launcher` (:class:`SlurmLauncher`, the hooks of :class:`rankscope.launchers.base.Launcher`),
 :mod:`.options` (what a job asks for, and the flags made from it), :mod:`.node` (what runs on
-each node), :mod:`.records` (what is recorded about the job) and :mod:`.commands` (Slurm's
-command-line tools, wrapped with bounded waits). The core of the launchers (``base``, ``spec``,
-``rundir``, ``torchrun``) never imports this folder; the launcher is found by name.
+each node), :mod:`.records` (what is recorded about the job) and :mod:`.commands` (the
+launcher's questions to Slurm and its words for the answers; the tools themselves run through
+:mod:`rankscope.slurm.commands`, shared with the analysis' Slurm workers). The core of the
+launchers (``base``, ``spec``, ``rundir``, ``torchrun``) never imports this folder; the launcher
+is found by name.
 """

@@ -1,25 +1,41 @@
-"""Slurm's command-line tools, wrapped: sinfo, sacct/squeue, sbatch (the merge job) and scancel.
+"""The launcher's questions to Slurm: is there a cluster (sinfo), how is the job (sacct/squeue),
+the merge job (sbatch), cancel (scancel) — and the launcher's words for Slurm's answers.
 
-Every call has a time limit (:data:`COMMAND_TIMEOUT_S`) and turns a missing tool, an unreachable
-controller or a refusal into one :class:`SlurmError` line that says how to get a cluster. Job
-states come from ``sacct`` (accounting is required: without it a finished job is invisible),
-falling back to ``squeue`` while the job is queued or running.
+The tools run through :mod:`rankscope.slurm.commands` (the one way to run them, their output's
+parsing, :class:`~rankscope.slurm.commands.SlurmJobState`, shared with the Slurm workers of the
+merge and the analysis); this module bounds every call by :data:`COMMAND_TIMEOUT_S` (seconds)
+and turns a missing tool, an unreachable controller or a refusal into one :class:`SlurmError`
+line that says how to get a cluster, and says what a Slurm state means to a run
+(:func:`run_state`: ``RunState`` is the launchers'). Job states come from ``sacct`` (accounting is
+required: without it a finished job is invisible), falling back to ``squeue`` while the job is
+queued or running.
 """
 
 from __future__ import annotations
 
-import enum
+import contextlib
 import os
 import shlex
-import shutil
-import subprocess
 import sys
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 
 from rankscope.errors import RankscopeError
 from rankscope.launchers import rundir
 from rankscope.launchers.rundir import RunState
+from rankscope.slurm.commands import (
+    JobInfo,
+    NoAnswer,
+    SlurmJobState,
+    ToolMissing,
+    error_line,
+    missing_tool,
+    parse_sacct,
+    run_tool,
+    sacct_job,
+    squeue,
+)
+from rankscope.slurm.commands import scancel as scancel_jobs
 
 #: Output of the merge job inside ``RUN/logs`` (``%j`` = its job id).
 MERGE_LOG = "merge-%j.out"
@@ -42,41 +58,18 @@ class SlurmError(RankscopeError):
     exit_code = 2
 
 
-class SlurmJobState(enum.StrEnum):
-    """A job's state as ``sacct``/``squeue`` print it (first word; ``CANCELLED by 0`` → CANCELLED)."""
-
-    PENDING = "PENDING"
-    CONFIGURING = "CONFIGURING"
-    REQUEUED = "REQUEUED"
-    RUNNING = "RUNNING"
-    COMPLETING = "COMPLETING"
-    SUSPENDED = "SUSPENDED"
-    STOPPED = "STOPPED"
-    RESIZING = "RESIZING"
-    COMPLETED = "COMPLETED"
-    FAILED = "FAILED"
-    CANCELLED = "CANCELLED"
-    TIMEOUT = "TIMEOUT"
-    DEADLINE = "DEADLINE"
-    NODE_FAIL = "NODE_FAIL"
-    OUT_OF_MEMORY = "OUT_OF_MEMORY"
-    BOOT_FAIL = "BOOT_FAIL"
-    PREEMPTED = "PREEMPTED"
-    REVOKED = "REVOKED"
-    SPECIAL_EXIT = "SPECIAL_EXIT"
-
-    @property
-    def run_state(self) -> RunState:
-        """The rankscope state this Slurm state means."""
-        return _RUN_STATES.get(self, RunState.FAILED)
-
-
+#: What each Slurm job state means to a run (any other: it failed).
 _RUN_STATES: dict[SlurmJobState, RunState] = {
     SlurmJobState.PENDING: RunState.QUEUED,
     SlurmJobState.CONFIGURING: RunState.QUEUED,
     SlurmJobState.REQUEUED: RunState.QUEUED,
+    SlurmJobState.REQUEUE_HOLD: RunState.QUEUED,
+    SlurmJobState.REQUEUE_FED: RunState.QUEUED,
+    SlurmJobState.RESV_DEL_HOLD: RunState.QUEUED,
     SlurmJobState.RUNNING: RunState.RUNNING,
     SlurmJobState.COMPLETING: RunState.RUNNING,
+    SlurmJobState.SIGNALING: RunState.RUNNING,
+    SlurmJobState.STAGE_OUT: RunState.RUNNING,
     SlurmJobState.SUSPENDED: RunState.RUNNING,
     SlurmJobState.STOPPED: RunState.RUNNING,
     SlurmJobState.RESIZING: RunState.RUNNING,
@@ -89,6 +82,11 @@ _RUN_STATES: dict[SlurmJobState, RunState] = {
 }
 
 
+def run_state(state: SlurmJobState) -> RunState:
+    """The rankscope state a Slurm job state means."""
+    return _RUN_STATES.get(state, RunState.FAILED)
+
+
 def slurm_env(slurm_conf: str | None = None) -> dict[str, str]:
     """This process's environment, with ``SLURM_CONF`` from ``run.json`` when the shell has none."""
     env = dict(os.environ)
@@ -97,27 +95,28 @@ def slurm_env(slurm_conf: str | None = None) -> dict[str, str]:
     return env
 
 
-def _run(cmd: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run a Slurm command; SlurmError when it is missing or does not answer in time."""
-    if shutil.which(cmd[0], path=(env or os.environ).get("PATH")) is None:
-        raise SlurmError(
-            f"Slurm is not available here: `{cmd[0]}` is not on PATH; {LOCAL_CLUSTER_HINT}"
-        )
+def _not_available(tool: str) -> SlurmError:
+    """The one line for a Slurm tool that is not on PATH."""
+    return SlurmError(f"Slurm is not available here: `{tool}` is not on PATH; {LOCAL_CLUSTER_HINT}")
+
+
+@contextlib.contextmanager
+def _slurm_errors() -> Iterator[None]:
+    """A Slurm tool that is missing or does not answer in time, as one :class:`SlurmError` line."""
     try:
-        return subprocess.run(
-            cmd, capture_output=True, text=True, env=env, timeout=COMMAND_TIMEOUT_S, check=False
-        )
-    except subprocess.TimeoutExpired as exc:
+        yield
+    except ToolMissing as exc:
+        raise _not_available(exc.tool) from None
+    except NoAnswer as exc:
         raise SlurmError(
-            f"`{cmd[0]}` did not answer within {COMMAND_TIMEOUT_S:.0f} s; is slurmctld up?"
+            f"`{exc.tool}` did not answer within {exc.timeout_s:.0f} s; is slurmctld up?"
         ) from exc
 
 
 def first_line(text: str) -> str:
-    """The first line of a tool's output that says "error", else its first line: one-line messages."""
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    errors = [ln for ln in lines if "error" in ln.lower()]
-    return (errors or lines or ["no output"])[0]
+    """What a tool said went wrong (:func:`~rankscope.slurm.commands.error_line`), for a one-line
+    message; ``no output`` when it said nothing."""
+    return error_line(text) or "no output"
 
 
 def check_slurm(partition: str | None = None, env: dict[str, str] | None = None) -> list[str]:
@@ -126,18 +125,17 @@ def check_slurm(partition: str | None = None, env: dict[str, str] | None = None)
     Raises :class:`SlurmError` naming what is missing and how to get a cluster.
     """
     env = dict(os.environ) if env is None else env
-    for tool in ("sbatch", "sinfo", "sacct", "squeue", "scancel"):
-        if shutil.which(tool, path=env.get("PATH")) is None:
-            raise SlurmError(
-                f"Slurm is not available here: `{tool}` is not on PATH; {LOCAL_CLUSTER_HINT}"
-            )
+    missing = missing_tool(("sbatch", "sinfo", "sacct", "squeue", "scancel"), env)
+    if missing is not None:
+        raise _not_available(missing)
     conf = env.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
     if env.get("SLURM_CONF") and not Path(conf).is_file():
         # sinfo retries a missing configuration file for 60 s before it gives up: say it at once
         raise SlurmError(
             f"cannot reach the Slurm controller (SLURM_CONF={conf}): the file does not exist; {LOCAL_CLUSTER_HINT}"
         )
-    res = _run(["sinfo", "--noheader", "--format=%P"], env)
+    with _slurm_errors():
+        res = run_tool(["sinfo", "--noheader", "--format=%P"], timeout_s=COMMAND_TIMEOUT_S, env=env)
     if res.returncode != 0:
         raise SlurmError(
             f"cannot reach the Slurm controller (SLURM_CONF={conf}): {first_line(res.stderr)}; {LOCAL_CLUSTER_HINT}"
@@ -156,32 +154,6 @@ def check_slurm(partition: str | None = None, env: dict[str, str] | None = None)
     return names
 
 
-@dataclass(frozen=True)
-class JobInfo:
-    """What Slurm says about one job."""
-
-    job_id: str
-    """The job id."""
-    state: SlurmJobState
-    """Its state (first word of sacct's/squeue's)."""
-    exit_code: int | None = None
-    """Exit status of the batch script; 128 + N when a signal N ended it; None if unknown."""
-    nodelist: str = ""
-    """Nodes it ran on (Slurm's compressed form, e.g. ``n[1-2]``)."""
-    elapsed: str = ""
-    """Run time as Slurm prints it (``[D-]HH:MM:SS``)."""
-    reason: str = ""
-    """Why a pending job waits (squeue's reason), when known."""
-
-
-def _parse_state(text: str) -> SlurmJobState | None:
-    word = text.strip().split(" ")[0].rstrip("+")
-    try:
-        return SlurmJobState(word)
-    except ValueError:
-        return None
-
-
 def query_job(job_id: str, env: dict[str, str] | None = None) -> JobInfo | None:
     """The job's state from accounting (sacct), else from the queue (squeue); None if unknown.
 
@@ -192,33 +164,23 @@ def query_job(job_id: str, env: dict[str, str] | None = None) -> JobInfo | None:
     ``BeginTime``). The queue is slurmctld's live view, so its state and reason win while the
     job has not ended.
     """
-    res = _run(
-        [
-            "sacct",
-            "--allocations",
-            "--noheader",
-            "--parsable2",
-            "--starttime=2000-01-01",
-            f"--jobs={job_id}",
-            "--format=JobIDRaw,State,ExitCode,NodeList,Elapsed,Reason",
-        ],
-        env,
-    )
-    accounted = _sacct_job(job_id, res.stdout) if res.returncode == 0 else None
-    if accounted is not None and accounted.state != SlurmJobState.PENDING:
-        return accounted
-    sacct_error = "" if res.returncode == 0 else first_line(res.stderr)
-    # not in accounting yet (just submitted), still pending, or no accounting: ask the queue
-    res = _run(["squeue", "--noheader", f"--jobs={job_id}", "--format=%T|%N|%M|%r"], env)
-    queued = _squeue_job(job_id, res.stdout) if res.returncode == 0 else None
+    with _slurm_errors():
+        res = sacct_job(job_id, timeout_s=COMMAND_TIMEOUT_S, env=env)
+        accounted = parse_sacct(job_id, res.stdout) if res.returncode == 0 else None
+        if accounted is not None and accounted.state != SlurmJobState.PENDING:
+            return accounted
+        sacct_error = "" if res.returncode == 0 else first_line(res.stderr)
+        # not in accounting yet (just submitted), still pending, or no accounting: ask the queue
+        listed = squeue([job_id], timeout_s=COMMAND_TIMEOUT_S, env=env)
+    queued = (listed or {}).get(str(job_id))
     if accounted is not None:
         # The queue may say the job has just ended: its exit code is accounting's, so accounting's
         # record stands until it says so too.
-        return queued if queued is not None and not queued.state.run_state.finished else accounted
+        return queued if queued is not None and not run_state(queued.state).finished else accounted
     if queued is not None:
         return queued
     if sacct_error:
-        if res.returncode == 0 or "invalid job id" in res.stderr.lower():
+        if listed is not None:  # squeue answered (or no longer knows the id): the job has left
             raise SlurmError(
                 f"job {job_id} has left the queue and Slurm accounting does not answer "
                 f"({sacct_error}): its final state is unknown (slurmdbd is required)"
@@ -227,40 +189,10 @@ def query_job(job_id: str, env: dict[str, str] | None = None) -> JobInfo | None:
     return None
 
 
-def _sacct_job(job_id: str, stdout: str) -> JobInfo | None:
-    """The allocation line of ``job_id`` in sacct's ``--parsable2`` output (query_job's format)."""
-    for line in stdout.splitlines():
-        parts = line.split("|")
-        if len(parts) < 6 or parts[0] != str(job_id):
-            continue
-        state = _parse_state(parts[1])
-        if state is None:
-            continue
-        code, _, sig = parts[2].partition(":")
-        exit_code: int | None = None
-        if code.isdigit():
-            exit_code = int(code)
-            if exit_code == 0 and sig.isdigit() and int(sig):
-                exit_code = 128 + int(sig)
-        reason = parts[5] if state == SlurmJobState.PENDING and parts[5] != "None" else ""
-        return JobInfo(str(job_id), state, exit_code, parts[3], parts[4], reason)
-    return None
-
-
-def _squeue_job(job_id: str, stdout: str) -> JobInfo | None:
-    """The job in squeue's ``%T|%N|%M|%r`` output (query_job's format)."""
-    for line in stdout.splitlines():
-        parts = line.split("|")
-        state = _parse_state(parts[0])
-        if state is not None:
-            reason = parts[3] if len(parts) > 3 and parts[3] != "None" else ""
-            return JobInfo(str(job_id), state, None, parts[1], parts[2], reason)
-    return None
-
-
 def scancel(job_id: str, env: dict[str, str] | None = None) -> None:
     """Cancel a job (Slurm sends SIGTERM to its steps, SIGKILL ``KillWait`` seconds later)."""
-    res = _run(["scancel", str(job_id)], env)
+    with _slurm_errors():
+        res = scancel_jobs([job_id], timeout_s=COMMAND_TIMEOUT_S, env=env)
     if res.returncode != 0:
         raise SlurmError(f"scancel {job_id} failed: {first_line(res.stderr)}")
 
@@ -298,7 +230,8 @@ def submit_merge_job(
         if value:
             cmd.append(f"--{flag}={value}")
     cmd.append(f"--wrap={command}")
-    res = _run(cmd, env)
+    with _slurm_errors():
+        res = run_tool(cmd, timeout_s=COMMAND_TIMEOUT_S, env=env)
     merge_id = res.stdout.strip().split(";")[0]
     if res.returncode != 0 or not merge_id.isdigit():
         raise SlurmError(f"sbatch refused the merge job: {first_line(res.stderr or res.stdout)}")

@@ -2,10 +2,10 @@
 
 This module is the launcher (:class:`SlurmLauncher`: submit, follow, status, cancel) and the
 entry of ``slurm/rankscope.sbatch`` (``python -m rankscope.launchers.slurm prepare``). The rest of
-the backend lives by role in ``slurm_options.py`` (what the job asks for, the run flags),
-``slurm_commands.py`` (sinfo/sacct/squeue/sbatch/scancel), ``slurm_node.py`` (what runs on each
-node: placement, rendezvous, torchrun) and ``slurm_records.py`` (``run.json``'s ``slurm`` object
-and the per-task records).
+the backend lives by role in ``options.py`` (what the job asks for, the run flags),
+``commands.py`` (sinfo/sacct/squeue/sbatch/scancel, through :mod:`rankscope.slurm.commands`),
+``node.py`` (what runs on each node: placement, rendezvous, torchrun) and ``records.py``
+(``run.json``'s ``slurm`` object and the per-task records).
 
 Merge — right after the job, rankscope submits a second, one-CPU job with
 ``--dependency=afterany:JOB``: it runs whatever way the first one ended (completed, failed,
@@ -37,10 +37,10 @@ from rankscope.launchers.base import JobOutcome, Launcher, RunHandle, create_run
 from rankscope.launchers.rundir import RunRecord, RunState, load_run, update_run, utc_now
 from rankscope.launchers.slurm.commands import (
     SlurmError,
-    SlurmJobState,
     check_slurm,
     first_line,
     query_job,
+    run_state,
     scancel,
     slurm_env,
     submit_merge_job,
@@ -56,6 +56,7 @@ from rankscope.launchers.slurm.records import (
 )
 from rankscope.launchers.spec import LauncherKind, ProfilerSettings, RunSpec
 from rankscope.launchers.torchrun import flag_value, rank_argv, rank_settings_env
+from rankscope.slurm.commands import SlurmJobState
 
 #: submitit's folder (pickles, per-task stdout/stderr) inside ``RUN/logs``; ``%j`` = job id.
 SUBMITIT_FOLDER = "slurm-%j"
@@ -257,7 +258,7 @@ class SlurmLauncher(Launcher):
         record = load_run(job.run_dir)
         if info is None:
             return None  # not visible yet: still queued as far as we know
-        state = info.state.run_state
+        state = run_state(info.state)
         slurm = dict(record.get("slurm") or {})
         if not state.finished:
             if (
@@ -320,7 +321,7 @@ class SlurmLauncher(Launcher):
                     time.sleep(FOLLOW_POLL_S)
             while job.merge_job_id:
                 info = query_job(job.merge_job_id, job.env)
-                if info is not None and info.state.run_state.finished:
+                if info is not None and run_state(info.state).finished:
                     break
                 if deadline is not None and time.monotonic() >= deadline:
                     break

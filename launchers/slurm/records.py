@@ -16,7 +16,7 @@ from typing import Any
 
 from rankscope.launchers import rundir
 from rankscope.launchers.rundir import RunState, load_run, update_run
-from rankscope.launchers.slurm.commands import SlurmError, query_job
+from rankscope.launchers.slurm.commands import SlurmError, query_job, run_state
 
 #: Folder of the Slurm records inside the run directory (rendezvous and per-task files).
 SLURM_DIR = "slurm"
@@ -118,13 +118,13 @@ def merge_state(record: dict[str, Any], env: dict[str, str] | None = None) -> Me
         return recorded
     if info is None:
         return recorded
-    run_state = info.state.run_state
-    if not run_state.finished:
-        return MergeState.RUNNING if run_state == RunState.RUNNING else MergeState.PENDING
-    if run_state == RunState.COMPLETED:
+    state = run_state(info.state)
+    if not state.finished:
+        return MergeState.RUNNING if state == RunState.RUNNING else MergeState.PENDING
+    if state == RunState.COMPLETED:
         # finished between its own last write and this query; re-read once
         again = MergeState(
             (load_run(record["run_dir"]).get("slurm") or {}).get("merge", {}).get("state", "failed")
         )
         return again if again.finished else MergeState.COMPLETED
-    return MergeState.CANCELLED if run_state == RunState.CANCELLED else MergeState.FAILED
+    return MergeState.CANCELLED if state == RunState.CANCELLED else MergeState.FAILED
