@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from rankscope.config_flags import flag, flag_of
+
 #: Default parent folder of the run directories (relative to the current directory).
 DEFAULT_OUT = Path("rankscope-runs")
 
@@ -38,33 +40,53 @@ class ProfilerSettings:
     ``rankscope.step()``). The schedule skips ``skip_first`` steps, then repeats ``repeat`` times
     ``wait`` idle steps, ``warmup`` steps (profiler on, results dropped) and ``active`` recorded
     steps; every repetition becomes one window file per rank. ``repeat=0`` repeats until the end.
+    Each field's ``rankscope run`` flag is declared beside it (:func:`rankscope.config_flags.flag`).
     """
 
-    wait: int = 1
+    wait: int = field(default=1, metadata=flag(metavar="N", help="idle steps per cycle"))
     """Steps without profiling at the start of every cycle."""
-    warmup: int = 1
+    warmup: int = field(default=1, metadata=flag(metavar="N", help="warm-up steps"))
     """Steps with the profiler running but discarded (hides its start-up cost)."""
-    active: int = 3
+    active: int = field(default=3, metadata=flag(metavar="N", help="recorded steps per window"))
     """Steps recorded in each window (at least 1)."""
-    repeat: int = 1
+    repeat: int = field(default=1, metadata=flag(metavar="N", help="windows, 0 = until the end"))
     """Number of windows to record; 0 records windows until the job ends."""
-    skip_first: int = 0
+    skip_first: int = field(
+        default=0, metadata=flag(metavar="N", help="steps skipped once at the start")
+    )
     """Steps ignored once before the first cycle (e.g. to skip compilation)."""
-    record_shapes: bool = False
+    record_shapes: bool = field(default=False, metadata=flag(help="record operator input shapes"))
     """Record input shapes of operators (larger traces)."""
-    profile_memory: bool = False
+    profile_memory: bool = field(default=False, metadata=flag(help="record allocations"))
     """Record tensor allocations and frees (larger traces, more overhead)."""
-    with_stack: bool = False
+    with_stack: bool = field(default=False, metadata=flag(help="record call stacks"))
     """Record Python/C++ call stacks of operators (much larger traces, more overhead)."""
-    record_gc: bool = False
+    record_gc: bool = field(
+        default=False,
+        metadata=flag(
+            help="record Python garbage collections (turns on --with-stack; GC pauses as a cause)"
+        ),
+    )
     """Record each Python garbage collection as a ``Python GC`` event (torch's
     ``record_python_gc_info``; it needs the Python tracer, so this turns on ``with_stack``), so
     that the analysis can name GC pauses as a slow rank's cause instead of "host"."""
-    with_flops: bool = False
+    with_flops: bool = field(
+        default=False,
+        metadata=flag(
+            help="count operator FLOPs per step (FLOP/s and MFU KPIs; implies input shapes)"
+        ),
+    )
     """Count FLOPs of the operators torch has formulas for (matmuls, convolutions, elementwise
     add/mul; implies input shapes). The runtime sums them per recorded step into meta.json's
     ``step_flops`` (the exported trace does not carry them)."""
-    samples_per_step: float | None = None
+    samples_per_step: float | None = field(
+        default=None,
+        metadata=flag(
+            metavar="N",
+            help="samples (or tokens) one rank processes per step (throughput KPI); "
+            "rankscope.step(samples=N) records it per step instead",
+        ),
+    )
     """Samples (or tokens) one rank processes per step, when constant (``--samples-per-step``);
     ``rankscope.step(samples=N)`` records a per-step value instead. Used for the throughput KPI."""
 
@@ -74,8 +96,9 @@ class ProfilerSettings:
         for name in ("wait", "warmup", "repeat", "skip_first"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                flag = "--" + name.replace("_", "-")
-                raise ValueError(f"{flag} must be an integer >= 0, got {value!r}")
+                raise ValueError(
+                    f"{flag_of(ProfilerSettings, name)} must be an integer >= 0, got {value!r}"
+                )
         if self.samples_per_step is not None:
             check_samples(self.samples_per_step, "--samples-per-step")
 

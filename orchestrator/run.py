@@ -17,9 +17,13 @@ import argparse
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from rankscope.errors import UsageError
+
+if TYPE_CHECKING:
+    from rankscope.config_flags import Flags
+    from rankscope.launchers.spec import ProfilerSettings
 
 #: torchrun flags that take no value (all its other flags take exactly one).
 TORCHRUN_SWITCHES = frozenset(
@@ -80,60 +84,18 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-def add_profiler_arguments(parser: argparse.ArgumentParser) -> None:
-    """The profiler schedule and options (defaults from ProfilerSettings)."""
+def profiler_flags() -> Flags[ProfilerSettings]:
+    """The profiler's flags: one per :class:`ProfilerSettings` field, the default in parentheses."""
+    from rankscope.config_flags import Flags
     from rankscope.launchers.spec import ProfilerSettings
 
-    d = ProfilerSettings()
+    return Flags(ProfilerSettings, default_note=" ({})")
+
+
+def add_profiler_arguments(parser: argparse.ArgumentParser) -> None:
+    """The profiler schedule and options (:func:`profiler_flags`)."""
     g = parser.add_argument_group("profiler (one step = one optimizer step or rankscope.step())")
-    g.add_argument(
-        "--wait", type=int, default=d.wait, metavar="N", help=f"idle steps per cycle ({d.wait})"
-    )
-    g.add_argument(
-        "--warmup", type=int, default=d.warmup, metavar="N", help=f"warm-up steps ({d.warmup})"
-    )
-    g.add_argument(
-        "--active",
-        type=int,
-        default=d.active,
-        metavar="N",
-        help=f"recorded steps per window ({d.active})",
-    )
-    g.add_argument(
-        "--repeat",
-        type=int,
-        default=d.repeat,
-        metavar="N",
-        help=f"windows, 0 = until the end ({d.repeat})",
-    )
-    g.add_argument(
-        "--skip-first",
-        type=int,
-        default=d.skip_first,
-        metavar="N",
-        help="steps skipped once at the start (0)",
-    )
-    g.add_argument("--record-shapes", action="store_true", help="record operator input shapes")
-    g.add_argument("--profile-memory", action="store_true", help="record allocations")
-    g.add_argument("--with-stack", action="store_true", help="record call stacks")
-    g.add_argument(
-        "--record-gc",
-        action="store_true",
-        help="record Python garbage collections (turns on --with-stack; GC pauses as a cause)",
-    )
-    g.add_argument(
-        "--with-flops",
-        action="store_true",
-        help="count operator FLOPs per step (FLOP/s and MFU KPIs; implies input shapes)",
-    )
-    g.add_argument(
-        "--samples-per-step",
-        type=float,
-        default=None,
-        metavar="N",
-        help="samples (or tokens) one rank processes per step (throughput KPI); "
-        "rankscope.step(samples=N) records it per step instead",
-    )
+    profiler_flags().add(g)
 
 
 def add_output_arguments(parser: argparse.ArgumentParser) -> None:
@@ -306,7 +268,7 @@ def build_spec(
 ) -> tuple[Any, argparse.Namespace]:
     """Validate ``argv`` completely and build the RunSpec (UsageError on any mistake)."""
     from rankscope.launchers.base import check_out_dir
-    from rankscope.launchers.spec import ProfilerSettings, RunSpec, check_run_name
+    from rankscope.launchers.spec import RunSpec, check_run_name
 
     mine, torchrun, script, script_args = split_argv(argv, parser)
     args = parser.parse_args(mine)
@@ -322,19 +284,7 @@ def build_spec(
     if not module and not Path(script).is_file():
         raise UsageError(f"script not found: {script}")
     try:
-        profiler = ProfilerSettings(
-            wait=args.wait,
-            warmup=args.warmup,
-            active=args.active,
-            repeat=args.repeat,
-            skip_first=args.skip_first,
-            record_shapes=args.record_shapes,
-            profile_memory=args.profile_memory,
-            with_stack=args.with_stack,
-            record_gc=args.record_gc,
-            with_flops=args.with_flops,
-            samples_per_step=args.samples_per_step,
-        )
+        profiler = profiler_flags().build(args)
         if args.name is not None:
             check_run_name(args.name)  # before torch loads: cheap mistakes fail fast
     except ValueError as exc:

@@ -27,6 +27,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from rankscope.config_flags import NO_FLAG, flag, positive_int
 from rankscope.errors import UsageError
 from rankscope.errors import (
     WorkersError as WorkersError,  # raised here; defined with the other errors
@@ -67,39 +68,46 @@ ANALYSIS_RANK_S = 0.05
 
 @dataclasses.dataclass
 class ClusterSpec:
-    """Where the per-rank tasks run."""
+    """Where the per-rank tasks run. The first three fields are ``merge``'s and ``analyze``'s flags,
+    their docstrings the flags' help (:mod:`rankscope.config_flags`; read back by
+    :mod:`.cluster_flags`); the others are set by code. ``"auto"`` decides by :func:`choose`,
+    ``"synchronous"`` runs one task after another, ``"threads"`` is Dask's thread pool."""
 
-    scheduler: str = AUTO
-    """``"auto"`` (in-process unless worker processes pay for their start-up, see :func:`choose`),
-    ``"processes"`` (worker processes forked from this one; Linux), ``"local"`` (a LocalCluster
-    sized to the machine), ``"synchronous"`` (in-process, one task
-    after another), ``"threads"`` (Dask's thread pool in this process), or the address of a
-    running Dask scheduler (``tcp://host:8786``)."""
-    slurm_workers: int | None = None
-    """Start a dask-jobqueue SLURMCluster with this many single-core workers instead."""
-    slurm_partition: str | None = None
-    """Slurm partition for the SLURMCluster workers (Slurm's default when None)."""
-    slurm_memory: str = "4GB"
+    scheduler: str = dataclasses.field(
+        default=AUTO, metadata=flag(metavar="WHERE", exclusive="where")
+    )
+    """where the per-rank tasks run: 'auto' (default: in this process unless worker processes pay
+    for their start-up), 'processes' (worker processes forked from this one, Linux), 'local' (a
+    LocalCluster sized to this machine), 'threads', 'synchronous' (in this process), or a Dask
+    scheduler address (tcp://host:8786)"""
+    slurm_workers: int | None = dataclasses.field(
+        default=None, metadata=flag(metavar="N", parse=positive_int, exclusive="where")
+    )
+    """run the per-rank tasks on N one-core Slurm jobs (a dask-jobqueue SLURMCluster); the traces
+    and the output must be on a filesystem the nodes share"""
+    slurm_partition: str | None = dataclasses.field(default=None, metadata=flag(metavar="NAME"))
+    """partition of the --slurm-workers jobs (default: the cluster's)"""
+    slurm_memory: str = dataclasses.field(default="4GB", metadata=NO_FLAG)
     """Memory per SLURMCluster worker (a Slurm ``--mem`` value)."""
-    slurm_log_dir: Path | None = None
+    slurm_log_dir: Path | None = dataclasses.field(default=None, metadata=NO_FLAG)
     """Folder for the SLURMCluster job logs, kept (``slurm_work_dir``, else the current folder,
     when None)."""
-    slurm_work_dir: Path | None = None
+    slurm_work_dir: Path | None = dataclasses.field(default=None, metadata=NO_FLAG)
     """Folder the workers may write into, created for the run and removed once their jobs are
     gone: the job logs (unless ``slurm_log_dir``) and Dask's scratch space (unless dask's
     ``jobqueue.slurm.local-directory`` names one). Give one on a filesystem every node sees and
     the caller can clean (the merge puts it beside its output); None keeps dask-jobqueue's
     defaults (logs in the current folder, scratch in the node's temporary folder)."""
-    slurm_job_name: str | None = None
+    slurm_job_name: str | None = dataclasses.field(default=None, metadata=NO_FLAG)
     """Slurm job name of the workers (what ``squeue`` and ``sacct`` show); dask-jobqueue's
     ``dask-worker`` when None."""
-    slurm_start_timeout_s: float | None = None
+    slurm_start_timeout_s: float | None = dataclasses.field(default=None, metadata=NO_FLAG)
     """Seconds to wait for every worker to connect (``$RANKSCOPE_SLURM_WORKER_TIMEOUT``, else
     ``slurm_workers.SLURM_WORKER_TIMEOUT_S``, when None)."""
-    workers: int | None = None
+    workers: int | None = dataclasses.field(default=None, metadata=NO_FLAG)
     """Worker processes of a LocalCluster or a fork pool (default: CPU cores, at most one per
     rank)."""
-    main_is_guarded: bool = False
+    main_is_guarded: bool = dataclasses.field(default=False, metadata=NO_FLAG)
     """True when the caller knows ``__main__`` is safe to re-import in worker processes
     (rankscope's own CLI); otherwise ``"auto"`` decides from ``__main__`` itself."""
 

@@ -1,7 +1,8 @@
 """What a Slurm job asks for: :class:`SlurmOptions`, its defaults, and the ``rankscope run`` flags.
 
 An option is said once, as a :class:`SlurmOptions` field declared with :func:`option`; the run
-flag (:func:`add_slurm_arguments`), the config-file key (:data:`CONFIG_KEYS`), the
+flag (:func:`add_slurm_arguments`, by the project's one flag generator
+:mod:`rankscope.config_flags`), the config-file key (:data:`CONFIG_KEYS`), the
 ``RANKSCOPE_SLURM_<NAME>`` default (:data:`ENV_DEFAULTS`) and the sbatch parameter
 (:meth:`SlurmOptions.executor_parameters`) are generated from the fields.
 
@@ -30,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rankscope.config_flags import Flags, flag_of
+from rankscope.config_flags import flag as flag_metadata
 from rankscope.errors import UsageError
 from rankscope.launchers.slurm.commands import check_slurm
 
@@ -76,9 +79,12 @@ def option(
     number (for messages): everything about
     an option is said here once, and the flags, config keys, environment defaults and sbatch
     parameters are generated from the fields."""
-    meta = {"metavar": metavar, "help": help, "config": config, "env": env, "submit": submit}
-    if flag:
-        meta["flag"] = flag
+    meta = {
+        **flag_metadata(name=flag, metavar=metavar, help=help),
+        "config": config,
+        "env": env,
+        "submit": submit,
+    }
     if unit:
         meta["unit"] = unit
     return dataclasses.field(default=default, metadata=meta)
@@ -94,10 +100,10 @@ class SlurmOptions:
     """
 
     nodes: int = option(
-        1, metavar="N", help="nodes; one torchrun per node (1)", config=False, submit=False
+        1, metavar="N", help="nodes; one torchrun per node", config=False, submit=False
     )
     """Nodes of the job; one submitit task (one torchrun) runs on each."""
-    gpus_per_node: int = option(0, metavar="N", help="GPUs per node; 0 = CPU (0)", submit=False)
+    gpus_per_node: int = option(0, metavar="N", help="GPUs per node; 0 = CPU", submit=False)
     """GPUs per node (``--gpus-per-node``); 0 asks Slurm for none (CPU jobs, gloo)."""
     cpus_per_task: int | None = option(
         None, metavar="N", help="CPUs per node (one per rank)", submit=False
@@ -112,7 +118,7 @@ class SlurmOptions:
     time: int = option(
         DEFAULT_TIME_MIN,
         metavar="MIN",
-        help=f"time limit in minutes ({DEFAULT_TIME_MIN})",
+        help="time limit in minutes",
         env=True,
         submit=False,
         unit="minutes",
@@ -137,7 +143,7 @@ class SlurmOptions:
         for name in ("nodes", "time"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                flag = "--" + name.replace("_", "-")
+                flag = flag_of(SlurmOptions, name)
                 raise ValueError(f"{flag} must be an integer >= 1 (time in minutes), got {value!r}")
         if not isinstance(self.gpus_per_node, int) or self.gpus_per_node < 0:
             raise ValueError(f"--gpus-per-node must be an integer >= 0, got {self.gpus_per_node!r}")
@@ -155,7 +161,8 @@ class SlurmOptions:
                 and value is not None
                 and (not isinstance(value, str) or not value.strip() or "\n" in value)
             ):
-                raise ValueError(f"{_flag(f)} must be a non-empty word, got {value!r}")
+                flag = flag_of(type(self), f.name)
+                raise ValueError(f"{flag} must be a non-empty word, got {value!r}")
         object.__setattr__(self, "sbatch_args", tuple(self.sbatch_args))
         for arg in self.sbatch_args:
             key = _sbatch_key(arg)
@@ -210,11 +217,6 @@ class SlurmOptions:
         """Inverse of :meth:`to_dict`; unknown keys are ignored."""
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
-
-
-def _flag(f: dataclasses.Field[Any]) -> str:
-    """The ``rankscope run`` flag of a :class:`SlurmOptions` field."""
-    return str(f.metadata.get("flag") or "--" + f.name.replace("_", "-"))
 
 
 def submitit_parameters() -> frozenset[str]:
@@ -293,17 +295,16 @@ def load_defaults(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------ command line
-def _dest(f: dataclasses.Field[Any]) -> str:
-    return _flag(f)[2:].replace("-", "_")
-
-
-#: CLI flag dest -> SlurmOptions field (every flag's default is None: "not given").
-_FLAG_FIELDS = {_dest(f): f.name for f in dataclasses.fields(SlurmOptions)}
+#: The ``rankscope run`` flags of the fields, their defaults in the help (every argparse default is
+#: None: config and environment fill in).
+SLURM_FLAGS = Flags(SlurmOptions, default_note=" ({})")
+#: CLI flag dest -> SlurmOptions field (one name: the flags are read back under the fields').
+_FLAG_FIELDS = {ff.field: ff.field for ff in SLURM_FLAGS.fields}
 
 
 def add_slurm_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``--slurm`` flags of ``rankscope run`` (all rankscope flags: they go before SCRIPT),
-    one per :class:`SlurmOptions` field."""
+    one per :class:`SlurmOptions` field (:data:`SLURM_FLAGS`)."""
     envs = "/".join(
         "_" + v.removeprefix(ENV_PREFIX) if i else v for i, v in enumerate(ENV_DEFAULTS.values())
     )
@@ -313,17 +314,7 @@ def add_slurm_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--slurm", action="store_true", help="submit to Slurm (submitit) instead of running here"
     )
-    for f in dataclasses.fields(SlurmOptions):
-        kwargs: dict[str, Any] = {
-            "default": None,
-            "metavar": f.metadata["metavar"],
-            "help": f.metadata["help"],
-        }
-        if f.type.startswith("tuple"):
-            kwargs["action"] = "append"
-        elif f.type.startswith("int"):
-            kwargs["type"] = int
-        g.add_argument(_flag(f), **kwargs)
+    SLURM_FLAGS.add(g)
     g.add_argument(
         "--follow",
         action="store_true",
@@ -337,18 +328,10 @@ def slurm_options_from_args(args: argparse.Namespace) -> dict[str, Any]:
     Also checks that Slurm answers and the partition exists, so a mistake costs nothing
     (:class:`SlurmError`, one line, before any run directory exists).
     """
-    given = {
-        fld: getattr(args, dest)
-        for dest, fld in _FLAG_FIELDS.items()
-        if getattr(args, dest, None) is not None
-    }
+    given = SLURM_FLAGS.given(args)
     if not getattr(args, "slurm", False):
         if given or getattr(args, "follow", False):
-            flags = ", ".join(
-                "--" + d.replace("_", "-")
-                for d in _FLAG_FIELDS
-                if getattr(args, d, None) is not None
-            )
+            flags = ", ".join(ff.flag for ff in SLURM_FLAGS.fields if ff.field in given)
             raise UsageError(f"{flags or '--follow'} only apply with --slurm")
         return {}
     values = load_defaults()

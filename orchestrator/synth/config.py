@@ -1,9 +1,11 @@
 """The configuration of a synthetic job (:class:`SynthConfig`), its enums and file names.
 
-Every field has a docstring: the command line's flags and help are generated from them
-(:mod:`.cli`). A job is a DDP job (:mod:`.ddp`, one process group) unless ``tp``, ``pp`` or
-``fsdp`` ask for a tensor x pipeline x data parallel one (:mod:`.parallel`); the fault fields
-say which kind of job they apply to (``validate`` refuses the others, one line each).
+Every field has a docstring: the command line's flags and help are generated from the fields
+(:class:`rankscope.config_flags.Flags`, in :mod:`.cli`); a field whose flag is not its name, or
+whose value is not one number, says so with :func:`~rankscope.config_flags.flag`. A job is a DDP
+job (:mod:`.ddp`, one process group) unless ``tp``, ``pp`` or ``fsdp`` ask for a tensor x
+pipeline x data parallel one (:mod:`.parallel`); the fault fields say which kind of job they
+apply to (``validate`` refuses the others, one line each).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from rankscope.config_flags import colon_tuple, flag, flag_of
 from rankscope.errors import UsageError
 
 #: The name torch's profiler gives a Python garbage collection's event (``record_python_gc_info``),
@@ -32,6 +35,21 @@ NCCL_STREAM = 20
 RANKS_TRUNCATE = 30
 NCCL_VERSION = "2.21.5"
 DATALOADER = "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__"
+
+
+def _bucket_sizes(text: str) -> tuple[int, ...]:
+    """``--bucket-bytes``: a comma list of byte counts (empty entries skipped)."""
+    try:
+        return tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        import argparse
+
+        raise argparse.ArgumentTypeError(f"expected N[,N...] bytes, got {text!r}") from None
+
+
+def _items(name: str, metavar: str, *kinds: type, defaults: tuple[Any, ...] = ()) -> Any:
+    """The flag of a list of faults, given once per item: ``--NAME A:B[:C]``."""
+    return flag(name=name, metavar=metavar, parse=colon_tuple(*kinds, defaults=defaults))
 
 
 class Schedule(StrEnum):
@@ -94,7 +112,10 @@ class SynthConfig:
     """host-to-device copy bandwidth, GB/s (1e9 bytes/s)"""
     buckets: int = 4
     """DDP gradient buckets (one all-reduce each, in backward); layers are split evenly"""
-    bucket_bytes: tuple[int, ...] = (25 << 20,)
+    bucket_bytes: tuple[int, ...] = field(
+        default=(25 << 20,),
+        metadata=flag(metavar="N[,N...]", parse=_bucket_sizes, repeatable=False),
+    )
     """bytes of each bucket (comma list, first bucket first; the last size repeats)"""
     link_gbps: float = 50.0
     """bus bandwidth of the ring all-reduce per rank, GB/s (1e9 bytes/s)"""
@@ -106,14 +127,25 @@ class SynthConfig:
     """all-reduce the loss (one float) after the optimizer, then read it (loss.item())"""
     jitter: float = 0.02
     """relative random variation (lognormal sigma) of every kernel, CPU op and input time"""
-    stragglers: list[tuple[int, float, float]] = field(default_factory=list)
+    stragglers: list[tuple[int, float, float]] = field(
+        default_factory=list,
+        metadata=_items(
+            "--straggler", "RANK:EXTRA_MS[:FRACTION]", int, float, float, defaults=(1.0,)
+        ),
+    )
     """(rank, extra ms, fraction): the rank's backward GEMMs take EXTRA_MS more per step in that
     fraction of steps (default 1; which steps: drawn by the seed, written to the truth)"""
-    slow_input: list[tuple[int, float]] = field(default_factory=list)
+    slow_input: list[tuple[int, float]] = field(
+        default_factory=list, metadata=_items("--slow-input", "RANK:EXTRA_MS", int, float)
+    )
     """(rank, extra ms): the rank's DataLoader takes EXTRA_MS more in every step"""
-    clock_offset: list[tuple[int, float]] = field(default_factory=list)
+    clock_offset: list[tuple[int, float]] = field(
+        default_factory=list, metadata=_items("--clock-offset", "HOST:MS", int, float)
+    )
     """(host, ms): the host's clock reads MS ahead of true time (written timestamps shift)"""
-    clock_drift: list[tuple[int, float]] = field(default_factory=list)
+    clock_drift: list[tuple[int, float]] = field(
+        default_factory=list, metadata=_items("--clock-drift", "HOST:PPM", int, float)
+    )
     """(host, ppm): the host's clock runs PPM parts per million fast (from the first step's
     start)"""
     start_ns: int = 1_767_225_600_000_000_000
@@ -148,18 +180,31 @@ class SynthConfig:
     nvlink_gbps: float = 200.0
     """bandwidth of groups and pairs inside one host, GB/s (parallel jobs; --link-gbps across
     hosts)"""
-    stage_layers: list[tuple[int, int]] = field(default_factory=list)
+    stage_layers: list[tuple[int, int]] = field(
+        default_factory=list, metadata=_items("--stage-layers", "STAGE:LAYERS", int, int)
+    )
     """(stage, layers): the stage holds LAYERS layers instead of layers / pp (stage imbalance)"""
-    slow_worker: list[tuple[int, float, float]] = field(default_factory=list)
+    slow_worker: list[tuple[int, float, float]] = field(
+        default_factory=list,
+        metadata=_items(
+            "--slow-worker", "RANK:FACTOR[:FRACTION]", int, float, float, defaults=(1.0,)
+        ),
+    )
     """(rank, factor, fraction): the rank's compute kernels take FACTOR times longer in that
     fraction of steps (default 1; which steps: drawn by the seed) (parallel jobs)"""
     data_imbalance: float = 0.0
     """sigma of a lognormal work factor per (step, dp rank, microbatch) (sequence-length
     imbalance: every stage of that replica computes that microbatch x factor; 0 off)"""
-    slow_host_link: list[tuple[int, int, float]] = field(default_factory=list)
+    slow_host_link: list[tuple[int, int, float]] = field(
+        default_factory=list,
+        metadata=_items("--slow-host-link", "HOST:HOST:FACTOR", int, int, float),
+    )
     """(host, host, factor): transfers of groups and pairs spanning both hosts take FACTOR times
     longer (parallel jobs)"""
-    gc_pause: list[tuple[int, float, float]] = field(default_factory=list)
+    gc_pause: list[tuple[int, float, float]] = field(
+        default_factory=list,
+        metadata=_items("--gc-pause", "RANK:MS[:FRACTION]", int, float, float, defaults=(1.0,)),
+    )
     """(rank, ms, fraction): the rank's main thread pauses MS (a garbage collection) before one
     microbatch's forward in that fraction of steps (parallel jobs)"""
     gc_events: bool = True
@@ -174,13 +219,17 @@ class SynthConfig:
         """Raise :class:`UsageError` (one line) on values that make no job."""
         for name in ("ranks", "ranks_per_host", "steps", "layers", "buckets"):
             if getattr(self, name) < 1:
-                raise UsageError(f"--{_flag(name)}: must be at least 1, got {getattr(self, name)}")
+                raise UsageError(
+                    f"{flag_of(SynthConfig, name)}: must be at least 1, got {getattr(self, name)}"
+                )
         if self.first_step < 0:
             raise UsageError(f"--first-step: must be >= 0, got {self.first_step}")
         positive = ("link_gbps", "pcie_gbps", "slow_link")
         for name in positive:
             if not getattr(self, name) > 0:
-                raise UsageError(f"--{_flag(name)}: must be > 0, got {getattr(self, name)}")
+                raise UsageError(
+                    f"{flag_of(SynthConfig, name)}: must be > 0, got {getattr(self, name)}"
+                )
         nonneg = (
             "fwd_kernel_us", "relu_kernel_us", "loss_kernel_us", "optimizer_kernel_us",
             "cpu_op_us", "launch_us", "launch_latency_us", "input_ms", "link_latency_us",
@@ -188,7 +237,9 @@ class SynthConfig:
         )  # fmt: skip
         for name in nonneg:
             if not getattr(self, name) >= 0:
-                raise UsageError(f"--{_flag(name)}: must be >= 0, got {getattr(self, name)}")
+                raise UsageError(
+                    f"{flag_of(SynthConfig, name)}: must be >= 0, got {getattr(self, name)}"
+                )
         if self.jitter > 1:
             raise UsageError(f"--jitter: a relative variation up to 1, got {self.jitter}")
         if not self.bucket_bytes or any(b < 1 for b in self.bucket_bytes):
@@ -215,7 +266,7 @@ class SynthConfig:
             seen.add(rank)
             if not extra > 0:
                 raise UsageError(f"--slow-input: extra ms must be > 0, got {extra} (rank {rank})")
-        for flag, pairs in (
+        for option, pairs in (
             ("--clock-offset", self.clock_offset),
             ("--clock-drift", self.clock_drift),
         ):
@@ -223,10 +274,10 @@ class SynthConfig:
             for h in hosts:
                 if not 0 <= h < self.hosts():
                     raise UsageError(
-                        f"{flag}: host {h} not in the job (hosts 0..{self.hosts() - 1})"
+                        f"{option}: host {h} not in the job (hosts 0..{self.hosts() - 1})"
                     )
             if len(set(hosts)) != len(hosts):
-                raise UsageError(f"{flag}: a host is given twice")
+                raise UsageError(f"{option}: a host is given twice")
         if any(abs(ppm) > 1000 for _, ppm in self.clock_drift):
             raise UsageError("--clock-drift: at most 1000 ppm")
         self._validate_parallel()
@@ -257,7 +308,9 @@ class SynthConfig:
             "embedding_bytes",
         ):
             if getattr(self, name) < 1:
-                raise UsageError(f"--{_flag(name)}: must be at least 1, got {getattr(self, name)}")
+                raise UsageError(
+                    f"{flag_of(SynthConfig, name)}: must be at least 1, got {getattr(self, name)}"
+                )
         if self.dp < 0:
             raise UsageError(f"--dp: must be >= 0 (0: ranks / (tp x pp)), got {self.dp}")
         if not self.nvlink_gbps > 0:
@@ -337,8 +390,3 @@ class SynthConfig:
         ):  # fmt: skip
             out[key] = [list(v) for v in getattr(self, key)]
         return out
-
-
-def _flag(name: str) -> str:
-    """The command-line flag of a field name (without the dashes)."""
-    return name.replace("_", "-")
