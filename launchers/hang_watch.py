@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
     from rankscope.launchers.base import JobOutcome, Launcher, RunHandle
 
+from rankscope.config_flags import flag
 from rankscope.launchers import rundir
 from rankscope.launchers.hang_probe import STACK_SIGNAL
 from rankscope.launchers.rundir import RunState, update_run
@@ -74,15 +75,27 @@ class OnHang(enum.StrEnum):
     """Ask, say who and where, and leave the job running (for a debugger); Ctrl-C ends it."""
 
 
+def positive_seconds(text: str) -> float:
+    """A number of seconds > 0 (``--hang-after``); ValueError otherwise."""
+    value = float(text)
+    if not value > 0:
+        raise ValueError(text)
+    return value
+
+
 @dataclass(frozen=True)
 class HangRule:
-    """When a job counts as hung, and what to do then (``rankscope run`` flags)."""
+    """When a job counts as hung, and what to do then (``rankscope run``'s flags, generated from
+    these fields by :mod:`rankscope.config_flags`)."""
 
-    hang_after_s: float | None = None
-    """Seconds without any rank finishing a step after which the job is hung (None: max(10 ×
-    the p99 step time seen, 300 s))."""
-    on_hang: OnHang = OnHang.REPORT
-    """What to do when the job hangs."""
+    hang_after_s: float | None = field(
+        default=None, metadata=flag(name="--hang-after", metavar="S", parse=positive_seconds)
+    )
+    """the job is hung when no rank finishes a step for S seconds (default: max(10 x the p99 step
+    time, 300 s); before the first step, 3 x S and at least 120 s)"""
+    on_hang: OnHang = field(default=OnHang.REPORT, metadata=flag(metavar="{report,kill,wait}"))
+    """when it hangs: 'report' where every rank is, then end the job (default); 'kill' it at
+    once; 'wait': report and leave it running"""
 
 
 @dataclass

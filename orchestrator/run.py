@@ -118,37 +118,11 @@ def add_output_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_hang_arguments(parser: argparse.ArgumentParser) -> None:
-    """When the job counts as hung and what happens then (``launchers/hang_watch.py``)."""
-    from rankscope.launchers.hang_watch import MIN_HANG_AFTER_S, STEP_FACTOR, OnHang
+    """When the job counts as hung and what happens then (``HangRule``'s fields)."""
+    from rankscope.config_flags import Flags
+    from rankscope.launchers.hang_watch import HangRule
 
-    g = parser.add_argument_group("hangs")
-    g.add_argument(
-        "--hang-after",
-        type=_positive_seconds,
-        default=None,
-        metavar="S",
-        help=f"the job is hung when no rank finishes a step for S seconds (default: "
-        f"max({STEP_FACTOR:g} x the p99 step time, {MIN_HANG_AFTER_S:g} s); before the first "
-        "step, 3 x S)",
-    )
-    g.add_argument(
-        "--on-hang",
-        choices=[str(o) for o in OnHang],
-        default=str(OnHang.REPORT),
-        help="when it hangs: 'report' where every rank is, then end the job (default); 'kill' "
-        "it at once; 'wait': report and leave it running",
-    )
-
-
-def _positive_seconds(text: str) -> float:
-    """A number of seconds > 0 (argparse's one-line error otherwise)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}")
-    return value
+    Flags(HangRule).add(parser.add_argument_group("hangs"))
 
 
 def add_slurm_arguments(parser: argparse.ArgumentParser) -> None:
@@ -344,12 +318,13 @@ def main(args: argparse.Namespace) -> int:
     launcher = launcher_for_kind(spec.launcher)
     handle = launcher.launch(spec)
     print(f"rankscope run: {handle.run_dir}", flush=True)
-    from rankscope.launchers.hang_watch import HangRule, HangWatch, OnHang
+    from rankscope.config_flags import Flags
+    from rankscope.launchers.hang_watch import HangRule, HangWatch
     from rankscope.orchestrator.hang import say_who_and_where
 
     # the ranks' progress is watched for hangs where the launcher waits on them (local runs;
     # a Slurm job is followed by Slurm's own state)
-    rule = HangRule(opts.hang_after, OnHang(opts.on_hang))
+    rule = Flags(HangRule).build(opts)
     watch = HangWatch(handle.run_dir, rule, local=launcher.ranks_are_local)
     try:
         state = handle.wait(
