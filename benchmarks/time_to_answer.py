@@ -122,8 +122,8 @@ def rankscope_big(work: Path) -> float:
 END_OF_RUN = """
 import sys
 from pathlib import Path
-from rankscope.orchestrator.run import after_run
-after_run(Path(sys.argv[1]), merge=True, analyze=True)
+from rankscope.orchestrator.workflow import after_run
+after_run(Path(sys.argv[1]), merge_traces=True, analyse=True)
 """
 
 

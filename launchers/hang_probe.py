@@ -138,6 +138,30 @@ def flight_recorder() -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) else None
 
 
+#: The token of the answer a rank writes by itself when it gets SIGTERM (torchrun ending the
+#: survivors of a failed rank): where it was when the job ended.
+TERMINATED_TOKEN = "terminated"
+
+
+def _sigterm_wakeup() -> int | None:
+    """The read end of a pipe on which Python's C-level signal handler writes each signal
+    number (``signal.set_wakeup_fd``) — it does so even while the main thread is blocked in C
+    code (a collective), when the Python-level handler cannot run yet. None when this is not
+    the main thread or someone else (asyncio) uses the wakeup fd already."""
+    try:
+        r, w = os.pipe()
+        os.set_blocking(w, False)
+        old = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+    except (ValueError, OSError):
+        return None
+    if old != -1:
+        signal.set_wakeup_fd(old)  # theirs: left alone
+        os.close(r)
+        os.close(w)
+        return None
+    return r
+
+
 class HangProbe:
     """The rank side of hang diagnosis (see the module docstring): one per rank process."""
 
@@ -153,6 +177,7 @@ class HangProbe:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._stacks_file: Any = None
+        self._wake: int | None = None
         self.stack_signal = False
         """faulthandler answers STACK_SIGNAL in this process (else the launcher must not send
         it: its default action ends the process)."""
@@ -165,6 +190,8 @@ class HangProbe:
             self._stacks_file = open(self.dir / rundir.STACKS_FILE, "a")  # noqa: SIM115
             faulthandler.register(STACK_SIGNAL, file=self._stacks_file, all_threads=True)
             self.stack_signal = True
+        self._wake = _sigterm_wakeup()
+        self._write_progress()
         self._thread = threading.Thread(
             target=self._watch, name="rankscope-hang-probe", daemon=True
         )
@@ -201,7 +228,11 @@ class HangProbe:
 
     def _watch(self) -> None:
         request = self.run_dir / rundir.HANG_REQUEST
-        while not self._stop.wait(REQUEST_POLL_S):
+        while not self._stop.is_set():
+            if self._terminated():
+                self.answer(TERMINATED_TOKEN)  # what this rank was in when it was told to end
+            if self._stop.is_set():
+                break
             if self._written_steps != self.steps:
                 self._write_progress()  # steps the main thread did not write (throttled)
             try:
@@ -211,6 +242,22 @@ class HangProbe:
             if token and token != self._answered:
                 self._answered = token
                 self.answer(token)
+
+    def _terminated(self) -> bool:
+        """Wait up to REQUEST_POLL_S; True when SIGTERM arrived meanwhile (the wakeup pipe)."""
+        if self._wake is None:
+            self._stop.wait(REQUEST_POLL_S)
+            return False
+        import select
+
+        ready, _, _ = select.select([self._wake], [], [], REQUEST_POLL_S)
+        if not ready:
+            return False
+        try:
+            got = os.read(self._wake, 64)
+        except OSError:
+            return False
+        return int(signal.SIGTERM) in got
 
     def answer(self, token: str) -> None:
         """Write ``hang.json``: stacks, Flight Recorder, progress (the launcher's ``token``)."""

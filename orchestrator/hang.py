@@ -74,3 +74,32 @@ def say_who_and_where(run_dir: Path, notice: HangNotice) -> None:
         print(f"rankscope run: warning: {exc}", file=sys.stderr, flush=True)
         return
     print(f"rankscope run: wrote {report}", file=sys.stderr, flush=True)
+
+
+def say_what_the_others_did(run_dir: Path) -> str:
+    """After a rank died: the paragraph of what the survivors were in (their answers to
+    SIGTERM, ``hang_probe.TERMINATED_TOKEN``), printed; "" when there is nothing to say."""
+    from rankscope.analysis.compute.hang import diagnose
+    from rankscope.analysis.conclude.hang_findings import after_failure
+    from rankscope.launchers.hang_probe import TERMINATED_TOKEN
+
+    answers = read_answers(run_dir, TERMINATED_TOKEN)
+    try:
+        record = rundir.load_run(run_dir)
+    except (RankscopeError, OSError, ValueError):
+        return ""
+    dead = dead_ranks(run_dir)
+    for f in record.get("failures") or []:
+        rank = f.get("rank")
+        if rank is not None and rank not in answers and rank not in dead:
+            dead[int(rank)] = {
+                "error": str(f.get("error") or ""),
+                "user_frame": f.get("user_frame"),
+            }
+    if not answers or not dead:
+        return ""
+    world = max(int(record.get("world_size") or 0), 1 + max([*answers, *dead]))
+    text = after_failure(diagnose(answers, world, dead))
+    if text:
+        print(text, file=sys.stderr, flush=True)
+    return text

@@ -338,6 +338,10 @@ def main(args: argparse.Namespace) -> int:
     from rankscope.orchestrator.run_outcome import print_run_outcome
 
     summary = print_run_outcome(handle.run_dir)
+    if state == RunState.FAILED:
+        from rankscope.orchestrator.hang import say_what_the_others_did
+
+        say_what_the_others_did(handle.run_dir)
     if summary["windows"]:
         # a Slurm run's merge job has written the store already (--follow waits for it)
         from rankscope.launchers.rundir import STORE_NAME

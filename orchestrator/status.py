@@ -50,6 +50,7 @@ def describe(run_dir: Path, record: dict[str, Any]) -> dict[str, Any]:
         "started_at": record.get("started_at"),
         "ended_at": record.get("ended_at"),
         "failures": record.get("failures") or [],
+        "hang": record.get("hang"),
         "store": str(run_dir / rundir.STORE_NAME)
         if (run_dir / rundir.STORE_NAME).exists()
         else None,
@@ -72,6 +73,7 @@ def print_status(info: dict[str, Any]) -> None:
         RunState.PENDING: "yellow",
         RunState.FAILED: "red",
         RunState.TIMEOUT: "red",
+        RunState.HUNG: "red",
         RunState.CANCELLED: "magenta",
         RunState.INTERRUPTED: "magenta",
     }
@@ -106,6 +108,13 @@ def print_status(info: dict[str, Any]) -> None:
         who = "launcher" if f.get("rank") is None else f"rank {f['rank']}"
         mark = " (root cause)" if f.get("root_cause") else ""
         console.print(f"[red]{who} failed{mark}[/red]: {escape(str(f.get('error')))}")
+    hang = info.get("hang") or {}
+    if hang.get("headline"):
+        console.print(f"[red]hung[/red]: {escape(str(hang['headline']))}")
+        for c in hang.get("culprits") or []:
+            console.print(
+                f"  rank {c.get('rank')} ({c.get('state')}): {escape(str(c.get('where')))}"
+            )
     for note in info["notes"]:
         console.print(f"[yellow]note[/yellow]: {escape(note)}")
 

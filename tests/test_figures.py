@@ -125,7 +125,7 @@ def test_shortened_op_names_stay_distinct() -> None:
 
 def test_run_table_speaks_the_merges_clock_words() -> None:
     """The run table said "via rank 0" where the analysis said "reference" for the same clock."""
-    from rankscope.orchestrator.run import _clock_label
+    from rankscope.orchestrator.run_outcome import _clock_label
 
     row = {"rank": 1, "clock_leader": 0, "clock_reference": 0, "clock_samples": 0}
     assert _clock_label(row) == "reference"

@@ -115,6 +115,15 @@ def test_an_endless_loop_is_named_with_its_line(runs: dict[str, dict[str, Any]])
     assert ranks[1]["steps"] == 4  # steps 0-3 finished; it hangs in step 4
     # the windows recorded before the hang are still merged and analysed
     assert (result["run"] / "report" / "summary.json").exists()
+    # and `rankscope status` says it, from any shell
+    status = subprocess.run(
+        [sys.executable, "-m", "rankscope.orchestrator", "status", str(result["run"])],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert status.returncode == 0, status.stderr
+    assert ": hung" in status.stdout and "exit code 124" in status.stdout
+    assert hang["headline"] in status.stdout.replace("\n", " ")
+    assert "rank 1 (missing): in train_hang.py:" in status.stdout
 
 
 def test_a_stuck_data_loader_is_named_where_the_loop_asks_for_a_batch(
@@ -145,6 +154,15 @@ def test_a_killed_rank_is_a_failure_not_a_hang(runs: dict[str, dict[str, Any]]) 
     assert result["hang"] is None and "hang" not in result["record"]
     first = result["record"]["failures"][0]
     assert first["rank"] == 1 and "SIGKILL" in first["error"]
+    # what the survivor was waiting in when it died (its own answer to torchrun's SIGTERM)
+    said = result["stderr"]
+    assert (
+        "When rank 1 died, the others were waiting in all_reduce #5 of the default group:" in said
+    )
+    assert (
+        f"rank 0: waiting in all_reduce #5 of the default group, in train_hang.py:{_line('# the gradient all-reduce')}"
+        in said
+    )
 
 
 def test_steps_that_grow_to_3_s_are_slow_not_hung(runs: dict[str, dict[str, Any]]) -> None:

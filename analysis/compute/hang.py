@@ -206,7 +206,7 @@ def diagnose(
     dead = dead or {}
     progress = progress or {}
     views = {r: _group_views(d) for r, d in dumps.items()}
-    stuck, desync = _stuck_collective({r: v for r, v in views.items() if v is not None})
+    stuck, desync = _stuck_collective({r: v for r, v in views.items() if v is not None}, world_size)
     places = []
     for rank in range(world_size):
         steps, since = progress.get(rank, (None, None))
@@ -230,9 +230,12 @@ def diagnose(
 
 
 def _stuck_collective(
-    views: Mapping[int, dict[str, _GroupView]],
+    views: Mapping[int, dict[str, _GroupView]], world_size: int
 ) -> tuple[Collective | None, bool]:
-    """The collective the job waits in (module docstring), and whether its members desync."""
+    """The collective the job waits in (module docstring), and whether its members desync.
+    The default group's members are every rank: one that did not answer (dead, silent) never
+    arrived; other groups' members are the ranks whose recorder names them (gloo writes no
+    member list)."""
     best: tuple[int, Collective, bool] | None = None
     groups = {g for v in views.values() for g in v}
     for g in sorted(groups):
@@ -243,6 +246,8 @@ def _stuck_collective(
             continue
         ops = {m.ops.get(top, "") for m in members.values() if m.enqueued == top}
         behind = any(m.enqueued < top for m in members.values())
+        if pending[0].desc == "default_pg" and len(members) < world_size:
+            behind = True  # a rank of the world did not answer: it is not in it
         if not behind and len(ops) <= 1:
             continue  # every member entered it and agrees: it is moving (or waits on another)
         created = min(m.created.get(top, 0) for m in pending)

@@ -154,3 +154,17 @@ def run_record(diag: HangDiagnosis) -> dict[str, Any]:
             {"rank": p.rank, "state": str(p.state), "where": _where(p)} for p in culprit_places[:16]
         ],
     }
+
+
+def after_failure(diag: HangDiagnosis) -> str:
+    """When a rank died: what the others were in when torchrun ended them (their own answers on
+    SIGTERM), one line per group of them; "" when none answered."""
+    others = [g for g in groups(diag) if g[1].state not in (RankState.DEAD, RankState.SILENT)]
+    dead = diag.ranks(RankState.DEAD)
+    if not others or not dead:
+        return ""
+    where = f"in {diag.collective.label()}" if diag.collective else "where they were"
+    lines = [f"When {rank_list(dead)} died, the others were waiting {where}:"]
+    for ranks, p in others[:MAX_GROUPS]:
+        lines.append(f"  {rank_list(ranks)}: {_what(p, diag)}, {_where(p)}")
+    return "\n".join(lines)
