@@ -20,7 +20,7 @@ Sets (each a row of the table):
   vs ``TraceAnalysis(trace_dir=...)`` (HTA's load, which parses the trace).
 * ``end-of-run``: what ``rankscope run`` does after its last rank exits (merge, analyse, print
   the summary, write report/), on a copy of the example's real 4-rank run folder
-  (``tests/data/cpu_gloo_4rank_ddp_buckets``): a fresh process calling ``run.after_run``, so the
+  (``tests/data/cpu_gloo_4rank_ddp_buckets``): a fresh process calling ``workflow.after_run``, so the
   figure also counts an interpreter start that the real ``rankscope run`` has already paid.
 * ``reader``: rankscope's trace reader alone, in this process, on the big rank: MB of JSON per
   second per core (no HTA peer: it has no reader separate from its load).
