@@ -14,10 +14,10 @@ significance, blame or causes; the tests run afterwards on the small tables it p
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    import pandas as pd
+import numpy as np
+import pandas as pd
 
 #: A collective's end is a sync point when no rank computed through most of its last phase
 #: (from the last arrival to the end, and at least this long, ns): they all waited for it.
@@ -78,9 +78,6 @@ def arrival_points(
     recorded end can trail the moment the main thread resumed by a little, so "mostly", not
     "at all".
     """
-    import numpy as np
-    import pandas as pd
-
     lowest = np.iinfo(np.int64).min
     rows = coll_rows.sort_values(["start", "coll"], kind="stable")
     arrival = rows["start"].to_numpy(np.int64)
@@ -157,9 +154,6 @@ def arrival_windows(points: pd.DataFrame) -> pd.DataFrame:
     points share a start, and :func:`~rankscope.analysis.compute.stragglers.find_stragglers` counts each such
     group once.
     """
-    import numpy as np
-    import pandas as pd
-
     if len(points) == 0:
         return pd.DataFrame({c: pd.Series(dtype=d) for c, d in WINDOW_COLUMNS.items()})
     lowest = np.iinfo(np.int64).min

@@ -28,8 +28,10 @@ import enum
 import re
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import pandas as pd
+
 if TYPE_CHECKING:
-    import pandas as pd
     from rankscope.analysis.compute.finding import Finding
 
 
@@ -140,8 +142,6 @@ def attention_calls(
     ``events``: the rank's events (``Store.events``; add the optional ``shapes`` and ``dtypes``
     columns to get the query shape, dtype and mask of traces recorded with ``record_shapes``).
     """
-    import numpy as np
-    import pandas as pd
     from rankscope.analysis.compute.ops import DEVICE_TIME_KINDS, launches, op_tree
     from rankscope.analysis.store.schema import text_values
 
@@ -204,8 +204,6 @@ def attention_calls(
 
 
 def _empty() -> pd.DataFrame:
-    import pandas as pd
-
     return pd.DataFrame(
         {c: pd.Series(dtype=d if d != "str" else object) for c, d in ATTENTION_CALL_COLUMNS.items()}
     )
@@ -226,8 +224,6 @@ ATTENTION_BACKEND_COLUMNS: dict[str, str] = {
 
 def attention_by_backend(calls: pd.DataFrame) -> pd.DataFrame:
     """Calls and time per (rank, backend, forward/backward) (``ATTENTION_BACKEND_COLUMNS``)."""
-    import pandas as pd
-
     if not len(calls):
         return pd.DataFrame(
             {

@@ -11,12 +11,9 @@ arrival windows; definitions in docs/analysis.md, "Pipeline bottleneck".
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+import numpy as np
+import pandas as pd
 from rankscope.analysis.compute.stragglers import MIN_RUN_FRACTION, OWN_FRACTION, Cause
-
-if TYPE_CHECKING:
-    import pandas as pd
 
 #: Receiver waits shorter than this (ns) are not traced back (scheduling noise, not a stage).
 MIN_P2P_WAIT_NS = 50_000
@@ -73,8 +70,6 @@ def p2p_roots(waits: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
     of this one (followed pair by pair, in time order), else the wait is the pipeline's schedule
     and has no root (-1) — the bubble of a balanced pipeline traces back to nobody.
     """
-    import numpy as np
-    import pandas as pd
     from rankscope.analysis.store.schema import P2P_OPS
 
     empty = pd.DataFrame({c: pd.Series(dtype=d) for c, d in ROOT_COLUMNS.items()})
@@ -155,8 +150,6 @@ def pipeline_stages(
     part of its own extra work (compute, input, host) over the sends where it is the root.
     Empty without matched pairs. Stragglers by collectives are :func:`find_stragglers`.
     """
-    import pandas as pd
-
     empty = pd.DataFrame(
         {c: pd.Series(dtype=d if d != "str" else object) for c, d in PIPELINE_COLUMNS.items()}
     )

@@ -26,13 +26,11 @@ from __future__ import annotations
 
 import enum
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import numpy as np
+import pandas as pd
 from rankscope.analysis.store.schema import EventKind, LaneKind
-
-if TYPE_CHECKING:
-    import numpy as np
-    import pandas as pd
 
 #: Communication kernels, as HTA 0.5.0 classifies them (``re.match``: anchored at the start).
 COMM_KERNEL_RE = r"^nccl.*Kernel"
@@ -116,8 +114,6 @@ def interval_union(ts: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndar
     end), so touching intervals merge and a negative-length interval (HTA's rounding can make
     ``end < ts``) stays a group of its own.
     """
-    import numpy as np
-
     if len(ts) == 0:
         return np.empty(0, np.int64), np.empty(0, np.int64)
     order = np.argsort(ts, kind="stable")
@@ -144,8 +140,6 @@ def grouped_unions(
     lifting group ``g``'s values by ``g × K`` (``K`` wider than all times), so it needs
     ``groups × K`` below 2**62; None when it is not (the caller loops over groups instead).
     """
-    import numpy as np
-
     n = len(ts)
     if n == 0:
         z = np.empty(0, np.int64)
@@ -170,8 +164,6 @@ def grouped_unions(
 
 def measure_below(starts: np.ndarray, ends: np.ndarray, x: np.ndarray) -> np.ndarray:
     """For each ``x``: length (ns) of the sorted disjoint set ``[starts, ends)`` before ``x``."""
-    import numpy as np
-
     if len(starts) == 0:
         return np.zeros(len(x), np.int64)
     cum = np.concatenate([[0], np.cumsum(ends - starts)])
@@ -187,8 +179,6 @@ def interval_measure(iv: tuple[np.ndarray, np.ndarray]) -> int:
 
 def _covered(iv: tuple[np.ndarray, np.ndarray], points: np.ndarray) -> np.ndarray:
     """For each point p: is ``[p, next point)`` inside the set (i.e. is p covered)?"""
-    import numpy as np
-
     starts, ends = iv
     if len(starts) == 0:
         return np.zeros(len(points), bool)
@@ -211,8 +201,6 @@ def paint(
     ``{category: bool array}``; the result is ``{category: ns inside each window}``. Windows may
     overlap (each is measured independently through cumulative sums).
     """
-    import numpy as np
-
     pieces = [np.asarray(win_start, np.int64), np.asarray(win_end, np.int64)]
     for s, e in sets.values():
         keep = e > s
@@ -242,9 +230,6 @@ def paint(
 
 def name_matches(names: pd.Series, pattern: str) -> np.ndarray:
     """``re.match(pattern, name)`` for every row, computed once per distinct name."""
-    import numpy as np
-    import pandas as pd
-
     rx = re.compile(pattern)
     if isinstance(names.dtype, pd.CategoricalDtype):
         cats = names.cat.categories
@@ -259,8 +244,6 @@ def name_matches(names: pd.Series, pattern: str) -> np.ndarray:
 
 def gpu_lanes(lanes: pd.DataFrame) -> np.ndarray:
     """Lane ids that are GPU streams with a valid (non-negative) stream number."""
-    import numpy as np
-
     if len(lanes) == 0:
         return np.empty(0, np.int32)
     is_gpu = lanes["kind"].to_numpy() == int(LaneKind.GPU_STREAM)
@@ -271,8 +254,6 @@ def gpu_lanes(lanes: pd.DataFrame) -> np.ndarray:
 
 def gpu_event_mask(events: pd.DataFrame, lanes: pd.DataFrame) -> np.ndarray:
     """GPU events in HTA's sense: kernels, memcpy/memset, sync events on a GPU stream."""
-    import numpy as np
-
     kinds = events["kind"].to_numpy()
     return np.isin(events["lane"].to_numpy(), gpu_lanes(lanes)) & np.isin(
         kinds, [int(k) for k in GPU_EVENT_KINDS]
@@ -281,8 +262,6 @@ def gpu_event_mask(events: pd.DataFrame, lanes: pd.DataFrame) -> np.ndarray:
 
 def is_gpu_rank(events: pd.DataFrame, lanes: pd.DataFrame) -> bool:
     """A rank is painted on its GPU timeline when it has any kernel on a GPU stream."""
-    import numpy as np
-
     mask = gpu_event_mask(events, lanes)
     kinds = events["kind"].to_numpy()[mask]
     return bool(np.isin(kinds, [int(EventKind.KERNEL_COMPUTE), int(EventKind.KERNEL_COMM)]).any())
@@ -293,8 +272,6 @@ def main_lane(events: pd.DataFrame, lanes: pd.DataFrame) -> int:
 
     Fallback: the thread with the most operators; -1 when the rank has no host events.
     """
-    import numpy as np
-
     kinds = events["kind"].to_numpy()
     lane = events["lane"].to_numpy()
     steps = lane[kinds == int(EventKind.PROFILER_STEP)]
@@ -355,8 +332,6 @@ def _gpu_categories(c: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 def _cpu_sets(
     events: pd.DataFrame, lanes: pd.DataFrame
 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    import numpy as np
-
     kinds = events["kind"].to_numpy()
     main = events["lane"].to_numpy() == main_lane(events, lanes)
     loader = main & name_matches(events["name"], DATALOADER_RE)
@@ -428,9 +403,6 @@ def step_windows(events: pd.DataFrame, lanes: pd.DataFrame, device: Device) -> p
     launch's step) to the next step's first GPU event, or to its own last GPU event when the next
     step was not recorded (end of a profiler window); without steps: first GPU start to last end.
     """
-    import numpy as np
-    import pandas as pd
-
     ts = events["ts"].to_numpy()
     end = ts + events["dur"].to_numpy()
     kinds = events["kind"].to_numpy()
@@ -479,9 +451,6 @@ def rank_breakdown(events: pd.DataFrame, lanes: pd.DataFrame, rank: int = 0) -> 
 
 def measure_windows(measure: Any, device: Device, windows: pd.DataFrame, rank: int) -> pd.DataFrame:
     """Breakdown rows (``BREAKDOWN_COLUMNS``) for ``windows`` (step, start, end) of one rank."""
-    import numpy as np
-    import pandas as pd
-
     out = pd.DataFrame(
         {
             "rank": np.full(len(windows), rank, np.int32),
@@ -544,9 +513,6 @@ def hta_temporal_breakdown(
       events|; ``compute`` = |union of compute kernels|; ``non_compute`` = the rest;
       ``overlap_pct`` = |comm ∩ compute| / |comm| * 100 (comm = ``^nccl.*Kernel``).
     """
-    import numpy as np
-    import pandas as pd
-
     gpu = gpu_event_mask(events, lanes)
     ts = events["ts"].to_numpy().astype(np.int64)
     end = ts + events["dur"].to_numpy().astype(np.int64)

@@ -34,10 +34,8 @@ Definitions (``docs/analysis.md``):
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    import pandas as pd
+import numpy as np
+import pandas as pd
 
 #: Fixed part of the slack allowed between the aligned-clock wait and the clock-free check, ns.
 CHECK_SLACK_NS = 50_000
@@ -76,8 +74,6 @@ def collective_waits(collectives: pd.DataFrame, clock: pd.DataFrame | None = Non
     ``collectives`` follows ``schema.COLLECTIVE_COLUMNS``; ``clock`` (``schema.CLOCK_COLUMNS``)
     gives ``uncertainty_ns`` per rank (0 when absent).
     """
-    import numpy as np
-    import pandas as pd
     from rankscope.analysis.store.schema import P2P_OPS
 
     if len(collectives) == 0:
@@ -152,8 +148,6 @@ def wall_factor(waits: pd.DataFrame) -> pd.Series:
     collectives wait at the same instants, which the union counts once. Index: rank; ranks that
     never waited are left out (their factor is 1).
     """
-    import numpy as np
-    import pandas as pd
     from rankscope.analysis.compute.breakdown import interval_measure, interval_union
 
     out: dict[int, float] = {}
@@ -188,8 +182,6 @@ def wait_totals(waits: pd.DataFrame, spans: pd.DataFrame | None = None) -> pd.Da
     communication in flight. ``spans`` (``rank``, ``start``, ``end``: the profiled step windows)
     clip them to the profiled time, so neither ever exceeds the rank's profiled total.
     """
-    import numpy as np
-    import pandas as pd
     from rankscope.analysis.compute.breakdown import interval_union, paint
 
     if len(waits) == 0:
@@ -225,8 +217,6 @@ def collective_summary(waits: pd.DataFrame) -> pd.DataFrame:
 
     Durations are summed over ranks (rank-time), counts are distinct collectives.
     """
-    import pandas as pd
-
     if len(waits) == 0:
         return pd.DataFrame(
             columns=["op", "count", "bytes", "dur_ns", "wait_ns", "transfer_ns", "clock_disagree"]

@@ -14,10 +14,8 @@ Units: ns (int64).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    import pandas as pd
+import numpy as np
+import pandas as pd
 
 #: The name torch gives a garbage collection's event.
 GC_EVENT_NAME = "Python GC"
@@ -34,8 +32,6 @@ def gc_per_step(events: pd.DataFrame, rank: int) -> pd.DataFrame:
     """One rank's garbage collections summed per profiled step (``GC_COLUMNS``; steps without
     one have no row). ``events``: ``Store.events(rank)``; a collection belongs to the step its
     event falls in (the store's ``step`` column), outside every step it is left out."""
-    import numpy as np
-    import pandas as pd
     from rankscope.analysis.store.schema import EventKind, text_values
 
     kind = events["kind"].to_numpy()

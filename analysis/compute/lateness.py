@@ -19,11 +19,10 @@ binomial test, causes); each can be read without the other.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    import numpy as np
-    import pandas as pd
+import numpy as np
+import pandas as pd
 
 #: Columns of a step-CPU table (:func:`step_cpu_table`): per rank and recorded step, from the
 #: runtime's ``step_cpu`` (ns): wall time, the main thread's CPU time and run-queue delay.
@@ -39,8 +38,6 @@ STEP_CPU_COLUMNS: dict[str, str] = {
 def step_cpu_table(metas: dict[int, Any]) -> pd.DataFrame:
     """``STEP_CPU_COLUMNS`` from each rank's meta.json (``{rank: meta}``; the runtime's
     ``step_cpu``: ``{"step": [wall_ns, cpu_ns, runq_ns]}``); malformed entries are left out."""
-    import pandas as pd
-
     rows = []
     for rank, meta in metas.items():
         per_step = meta.get("step_cpu") if isinstance(meta, dict) else None
@@ -124,8 +121,6 @@ def _lateness_frame(
 ) -> pd.DataFrame:
     """``multi``'s rows (same order) with ``unit``, ``late_raw``, ``contention`` and ``late``
     (:func:`unit_rows`)."""
-    import numpy as np
-
     w = multi[["coll", "rank", "arrival", "n_ranks"]].reset_index(drop=True)
     if len(windows) and "step" in windows.columns:
         w = w.merge(windows[["coll", "rank", "step"]], on=["coll", "rank"], how="left")
@@ -159,8 +154,6 @@ def _lateness_frame(
 
 def _behind(w: pd.DataFrame, values: np.ndarray) -> np.ndarray:
     """``values`` behind the median rank's at each collective (with two ranks, the other's)."""
-    import numpy as np
-
     v = w.assign(_v=values).groupby("coll")["_v"]
     n = v.transform("size").to_numpy()
     med = v.transform("median").to_numpy(float)
@@ -198,9 +191,6 @@ def _own_extras(waits: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
     sync interval
     (:func:`once_per_sync_interval`): both then count each delay once.
     """
-    import numpy as np
-    import pandas as pd
-
     cols_out = [
         "coll",
         "rank",

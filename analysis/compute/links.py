@@ -31,9 +31,10 @@ import itertools
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+import numpy as np
+import pandas as pd
+
 if TYPE_CHECKING:
-    import numpy as np
-    import pandas as pd
     from rankscope.analysis.compute.whatif_scenarios import Scenario
 
 #: A pair whose transfers take at least this many times the same transfers elsewhere is slow.
@@ -86,9 +87,6 @@ def instance_transfers(colls: pd.DataFrame, hosts: Mapping[int, str]) -> pd.Data
     by the sum, modulo 2**64, of one random 64-bit number per host (two different sets of a job's
     few hundred hosts collide with probability ~2**-64); the tuple of names is built once per
     distinct set."""
-    import numpy as np
-    import pandas as pd
-
     if not len(colls):
         return pd.DataFrame({c: pd.Series(dtype=d) for c, d in INSTANCE_COLUMNS.items()})
     host = colls["rank"].astype(int).map(dict(hosts)).fillna("?").astype(str)
@@ -140,9 +138,6 @@ class _Evidence:
 def link_table(inst: pd.DataFrame) -> pd.DataFrame:
     """Per host pair judged (LINK_COLUMNS), slowest first: see the module's rule, then
     :func:`_name_groups` for which pairs are named."""
-    import numpy as np
-    import pandas as pd
-
     evidence: dict[tuple[str, str], _Evidence] = {}
     crossing = inst[inst["n_hosts"] >= 2]
     for key, cls in crossing.groupby(CLASS_COLUMNS, sort=False):
@@ -234,8 +229,6 @@ def link_fix_factors(inst: pd.DataFrame, links: pd.DataFrame) -> dict[int, float
     """Per instance crossing a slow pair of ``links``: the factor (≤ 1) that brings its transfer
     to its class's median among the instances crossing no slow pair — the what-if's "slow links
     like the others" (never slower than measured)."""
-    import numpy as np
-
     slow = {(str(r.host_a), str(r.host_b)) for r in links.itertuples() if bool(r.is_slow)}
     if not slow:
         return {}
@@ -256,7 +249,6 @@ def link_fix_factors(inst: pd.DataFrame, links: pd.DataFrame) -> dict[int, float
 def link_scenario(factors: Mapping[int, float]) -> Scenario:
     """The what-if's ``whatif_scenarios.SLOW_LINKS_LIKE_OTHERS``: each transfer edge of a collective in ``factors`` (its
     id → a factor ≤ 1, :func:`link_fix_factors`) scaled by it."""
-    import numpy as np
     from rankscope.analysis.compute.whatif_graph import TRANSFER, Model
     from rankscope.analysis.compute.whatif_scenarios import SLOW_LINKS_LIKE_OTHERS, Scenario
 
@@ -280,8 +272,6 @@ def link_scenario(factors: Mapping[int, float]) -> Scenario:
 
 def _weighted_median(values: np.ndarray, weights: np.ndarray) -> float:
     """The value below which half the weight lies (the lower one at an exact half)."""
-    import numpy as np
-
     order = np.argsort(values, kind="stable")
     cum = np.cumsum(weights[order])
     return float(values[order][np.searchsorted(cum, cum[-1] / 2.0)])

@@ -9,10 +9,7 @@ checks them against torch's walks on thousands of random event sets.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    import numpy as np
+import numpy as np
 
 
 def merge_redispatch(
@@ -27,8 +24,6 @@ def merge_redispatch(
     walks parents before children, moving an only child's children up as it goes; that comes to
     the same as asking of each event's *original* parent whether it had one child of the same
     name, so all events are decided at once."""
-    import numpy as np
-
     parent = parent.copy()
     has = order[parent[order] >= 0]
     children = np.bincount(parent[has], minlength=len(parent))
@@ -56,8 +51,6 @@ def nest(
     found at once, by binary lifting over a sparse table of range maxima of the end times (a
     Python loop per event took ~10 ms per 20 k events, a third of a rank's op table).
     """
-    import numpy as np
-
     m = len(order)
     if m == 0:
         return np.full(n, -1, np.int64)
@@ -87,8 +80,6 @@ def nest(
 def subtree_sums(order: np.ndarray, parent: np.ndarray, values: np.ndarray) -> np.ndarray:
     """``values`` summed over each event's subtree (itself and every event below it); ``order``:
     the tree's events, ``parent``: their parents (-1 none). Depth by depth, deepest first."""
-    import numpy as np
-
     depth = np.zeros(len(order), np.int64)
     up = parent[order]
     while True:

@@ -18,14 +18,10 @@ statistics of one rank and their cross-rank combination, read and rendered toget
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+import numpy as np
+import pandas as pd
 from rankscope.analysis.compute import op_nesting
 from rankscope.analysis.store.schema import EventKind, text_codes, text_values
-
-if TYPE_CHECKING:
-    import numpy as np
-    import pandas as pd
 
 #: Event kinds summarised as operators (host ops, kernels, copies, collectives).
 OP_KINDS = (
@@ -63,9 +59,6 @@ def op_stats(
     ``spans`` (``start``, ``end``): the profiled step windows that ``wall_ns`` is clipped to
     (None: not clipped).
     """
-    import numpy as np
-    import pandas as pd
-
     sel = events[np.isin(events["kind"].to_numpy(), [int(k) for k in kinds])]
     if len(sel) == 0:
         return pd.DataFrame(
@@ -106,7 +99,6 @@ def _walls(
     :func:`rankscope.analysis.compute.breakdown.paint`). All groups at once when the windows are disjoint
     (profiled steps are), else one :func:`paint` per group.
     """
-    import numpy as np
     from rankscope.analysis.compute.breakdown import (
         grouped_unions,
         interval_measure,
@@ -170,8 +162,6 @@ def across_ranks(stats: pd.DataFrame, top: int = 20) -> pd.DataFrame:
 
     ``spread = (max - min) / mean`` of the per-rank wall times: 0 when every rank spends the same.
     """
-    import pandas as pd
-
     if len(stats) == 0:
         return pd.DataFrame(columns=ACROSS_COLUMNS)
     g = stats.groupby(["name", "kind"], sort=False)
@@ -287,9 +277,6 @@ def op_tree(
     none), ``self_cpu_ns``, ``self_device_ns``, ``device_total_ns``; in nesting order (a parent
     before its children).
     """
-    import numpy as np
-    import pandas as pd
-
     kind = events["kind"].to_numpy().astype(np.int64)
     names = text_values(events["name"])
     host = np.isin(kind, [int(k) for k in HOST_TREE_KINDS])
@@ -347,8 +334,6 @@ def launches(
     """Row of the runtime call (same correlation id) that launched each device event ``idx``;
     -1 where it has no correlation id or its launch is not in ``events``. ``runtime``: the rows
     to look in (default: every RUNTIME event with a correlation id)."""
-    import numpy as np
-
     return launch_rows(events["corr"].to_numpy(np.int64), events["kind"].to_numpy(), idx, runtime)
 
 
@@ -357,8 +342,6 @@ def launch_rows(
 ) -> np.ndarray:
     """:func:`launches` on bare columns (``corr``, ``kind``): the one launch-matching rule, also
     the merge's (``orchestrator/ingest/rank_columns.py``, on a rank's columns before any DataFrame)."""
-    import numpy as np
-
     out = np.full(len(idx), -1, dtype=np.int64)
     if runtime is None:
         runtime = np.flatnonzero(kind == int(EventKind.RUNTIME))
@@ -392,9 +375,6 @@ def op_table(
     True)``; needs the ``shapes`` column (``Store.events(rank, columns=[..., "shapes"])``, a trace
     recorded with ``record_shapes``), else every shape is ``""``.
     """
-    import numpy as np
-    import pandas as pd
-
     col = sort_column(sort_by)
     tree = op_tree(events, lanes)
     kind = events["kind"].to_numpy().astype(np.int64)
@@ -435,8 +415,6 @@ def op_table(
 
 
 def _empty(columns: dict[str, str]) -> pd.DataFrame:
-    import pandas as pd
-
     return pd.DataFrame(
         {c: pd.Series(dtype=d if d != "str" else object) for c, d in columns.items()}
     )
@@ -479,8 +457,6 @@ def op_table_across_ranks(
     """:func:`op_table` rows of all ranks (concatenated) to one row per (name, kind, shapes): the
     mean per rank, and the spread, fastest and slowest rank of the ``sort_by`` time; the largest
     mean of ``sort_by`` first (``top`` rows; None: all)."""
-    import pandas as pd
-
     col = sort_column(sort_by)
     if not len(tables):
         return pd.DataFrame(columns=OP_TABLE_ACROSS_COLUMNS)

@@ -15,9 +15,10 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import pandas as pd
+
 if TYPE_CHECKING:
-    import numpy as np
-    import pandas as pd
     from rankscope.analysis.compute.whatif_graph import Model
 
 
@@ -26,7 +27,6 @@ if TYPE_CHECKING:
 
 def _work(model: Model) -> pd.DataFrame:
     """One row per WORK edge into a point of a profiled step: edge, rank, step, pos, op, w."""
-    import numpy as np
     from rankscope.analysis.compute.whatif_graph import WORK
 
     e, n = model.edges, model.nodes
@@ -48,7 +48,6 @@ def segments(model: Model) -> pd.DataFrame:
     (``allreduce#12``). Sends and receives interleave with the other ops in an order that
     varies with timing (a receive posted early or late); the collectives of one program come in
     its order, so one key is the same piece of work on every peer and in every step."""
-    import numpy as np
     from rankscope.analysis.compute.whatif_graph import ARRIVAL, STEP_END
     from rankscope.analysis.store.schema import P2P_OPS
 
@@ -71,8 +70,6 @@ def segments(model: Model) -> pd.DataFrame:
         "w": e["w_ns"].to_numpy(np.int64)[idx],
         "seg": seg_of.to_numpy()[dst],
     }
-    import pandas as pd
-
     frame = pd.DataFrame(out)
     return frame[(frame["step"] >= 0) & frame["seg"].notna()].reset_index(drop=True)
 
@@ -83,7 +80,6 @@ def _scale_segments(
     """Weights with the own edges of each chosen (rank, step, seg) scaled so that its WORK edges
     sum to ``target`` (aligned with ``seg``'s rows; NaN: unchanged); ``lower_only``: never
     slower."""
-    import numpy as np
     from rankscope.analysis.compute.whatif_graph import WORK
 
     total = (
@@ -120,8 +116,6 @@ def like_peers(model: Model, lay: pd.DataFrame, ranks: Sequence[int]) -> np.ndar
     med = work[~fixed].groupby(["g", "step", "seg"])["work"].median()
     seg["g"] = seg["rank"].map(lay.set_index("rank")["peers"])
     target = med.reindex(index_of(seg[["g", "step", "seg"]])).to_numpy(float)
-    import pandas as pd
-
     return _scale_segments(
         model, seg, pd.Series(target, index=seg.index), seg["rank"].isin(list(ranks)), True
     )
@@ -133,8 +127,6 @@ def no_imbalance(model: Model, lay: pd.DataFrame) -> np.ndarray:
     data imbalance"; never slower, as :func:`like_peers`: raising the light pieces too would
     add the noise of a median of few draws to every piece, and a pipeline pays for the heavy
     ones)."""
-    import pandas as pd
-
     seg = segments(model)
     work = _segment_work(seg, lay)
     med = work.groupby(["g", "seg"])["work"].median()
@@ -146,8 +138,6 @@ def no_imbalance(model: Model, lay: pd.DataFrame) -> np.ndarray:
 def scale_stages(model: Model, lay: pd.DataFrame, factors: Mapping[tuple[int, int], float]) -> Any:
     """Weights with every own edge of the ranks of stage ``g`` in step ``s`` scaled by
     ``factors[(g, s)]`` (others unchanged)."""
-    import numpy as np
-
     e, n = model.edges, model.nodes
     w = e["w_ns"].to_numpy(np.int64)
     g = e["rank"].map(lay.set_index("rank")["peers"]).fillna(-1).to_numpy(np.int64)
@@ -164,8 +154,6 @@ def scale_stages(model: Model, lay: pd.DataFrame, factors: Mapping[tuple[int, in
 
 
 def index_of(frame: pd.DataFrame) -> Any:
-    import pandas as pd
-
     return pd.MultiIndex.from_frame(frame)
 
 
@@ -176,8 +164,6 @@ def minus_others_median(values: np.ndarray, group: np.ndarray) -> np.ndarray:
     Why not a loop per group: it ran once per (peer group, step) — hundreds of pandas
     assignments per analysis. Sorted within its group, the others of the value at rank ``r``
     are the sorted values without position ``r``, so their median is read at shifted positions."""
-    import numpy as np
-
     values = np.asarray(values, dtype=float)
     group = np.asarray(group, dtype=np.int64)
     n = len(values)
@@ -209,8 +195,6 @@ def minus_others_median(values: np.ndarray, group: np.ndarray) -> np.ndarray:
 def own_per_step(model: Model, lay: pd.DataFrame) -> pd.DataFrame:
     """Per (rank, step): own work ``own``, input stall ``input`` (ns), peer group ``g``, and
     ``excess`` = own minus the median of the other peers' in the step (NaN without peers)."""
-    import numpy as np
-
     wk = _work(model)
     per = wk.groupby(["rank", "step"], as_index=False).agg(own=("w", "sum"), input=("input", "sum"))
     per["g"] = per["rank"].map(lay.set_index("rank")["peers"]).astype("int64")

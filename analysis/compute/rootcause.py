@@ -51,6 +51,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import pandas as pd
 from rankscope.analysis.compute.peer_weights import (
     Replayer,
     index_of,
@@ -62,8 +64,6 @@ from rankscope.analysis.compute.peer_weights import (
 )
 
 if TYPE_CHECKING:
-    import numpy as np
-    import pandas as pd
     from rankscope.analysis.compute.whatif_graph import Model
 
 
@@ -211,8 +211,6 @@ def layout(ranks: Sequence[int], process_groups: Mapping[int, Any], model: Model
     """Each rank's coordinates and peer group (LAYOUT_COLUMNS); ``process_groups``: per rank the
     store's ``process_groups`` attribute (``[{"name", "desc", "ranks"}]``, None when absent).
     ``.attrs["source"]``: the :class:`PeerSource`."""
-    import pandas as pd
-
     coords: dict[str, dict[int, int]] = {d: {} for d in DIM_DESCS}
     for r in ranks:
         for g in process_groups.get(r) or []:
@@ -274,7 +272,6 @@ def root_causes(
     ``collectives``: ``Store.collectives()`` for the wait path; ``process_groups``: as for
     :func:`layout`, to name the groups on the path; ``gc``: garbage collections per rank and
     step (``gc_pauses.gc_per_step``) for the GC part of a rank's excess (without: none)."""
-    import pandas as pd
     from rankscope.analysis.compute import whatif_scenarios as wi
 
     rp = Replayer(model)
@@ -308,8 +305,6 @@ def root_causes(
 def _with_compute(per: pd.DataFrame, breakdown: pd.DataFrame | None) -> pd.DataFrame:
     """``per`` with ``compute_excess``: the rank's compute (breakdown) minus its other peers'
     median in the step (ns; the whole excess where the breakdown lacks the step)."""
-    import numpy as np
-
     per = per.copy()
     if breakdown is None or not len(breakdown):
         per["compute_excess"] = per["excess"] - per["input_excess"]
@@ -326,8 +321,6 @@ def _with_compute(per: pd.DataFrame, breakdown: pd.DataFrame | None) -> pd.DataF
 def _with_gc(per: pd.DataFrame, gc: pd.DataFrame | None) -> pd.DataFrame:
     """``per`` with ``gc_excess``: the rank's GC pauses in the step minus its other peers'
     median (ns; 0 where the trace has no ``Python GC`` events)."""
-    import numpy as np
-
     per = per.copy()
     per["gc_excess"] = 0.0
     if gc is None or not len(gc):
@@ -341,8 +334,6 @@ def _with_gc(per: pd.DataFrame, gc: pd.DataFrame | None) -> pd.DataFrame:
 
 def _rank_tests(per: pd.DataFrame, lay: pd.DataFrame, rp: Replayer) -> pd.DataFrame:
     """The slow-worker tests (RANK_COLUMNS), largest saving first, then largest excess."""
-    import numpy as np
-    import pandas as pd
     from rankscope.analysis.compute.stragglers import (
         ALPHA,
         MEDIAN_SE,
@@ -433,8 +424,6 @@ def _stage_tests(
 ) -> tuple[pd.DataFrame, dict[int, dict[tuple[int, int], float]]]:
     """The stage-imbalance tests (STAGE_COLUMNS) and each tested stage's fix (factors for
     :func:`scale_stages`: the stage's own work scaled to the other stages' median, per step)."""
-    import numpy as np
-    import pandas as pd
     from rankscope.analysis.compute.stragglers import (
         ALPHA,
         MEDIAN_SE,
@@ -528,8 +517,6 @@ def _named_fixes(
     stage_fix: Mapping[int, Mapping[tuple[int, int], float]],
 ) -> np.ndarray | None:
     """Weights with every named slow worker and stage fixed together; None when none is named."""
-    import numpy as np
-
     imbalanced = (
         [int(g) for g in stages.loc[stages["is_imbalanced"], "stage"]] if len(stages) else []
     )

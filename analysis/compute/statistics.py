@@ -13,17 +13,16 @@
 
 Why no scipy: importing it costs ~0.8 s of a command's start-up for one tail. scipy stays the
 oracle: tests/test_stragglers.py, test_memory.py and test_compare.py check every function here
-against it. numpy is imported inside the functions that take arrays, so importing this module
-is light.
+against it. numpy is imported at the top: only an analysis imports this module, never a
+command's parser (docs/architecture.md, "Deferred imports").
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    import numpy as np
+import numpy as np
 
 
 def _betacf(a: float, b: float, x: float) -> float:
@@ -137,8 +136,6 @@ EXACT_MAX_SAMPLES = 80
 
 def midranks(x: np.ndarray) -> np.ndarray:
     """Ranks 1..n of ``x``, tied values sharing their mean rank."""
-    import numpy as np
-
     order = np.argsort(x, kind="mergesort")
     s = x[order]
     ranks = np.empty(len(x), np.float64)
@@ -162,8 +159,6 @@ def mann_whitney(
     correction and a continuity correction. U counts the (base, new) pairs where new is larger
     (ties count one half): ``U / (n_base * n_new)`` is P(new > base).
     """
-    import numpy as np
-
     a = np.asarray(base, np.float64)
     b = np.asarray(new, np.float64)
     n1, n2 = len(a), len(b)
@@ -199,8 +194,6 @@ def mann_whitney(
 
 def hodges_lehmann(base: np.ndarray, new: np.ndarray) -> float:
     """The median of every ``new - base`` difference (the shift the U test estimates)."""
-    import numpy as np
-
     a = np.asarray(base, np.float64)
     b = np.asarray(new, np.float64)
     if not len(a) or not len(b):
@@ -213,8 +206,6 @@ def hodges_lehmann(base: np.ndarray, new: np.ndarray) -> float:
 
 def holm(p: Any) -> np.ndarray:
     """Holm's step-down adjusted p-values (family-wise error control); NaN stays NaN."""
-    import numpy as np
-
     p = np.asarray(p, np.float64)
     out = np.full(len(p), math.nan)
     ok = np.flatnonzero(np.isfinite(p))
@@ -251,8 +242,6 @@ def welch_exceeds(
     test).
     Both samples without any spread and no run noise: p is 0 when D > 0, else 1 (t ±inf, df
     NaN). Fewer than 2 samples on a side: all NaN (no variance to estimate)."""
-    import numpy as np
-
     a = np.asarray(base, np.float64)
     b = np.asarray(new, np.float64)
     n1, n2 = len(a), len(b)
@@ -281,8 +270,6 @@ def run_noise(runs: Any) -> float:
     means minus the part their steps explain (the mean within-run variance over the steps per
     run) leaves ``σ_run²`` (0 when the steps explain it all), reported relative to the grand
     mean. Method of moments, unbalanced runs by the harmonic mean of the step counts."""
-    import numpy as np
-
     rs = [np.asarray(r, np.float64) for r in runs]
     rs = [r for r in rs if len(r) >= 2]
     if len(rs) < 2:
@@ -308,8 +295,6 @@ def runs_exceed(base_runs: Any, new_runs: Any, factor: float) -> tuple[float, fl
     factor²·mean(BASE)²/k_BASE)``. One run on a side with replicates on the other is allowed
     (the estimate comes from that side). No side with 2 runs: all NaN. Runs without any
     spread: p 0 or 1."""
-    import numpy as np
-
     a = np.asarray(base_runs, np.float64)
     b = np.asarray(new_runs, np.float64)
     ma, mb = float(a.mean()), float(b.mean())

@@ -40,8 +40,10 @@ from __future__ import annotations
 
 import enum
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import numpy as np
+import pandas as pd
 from rankscope.analysis.compute.arrivals import PARTS as PARTS
 from rankscope.analysis.compute.arrivals import POINT_COLUMNS as POINT_COLUMNS
 from rankscope.analysis.compute.arrivals import SYNC_PROBE_NS as SYNC_PROBE_NS
@@ -60,9 +62,6 @@ from rankscope.analysis.compute.lateness import step_cpu_table as step_cpu_table
 from rankscope.analysis.compute.lateness import unit_rows as unit_rows
 from rankscope.analysis.compute.statistics import EXACT_BINOMIAL_N as EXACT_BINOMIAL_N
 from rankscope.analysis.compute.statistics import binomial_p_value as binomial_p_value
-
-if TYPE_CHECKING:
-    import pandas as pd
 
 #: Significance level of the binomial test (one-sided, "last more often than chance").
 ALPHA = 0.05
@@ -202,7 +201,6 @@ def find_stragglers(
     then is reported with ``masked_by`` (the rank that hid it), provided its significance holds
     after correcting for the choice among the ranks left. Repeated until nobody new.
     """
-    import pandas as pd
     from rankscope.analysis.compute.collectives import collective_waits
     from rankscope.analysis.store.schema import P2P_OPS
 
@@ -301,8 +299,6 @@ def _rank_rows(
     ``masked``: the second look, with the named stragglers set aside. Its lateness is then a lower
     bound (the big straggler's delay gated the collectives, and part of the small one's is hidden
     for good), so the materiality of the step is not judged on it: only the wait it caused."""
-    import numpy as np
-
     # blame is split from arrival gaps, so its total (not the duration-capped waits) is the base
     total_wait = float(multi["blame_ns"].sum())
     fair_blame, fair_total = _fair_blame(multi, windows, runq, clock)

@@ -16,10 +16,8 @@ thread (CPU) had nothing recorded to do because the host did not hand it work in
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    import pandas as pd
+import pandas as pd
 
 #: Below this share of recorded activity a rank is "idle".
 IDLE_BUSY_SHARE = 0.05
@@ -53,8 +51,6 @@ VERDICT_COLUMNS: dict[str, str] = {
 
 def verdicts(whole: pd.DataFrame, totals: pd.DataFrame) -> pd.DataFrame:
     """A verdict per rank (``VERDICT_COLUMNS``); ``whole`` holds one breakdown row per rank."""
-    import pandas as pd
-
     tot = totals.set_index("rank") if len(totals) else pd.DataFrame()
     rows = []
     for r in whole.itertuples(index=False):

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -47,8 +49,6 @@ def wait_path(collectives: pd.DataFrame, rank: int, roles: Mapping[str, str], st
     """How ``rank``'s delay reached the others (up to PATH_HOPS hops): where it arrived last and
     who waited there (the op with most waiting), then where those ranks arrived last, ...:
     '1 rank waits in TP allreduce (12.0 ms per step) → 4 ranks wait in DP reducescatter (…)'."""
-    import numpy as np
-
     co = collectives[["coll", "group", "op", "rank", "start"]]
     last_start = co.groupby("coll")["start"].transform("max")
     first_last = co.assign(_l=last_start).loc[co["start"] == last_start]

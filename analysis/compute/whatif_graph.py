@@ -13,11 +13,10 @@ from here; the replay and the scenarios only read a built :class:`Model`.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    import numpy as np
-    import pandas as pd
+import numpy as np
+import pandas as pd
 
 #: Node kinds (``NODE_COLUMNS`` ``kind``).
 START, ARRIVAL, STEP_END, LAST_ARRIVAL, END = "start", "arrival", "step_end", "last_arrival", "end"
@@ -78,8 +77,6 @@ class Model:
         the START and STEP_END nodes by step, found once per model
         (:func:`~rankscope.analysis.engine.whatif.step_times` runs once per replay, dozens of times per
         analysis; the node kinds are text)."""
-        import numpy as np
-
         if self._step_points is None:
             kind = self.nodes["kind"].to_numpy(object)
             step = self.nodes["step"].to_numpy(np.int64)
@@ -104,8 +101,6 @@ def rank_clock(
     rank (it reads that rank's events); the pipeline's rank task calls it with the painter it
     already built (``painted``: ``(device, measure)``), so the interval sets are built once.
     """
-    import numpy as np
-    import pandas as pd
     from rankscope.analysis.compute import breakdown as bd
 
     times = np.asarray(times, np.int64)
@@ -128,8 +123,6 @@ def rank_clock(
 
 def own_points(steps: pd.DataFrame, collectives: pd.DataFrame) -> pd.DataFrame:
     """Every time at which a rank's measures are needed: ``rank``, ``time_ns`` (sorted, unique)."""
-    import pandas as pd
-
     frames = [
         steps[["rank", "start"]].set_axis(["rank", "time_ns"], axis=1),
         steps[["rank", "end"]].set_axis(["rank", "time_ns"], axis=1),
@@ -149,9 +142,6 @@ def build(
     """The replay graph from ``Store.steps()``, ``Store.collectives()`` and per-rank
     :func:`rank_clock` tables (``clocks[rank]``, covering :func:`own_points`; without one, a
     rank's exposed communication and input stall count as 0 — every gap is its own work)."""
-    import numpy as np
-    import pandas as pd
-
     clocks = clocks or {}
     st = steps.astype({"rank": "int64", "step": "int64", "start": "int64", "end": "int64"})
     co = collectives.astype({"coll": "int64", "rank": "int64", "start": "int64", "end": "int64"})
@@ -351,9 +341,6 @@ def build(
 
 
 def _edges(src: Any, dst: Any, kind: str, rank: Any, w: Any, inp: Any = 0) -> pd.DataFrame:
-    import numpy as np
-    import pandas as pd
-
     src = np.asarray(src, np.int64)
     n = len(src)
     return pd.DataFrame(
@@ -370,8 +357,6 @@ def _edges(src: Any, dst: Any, kind: str, rank: Any, w: Any, inp: Any = 0) -> pd
 
 def _cumulative(clock: pd.DataFrame | None, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(exposed, input) cumulative measures of a rank's clock table at times ``t``."""
-    import numpy as np
-
     if clock is None or len(clock) == 0:
         z = np.zeros(len(t), np.int64)
         return z, z
@@ -385,8 +370,6 @@ def _cumulative(clock: pd.DataFrame | None, t: np.ndarray) -> tuple[np.ndarray, 
 
 def _levels(n_nodes: int, edges: pd.DataFrame) -> list[np.ndarray]:
     """Edges grouped by their destination's depth (Kahn's algorithm); raises on a cycle."""
-    import numpy as np
-
     src = edges["src"].to_numpy(np.int64)
     dst = edges["dst"].to_numpy(np.int64)
     indeg = np.bincount(dst, minlength=n_nodes)

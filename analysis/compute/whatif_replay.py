@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
+import pandas as pd
 from rankscope.analysis.compute.whatif_scenarios import (
     ALL_LIKE_MEDIAN,
     BOTTLENECK_LIKE_MEDIAN,
@@ -29,8 +31,6 @@ from rankscope.analysis.compute.whatif_scenarios import (
 )
 
 if TYPE_CHECKING:
-    import numpy as np
-    import pandas as pd
     from rankscope.analysis.compute.whatif_graph import Model
 
 #: Statistic over profiled steps in every what-if figure. The mean, not the median: an
@@ -59,8 +59,6 @@ FIDELITY_COLUMNS: dict[str, str] = {
 def replay(model: Model, weights: np.ndarray | None = None) -> np.ndarray:
     """Replayed time (ns) of every node: the latest over its incoming edges of source + weight;
     nodes without incoming edges keep their measured time."""
-    import numpy as np
-
     e = model.edges
     w = e["w_ns"].to_numpy(np.int64) if weights is None else np.asarray(weights, np.int64)
     src, dst = e["src"].to_numpy(np.int64), e["dst"].to_numpy(np.int64)
@@ -76,9 +74,6 @@ def replay(model: Model, weights: np.ndarray | None = None) -> np.ndarray:
 def step_times(model: Model, times: np.ndarray | None = None) -> pd.DataFrame:
     """Per profiled step: ``max`` end − ``min`` start over the ranks (STEP_COLUMNS), on the
     measured times or on replayed ``times``."""
-    import numpy as np
-    import pandas as pd
-
     n = model.nodes
     t = n["time_ns"].to_numpy(np.int64) if times is None else np.asarray(times, np.int64)
     steps, s_rows, s_pos, e_rows, e_pos = model.step_points()
@@ -134,9 +129,6 @@ def scenarios(
     median rank, all ranks like the median rank, communication fully overlapped, no input
     stall, then ``custom`` (``only_custom``: those alone); figures are the ``STEP_STATISTIC``
     over the profiled steps."""
-    import numpy as np
-    import pandas as pd
-
     measured = step_times(model)
     base = step_times(model, replay(model))
     err = (base["step_ns"] - measured["step_ns"]).abs() / measured["step_ns"].clip(lower=1) * 100

@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import numpy as np
+import pandas as pd
 from rankscope.analysis.compute.whatif_graph import EARLY, TRANSFER, WORK, Model
-
-if TYPE_CHECKING:
-    import numpy as np
-    import pandas as pd
 
 #: Columns of the what-if table (:func:`rankscope.analysis.compute.whatif_replay.scenarios`; ns, statistic
 #: over profiled steps: ``whatif_replay.STEP_STATISTIC``).
@@ -84,8 +82,6 @@ def typical_work(model: Model, exclude: Iterable[int] = ()) -> np.ndarray:
     typical *other* rank — with 2 ranks, a median that includes the straggler is halfway to it
     and would predict half the saving); all ranks count where no other rank has that point.
     """
-    import numpy as np
-
     e, n = model.edges, model.nodes
     work = e[e["kind"] == WORK]
     key_cols = ["step", "pos", "op"]
@@ -105,8 +101,6 @@ def typical_work(model: Model, exclude: Iterable[int] = ()) -> np.ndarray:
 
 
 def pd_index(frame: pd.DataFrame) -> Any:
-    import pandas as pd
-
     return pd.MultiIndex.from_frame(frame)
 
 
@@ -116,8 +110,6 @@ def like_median(model: Model, ranks: Iterable[int] | None = None) -> np.ndarray:
     made slower — and the RESUME edges into the same point lose the same excess (the own work
     after the end they start from is what remained of the WORK edge's: the rank's own time
     before that end is unchanged, so the excess is taken from what comes after it)."""
-    import numpy as np
-
     ranks = None if ranks is None else list(ranks)
     e = model.edges
     w = e["w_ns"].to_numpy(np.int64)
@@ -136,8 +128,6 @@ def like_median(model: Model, ranks: Iterable[int] | None = None) -> np.ndarray:
 def overlapped(model: Model) -> np.ndarray:
     """Weights with every transfer (and early end) 0: communication hidden under compute; the
     barrier (waiting for the last rank) stays."""
-    import numpy as np
-
     kind = model.edges["kind"].to_numpy()
     w = model.edges["w_ns"].to_numpy(np.int64).copy()
     comm = (kind == TRANSFER) | (kind == EARLY)
@@ -147,8 +137,6 @@ def overlapped(model: Model) -> np.ndarray:
 
 def without_input(model: Model) -> np.ndarray:
     """Weights with the input stall taken out of every own edge."""
-    import numpy as np
-
     e = model.edges
     w = e["w_ns"].to_numpy(np.int64)
     own = model.own_mask()
@@ -162,7 +150,6 @@ def scale_events(
     ``factor`` times as long. Each own edge of the rank loses ``(1 − factor) ×`` the time those
     events cover inside its span (the union; assumed to be on the rank's path between the two
     points, as kernels on one stream or ops on the main thread are)."""
-    import numpy as np
     from rankscope.analysis.compute.breakdown import interval_union, measure_below
 
     ts = events["ts"].to_numpy(np.int64)[mask]

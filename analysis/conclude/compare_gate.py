@@ -6,8 +6,8 @@ threshold alone below MIN_SAMPLES steps, Holm over the gate's family at ``GateCo
 "The gate's test" in :mod:`rankscope.analysis.conclude.compare`'s docstring and in docs/compare.md.
 Separate from the comparison table because it asks another question of another family, with its
 own level and its own words (``--fail-above``, ``--threshold``); it reads a finished
-:class:`~rankscope.analysis.conclude.compare_model.Comparison` and never changes it. numpy is imported
-inside the functions, so ``rankscope compare`` starts fast.
+:class:`~rankscope.analysis.conclude.compare_model.Comparison` and never changes it. Only the
+command's work imports it, never its parser: numpy is imported at the top.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from rankscope.analysis.compute.statistics import holm, runs_exceed, welch_exceeds
 from rankscope.analysis.conclude.compare_model import (
     HEADLINE_KPIS,
@@ -122,8 +123,6 @@ def gate_limits(config: GateConfig) -> dict[str, float]:
 
 def _job_samples(k: Kpis) -> dict[str, Any]:
     """KPI -> the job's per-step samples (step order) of one run's KPIs."""
-    import numpy as np
-
     s = k.samples[k.samples["rank"] == JOB_RANK].sort_values(["kpi", "step"])
     return {str(n): g["value"].to_numpy(np.float64) for n, g in s.groupby("kpi", sort=False)}
 
@@ -146,8 +145,6 @@ def gate_checks(
     them the unit is the run: a KPI with ≥ 2 runs on a side is tested on the runs' means
     (GateRule.RUNS, :func:`runs_exceed`), the run-to-run noise measured from them
     (``config.run_noise`` is then not used)."""
-    import numpy as np
-
     limits = gate_limits(config)
     alpha = config.alpha
     noise = config.run_noise
@@ -213,8 +210,6 @@ def _runs_check(
     kpi: str, limit: float, higher: bool, per_a: list[Any], per_b: list[Any]
 ) -> GateCheck:
     """A KPI with several runs on a side, tested on run means (GateRule.RUNS)."""
-    import numpy as np
-
     runs_a = [float(np.mean(x)) for x in per_a]
     runs_b = [float(np.mean(x)) for x in per_b]
     ma, mb = float(np.mean(runs_a)), float(np.mean(runs_b))

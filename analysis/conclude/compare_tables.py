@@ -6,8 +6,8 @@ Each returns a DataFrame following its ``*_COLUMNS`` contract (``compare_model.p
 :class:`~rankscope.analysis.conclude.compare_model.Comparison`. Times are seconds per step. Separate from
 the statistics (``statistics.py``: math on arrays) and from the entry point and its findings
 (``compare.py``): this is the part that knows the analysis' frames (``Analysis.op_stats``,
-``waits``, ``breakdown``, ``stragglers``, ``whatif``) and the KPI samples. numpy and pandas are
-imported inside the functions, so ``rankscope compare`` starts fast.
+``waits``, ``breakdown``, ``stragglers``, ``whatif``) and the KPI samples. Only the command's
+work imports it, never its parser: numpy and pandas are imported at the top.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import pandas as pd
 from rankscope.analysis.compute.statistics import hodges_lehmann, holm, mann_whitney
 from rankscope.analysis.conclude.compare_model import (
     COLLECTIVE_CHANGE_COLUMNS,
@@ -39,23 +41,17 @@ from rankscope.analysis.conclude.kpis import (
 )
 
 if TYPE_CHECKING:
-    import numpy as np
-    import pandas as pd
     from rankscope.analysis.conclude.kpis import Kpis
     from rankscope.analysis.engine.driver import Analysis
 
 
 def _empty(columns: dict[str, str]) -> pd.DataFrame:
-    import pandas as pd
-
     return pd.DataFrame(
         {c: pd.Series(dtype=d if d != "str" else object) for c, d in columns.items()}
     )
 
 
 def _frame(rows: list[dict[str, Any]], columns: dict[str, str]) -> pd.DataFrame:
-    import pandas as pd
-
     if not rows:
         return _empty(columns)
     return pd.DataFrame(rows, columns=list(columns)).astype(
@@ -64,8 +60,6 @@ def _frame(rows: list[dict[str, Any]], columns: dict[str, str]) -> pd.DataFrame:
 
 
 def _pctl(values: np.ndarray, q: float) -> float:
-    import numpy as np
-
     return float(np.percentile(values, q)) if len(values) else math.nan
 
 
@@ -73,8 +67,6 @@ def compare_kpis(base: Kpis, new: Kpis, config: CompareConfig | None = None) -> 
     """KPI_CHANGE_COLUMNS for every (KPI, rank) both runs have (per rank only when the world
     sizes match): the test, the shift and the verdict (see :mod:`rankscope.analysis.conclude.compare`'s
     docstring)."""
-    import numpy as np
-
     config = config or CompareConfig()
     ranks = [JOB_RANK]
     if base.world_size == new.world_size:
@@ -167,7 +159,6 @@ def compare_ops(
     base: Analysis, new: Analysis, kb: Kpis, kn: Kpis, config: CompareConfig
 ) -> pd.DataFrame:
     """OP_CHANGE_COLUMNS: each op's summed time per step (mean over ranks), BASE vs NEW."""
-    import numpy as np
 
     def steps_of(k: Kpis) -> dict[int, int]:
         s = k.samples[(k.samples["kpi"] == str(Kpi.STEP_TIME)) & (k.samples["rank"] >= 0)]
@@ -224,9 +215,6 @@ def compare_ops(
 
 def _collective_rates(a: Analysis, k: Kpis) -> pd.DataFrame:
     """Wait and transfer per step (s) per (group, op, rank), within the profiled steps."""
-    import numpy as np
-    import pandas as pd
-
     w = a.waits
     bd = a.breakdown
     bd = bd[bd["step"] >= 0]

@@ -23,8 +23,10 @@ import enum
 import math
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import pandas as pd
+
 if TYPE_CHECKING:
-    import pandas as pd
     from rankscope.analysis.engine.driver import Analysis
 
 #: The rank of the job-level rows (every rank together).
@@ -300,8 +302,6 @@ def _per_row(
 ) -> Any:
     """One value per (rank, step) row: ``given`` (the user's), else the rank's value for the step,
     else the rank's constant, else ``fallback``; NaN where none is known."""
-    import numpy as np
-
     if given is not None:
         return np.full(len(ranks), given, dtype=np.float64)
     out = np.full(len(ranks), np.nan, dtype=np.float64)
@@ -324,9 +324,6 @@ def _number(value: Any) -> float | None:
 
 def _step_comm(a: Analysis, steps: pd.DataFrame) -> pd.DataFrame:
     """Wait and transfer (ns) per (rank, step): the collectives whose arrival lies in the step."""
-    import numpy as np
-    import pandas as pd
-
     rows = []
     w = a.waits
     for rank, g in steps.groupby("rank", sort=True):
@@ -357,8 +354,6 @@ def _step_comm(a: Analysis, steps: pd.DataFrame) -> pd.DataFrame:
 
 
 def _summary_row(kpi: Kpi, rank: int, values: Any) -> dict[str, Any]:
-    import numpy as np
-
     v = np.asarray(values, dtype=np.float64)
     v = v[np.isfinite(v)]
     p = np.percentile(v, [50, 90, 99]) if len(v) else [math.nan] * 3
@@ -376,9 +371,6 @@ def _summary_row(kpi: Kpi, rank: int, values: Any) -> dict[str, Any]:
 
 def kpis(a: Analysis, config: KpiConfig | None = None) -> Kpis:
     """The KPIs of the analysed run ``a`` (see the module docstring and docs/compare.md)."""
-    import numpy as np
-    import pandas as pd
-
     config = config or KpiConfig()
     notes: list[str] = []
     bd = a.breakdown

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
+import pandas as pd
 from rankscope.analysis.engine.rank_task import RankResult as RankResult
 from rankscope.analysis.engine.rank_task import rank_task as rank_task
 from rankscope.analysis.engine.scheduler import ANALYSIS_RANK_S, run_each
@@ -35,7 +36,6 @@ from rankscope.analysis.engine.scheduler import ClusterSpec as ClusterSpec
 from rankscope.analysis.engine.scheduler import choose as choose
 
 if TYPE_CHECKING:
-    import pandas as pd
     from rankscope.analysis.compute.memory import MemoryAnalysis
     from rankscope.analysis.engine.overview import Overview
     from rankscope.analysis.store.reader import Store
@@ -133,8 +133,6 @@ class Analysis:
 
 
 def _empty_frame() -> pd.DataFrame:
-    import pandas as pd
-
     return pd.DataFrame()
 
 
@@ -145,7 +143,6 @@ def _no_memory() -> MemoryAnalysis:
 
 
 def _no_whatif() -> pd.DataFrame:
-    import pandas as pd
     from rankscope.analysis.compute.whatif_scenarios import SCENARIO_COLUMNS
 
     return pd.DataFrame({c: pd.Series(dtype=d) for c, d in SCENARIO_COLUMNS.items()})
@@ -179,7 +176,6 @@ def _whatif_and_root(
     (whatif_scenarios.Scenario: the slow links like the others), last."""
     import logging
 
-    import pandas as pd
     from rankscope.analysis.compute import whatif_graph, whatif_replay
 
     stepped = steps[steps["step"] >= 0] if len(steps) else steps
@@ -218,7 +214,6 @@ def analyze(
     (:func:`choose`); ``Analysis.scheduler`` says what ran. Works from a plain script, a notebook
     and the REPL alike.
     """
-    import pandas as pd
     from rankscope.analysis.compute import breakdown as bd
     from rankscope.analysis.compute import memory as mem
     from rankscope.analysis.compute import rootcause

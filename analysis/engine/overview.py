@@ -39,9 +39,10 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import pandas as pd
+
 if TYPE_CHECKING:
-    import numpy as np
-    import pandas as pd
     from rankscope.analysis.engine.driver import Analysis, StoreLike
     from rankscope.analysis.engine.scheduler import ClusterSpec
 
@@ -147,8 +148,6 @@ class Overview:
 
     def totals(self) -> pd.DataFrame:
         """Per rank: ns of each category over the whole run (columns: rank, then each label)."""
-        import pandas as pd
-
         sums = self.cells.astype("float64").sum(axis=1)
         out = pd.DataFrame(sums, columns=[c.name.lower() for c in Category])
         out.insert(0, "rank", self.ranks)
@@ -172,7 +171,6 @@ def grid_for(steps: pd.DataFrame, n_ranks: int) -> Grid | None:
 def wait_intervals(coll_rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """A rank's waiting time as an interval set: from its arrival at each collective until the
     last rank arrived, within the collective (``coll_rows``: ``start``, ``end``, ``last_start``)."""
-    import numpy as np
     from rankscope.analysis.compute.breakdown import interval_union
 
     if len(coll_rows) == 0:
@@ -225,7 +223,6 @@ def rank_cells(
     Covers the bins its profiled steps touch (``breakdown.step_windows``); ``painted``: the
     ``(device, sets)`` of :func:`rankscope.analysis.compute.breakdown.rank_sets` when already built.
     """
-    import numpy as np
     from rankscope.analysis.compute import breakdown as bd
 
     device, sets = painted if painted is not None else bd.rank_sets(events, lanes)
@@ -250,8 +247,6 @@ def rank_cells(
 
 def assemble(parts: list[RankCells], grid: Grid, hosts: dict[int, str]) -> Overview:
     """Join the ranks' bins on one column range; bins a rank did not cover are not profiled."""
-    import numpy as np
-
     parts = sorted(parts, key=lambda p: p.rank)
     used = [p for p in parts if len(p.cells)]
     lo = min((p.first_bin for p in used), default=0)
@@ -317,9 +312,6 @@ class RankOrder(enum.StrEnum):
 
 def rank_order(ov: Overview, analysis: Analysis | None, order: RankOrder) -> np.ndarray:
     """Row indices of ``ov`` in the display order (top row first)."""
-    import numpy as np
-    import pandas as pd
-
     ranks = pd.Series(np.arange(len(ov.ranks)), index=ov.ranks)
     by_rank = np.argsort(ov.ranks, kind="stable")
     if order is RankOrder.RANK or (analysis is None and order is not RankOrder.HOST):
@@ -390,15 +382,11 @@ class RowLayout:
 
     def centre_of(self, row: int) -> float:
         """Y of the middle of display row ``row``'s image rows."""
-        import numpy as np
-
         k = np.flatnonzero((self.lo <= row) & (self.hi > row))
         return float(k.min() + k.max() + 1) / 2 if len(k) else 0.0
 
     def first_image_row(self, row: int) -> int:
         """The first image row showing display row ``row``."""
-        import numpy as np
-
         return int(np.searchsorted(self.hi, row, side="right"))
 
 
@@ -411,8 +399,6 @@ def flagged_rows(ov: Overview, order: np.ndarray, flagged: list[int]) -> list[in
 def row_layout(n: int, height: int, magnify: list[int] | None = None) -> RowLayout:
     """Image rows for ``n`` display rows in ``height`` px; display rows in ``magnify`` (flagged
     ranks) get at least ``FLAGGED_PX`` px each when rows are many (at most ``MAX_MAGNIFIED``)."""
-    import numpy as np
-
     mag = sorted({int(i) for i in magnify or [] if 0 <= int(i) < n})[:MAX_MAGNIFIED]
     per_row = height / max(n, 1)
     if not mag or per_row >= FLAGGED_PX or len(mag) * FLAGGED_PX >= height // 2:
@@ -460,8 +446,6 @@ class Raster:
 
 def _groups(n: int, parts: int) -> np.ndarray:
     """Boundaries cutting ``n`` items into ``min(n, parts)`` near-equal consecutive groups."""
-    import numpy as np
-
     k = max(1, min(n, parts))
     return np.floor(np.arange(k + 1) * (n / k)).astype(np.int64)
 
@@ -482,8 +466,6 @@ def raster(
     than pixels, one bin per column) and an image row sums its display rows of ``order``. Shares
     are the summed ns over the summed time, so each pixel's shares sum to 1.
     """
-    import numpy as np
-
     layout = rows if rows is not None else row_layout(len(order), height)
     lo, hi = (ov.start_ns, ov.end_ns) if window is None else window
     b = ov.grid.bin_ns
@@ -506,8 +488,6 @@ def raster(
 
 def colors_rgb() -> np.ndarray:
     """The category colours as a float ``[Category, 3]`` array in 0..255."""
-    import numpy as np
-
     return np.array(
         [[int(CATEGORY_COLORS[c][i : i + 2], 16) for i in (1, 3, 5)] for c in Category], float
     )
@@ -515,6 +495,4 @@ def colors_rgb() -> np.ndarray:
 
 def to_rgb(r: Raster) -> np.ndarray:
     """uint8 ``[row, column, 3]``: each pixel the share-weighted mix of the category colours."""
-    import numpy as np
-
     return np.clip(np.rint(r.shares @ colors_rgb()), 0, 255).astype(np.uint8)

@@ -12,8 +12,9 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 if TYPE_CHECKING:
-    import numpy as np
     import pandas as pd
     from rankscope.analysis.engine.overview import Grid, RankCells
 
@@ -65,7 +66,6 @@ def rank_task(
     ``whatif_times``: the rank's own points (whatif_graph.own_points), measured for the what-if
     replay with the painter built here (whatif_graph.rank_clock); None: not measured.
     ``grid``: the overview's bins (overview.Grid); None: no overview."""
-    import numpy as np
     from rankscope.analysis.compute import breakdown as bd
     from rankscope.analysis.compute.arrivals import arrival_points
     from rankscope.analysis.compute.attention import attention_calls

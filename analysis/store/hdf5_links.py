@@ -12,12 +12,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+import h5py
 from rankscope.errors import InputFileError
-
-if TYPE_CHECKING:
-    import h5py
 
 #: Deepest group nesting a store may have (its own layout is 3 deep: /ranks/NNNNN/events).
 MAX_GROUP_DEPTH = 8
@@ -31,8 +28,6 @@ def refuse_outside_references(path: Path, root: h5py.Group) -> None:
     user-defined links are refused as well (the layout has none), and so is nesting deeper
     than :data:`MAX_GROUP_DEPTH`. Each link is read with ``getlink=True`` (nothing resolved).
     """
-    import h5py
-
     stack: list[tuple[h5py.Group, str, int]] = [(root, "", 0)]
     while stack:
         group, prefix, depth = stack.pop()

@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import numpy as np
+
 #: File name of the store inside a run directory.
 STORE_NAME = "trace.h5"
 #: Group names of the layout (docs/format.md).
@@ -53,8 +55,6 @@ def attr_value(value: Any) -> Any:
 
 def attr_python(value: Any) -> Any:
     """Inverse of :func:`attr_value` for reading (JSON text back to dict/list)."""
-    import numpy as np
-
     if isinstance(value, bytes):
         value = value.decode()
     if isinstance(value, str) and (value[:1] in "{[" or value == "null"):

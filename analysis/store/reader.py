@@ -24,6 +24,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
+import h5py
+import numpy as np
+import pandas as pd
 from rankscope.analysis.store import schema
 from rankscope.analysis.store.hdf5_links import MAX_GROUP_DEPTH as MAX_GROUP_DEPTH
 from rankscope.analysis.store.hdf5_links import refuse_outside_references_once
@@ -51,9 +54,6 @@ from rankscope.errors import InputFileError
 
 if TYPE_CHECKING:
     import dask.dataframe as dd
-    import h5py
-    import numpy as np
-    import pandas as pd
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -63,9 +63,6 @@ def read_table(
     parent: h5py.Group, name: str, columns: Mapping[str, str], *, rows: slice | None = None
 ) -> pd.DataFrame:
     """Read a table written by :func:`write_table` (empty frame with the schema if absent)."""
-    import numpy as np
-    import pandas as pd
-
     out: dict[str, Any] = {}
     group = parent.get(name)
     for col, dtype in columns.items():
@@ -145,8 +142,6 @@ class Store:
     """
 
     def __init__(self, path: Path) -> None:
-        import h5py
-
         self.path = path
         try:
             self._file = h5py.File(path, "r")
@@ -204,8 +199,6 @@ class Store:
     @_reads
     def strings(self) -> np.ndarray:
         """The interned string table (object array; codes index into it)."""
-        import numpy as np
-
         if self._strings is None:
             ds = self._file.get(STRINGS)
             self._strings = (
@@ -214,8 +207,6 @@ class Store:
         return self._strings
 
     def _category_dtype(self) -> Any:
-        import pandas as pd
-
         if self._categories is None:
             self._categories = pd.CategoricalDtype(pd.Index(self.strings, dtype=object))
         return self._categories
@@ -241,9 +232,6 @@ class Store:
         Only the rows that can overlap are read: ``ts`` is sorted and the rank's longest duration
         (attribute ``max_dur_ns``) bounds how early an overlapping event can start.
         """
-        import numpy as np
-        import pandas as pd
-
         cols = list(schema.EVENT_COLUMNS) if columns is None else list(columns)
         known = {**schema.EVENT_COLUMNS, **schema.SHAPE_COLUMNS}
         unknown = [c for c in cols if c not in known]
@@ -307,8 +295,6 @@ class Store:
         ``rankscope.analysis.store.memory_table.MEMORY_COLUMNS``, sorted by (rank, ts), ``ts`` on the
         aligned clock. Empty with those columns when the store has none (older stores, runs
         without ``--profile-memory``)."""
-        import numpy as np
-        import pandas as pd
         from rankscope.analysis.store.memory_table import MEMORY_COLUMNS, empty_memory
 
         frames = []
@@ -411,8 +397,6 @@ class Store:
 
 def _searchsorted_ds(ds: h5py.Dataset, value: int) -> int:
     """``np.searchsorted(ds, value, 'left')`` on a sorted dataset, reading one chunk per probe."""
-    import numpy as np
-
     n = ds.shape[0]
     # Binary search over chunk starts, then within one chunk.
     lo, hi = 0, (n + EVENT_CHUNK_ROWS - 1) // EVENT_CHUNK_ROWS
@@ -432,8 +416,6 @@ def _load_rank_partition(
     rank: int, *, path: str, event_columns: Sequence[str], meta_only: bool = False
 ) -> pd.DataFrame:
     """One Dask partition: the events of ``rank`` with a leading ``rank`` column."""
-    import numpy as np
-
     with Store(Path(path)) as store:
         if meta_only:
             frame = (
@@ -442,8 +424,6 @@ def _load_rank_partition(
                 else None
             )
             if frame is None:
-                import pandas as pd
-
                 frame = pd.DataFrame({c: np.array([], dtype="int64") for c in event_columns})
             frame = frame.iloc[:0]
         else:

@@ -11,11 +11,9 @@ of rank 0 after clock alignment, Unix epoch based); ``dur`` is a duration in ns.
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    import numpy as np
-    import pandas as pd
+import numpy as np
+import pandas as pd
 
 SCHEMA_NAME = "rankscope-store"
 SCHEMA_VERSION = 1
@@ -171,8 +169,6 @@ def text_values(column: pd.Series) -> np.ndarray:
     ``astype(str)`` builds a new string array row by row (pandas 3: an Arrow string array, then
     converted back), the largest single cost of a rank's analysis at ~30 k events. Taking the
     categories by the codes is one array take."""
-    import pandas as pd
-
     if isinstance(column.dtype, pd.CategoricalDtype):
         codes, texts = text_codes(column)
         out: np.ndarray = texts[codes]
@@ -184,9 +180,6 @@ def text_codes(column: pd.Series, missing: str = "nan") -> tuple[np.ndarray, np.
     """``(codes, texts)`` of a text column: ``texts[codes]`` is :func:`text_values` (a missing
     value ``missing``), ``codes`` int64 — to group rows by their text on integers (grouping on
     Python strings hashes each row's string: most of a rank's op table)."""
-    import numpy as np
-    import pandas as pd
-
     if isinstance(column.dtype, pd.CategoricalDtype):
         index = column.cat.categories  # the store's: one Index for all calls, its type cached
         texts = np.asarray(index, dtype=object)

@@ -25,6 +25,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+import h5py
+import numpy as np
 from rankscope.analysis.store import schema
 from rankscope.analysis.store.layout import (
     CLOCK,
@@ -48,8 +50,6 @@ from rankscope.atomic import output_error
 from rankscope.errors import OutputError
 
 if TYPE_CHECKING:
-    import h5py
-    import numpy as np
     import pandas as pd
 
 
@@ -66,9 +66,6 @@ def _dataset_kwargs(n: int) -> dict[str, Any]:
 
 
 def _write_column(group: h5py.Group, name: str, values: Any) -> None:
-    import h5py
-    import numpy as np
-
     arr = np.asarray(values)
     if arr.dtype.kind in "OUS":
         data = np.array([str(v) for v in arr.tolist()], dtype=object)
@@ -87,8 +84,6 @@ def write_table(
     Missing columns are an error (a writer bug), extra columns are dropped. String columns become
     variable-length UTF-8 datasets; the column order is kept in the group attribute ``columns``.
     """
-    import numpy as np
-
     if name in parent:
         del parent[name]
     group = parent.create_group(name)
@@ -187,8 +182,6 @@ class StoreWriter:
     """
 
     def __init__(self, path: Path, *, attrs: Mapping[str, Any], target: Path | None = None) -> None:
-        import h5py
-
         self.path = Path(path)
         self.target = Path(target) if target is not None else self.path
         try:
@@ -233,8 +226,6 @@ class StoreWriter:
 
     def intern(self, strings: Iterable[str]) -> np.ndarray:
         """Codes (int32) of ``strings`` in ``/strings``, adding the new ones."""
-        import numpy as np
-
         table = self._strings
         codes = [table.setdefault(s, len(table)) for s in strings]
         return np.asarray(codes, dtype=np.int32)
@@ -323,9 +314,6 @@ class StoreWriter:
 
         Raises :class:`OutputError` when any write failed (the file is then incomplete).
         """
-        import h5py
-        import numpy as np
-
         if not self._file.id.valid:
             return
         try:

@@ -25,14 +25,12 @@ from __future__ import annotations
 
 import enum
 import itertools
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import numpy as np
+import pandas as pd
 from rankscope.analysis.store.schema import EventKind
 from rankscope.analysis.views.time_axis import TimeUnit, format_range
-
-if TYPE_CHECKING:
-    import numpy as np
-    import pandas as pd
 
 
 class LaneCategory(enum.IntEnum):
@@ -107,8 +105,6 @@ def bins_for(window: tuple[int, int], width_px: int) -> int:
 def bin_edges(window: tuple[int, int], n_bins: int) -> np.ndarray:
     """Edges (int64 ns) of ``n_bins`` equal bins from ``window[0]``, as wide as needed (whole ns)
     to cover ``window``; the last edge may lie up to one bin width minus 1 ns past its end."""
-    import numpy as np
-
     span = max(int(window[1]) - int(window[0]), 1)
     n = max(int(n_bins), 1)
     width = -(-span // n)  # ceil
@@ -120,16 +116,12 @@ def covered_ns(starts: np.ndarray, ends: np.ndarray, edges: np.ndarray) -> np.nd
 
     Intervals may overlap and come in any order; time outside the bins is not counted.
     """
-    import numpy as np
-
     s, e = _union(np.asarray(starts, np.int64), np.asarray(ends, np.int64))
     return np.diff(_integral(s, e, np.asarray(edges, np.int64)))
 
 
 def _union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Disjoint sorted intervals covering the same instants as ``[starts, ends)``."""
-    import numpy as np
-
     keep = ends > starts
     starts, ends = starts[keep], ends[keep]
     if len(starts) == 0:
@@ -144,8 +136,6 @@ def _union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray
 
 def _integral(s: np.ndarray, e: np.ndarray, at: np.ndarray) -> np.ndarray:
     """Covered ns before each of ``at`` for disjoint sorted intervals ``[s, e)``."""
-    import numpy as np
-
     if len(s) == 0:
         return np.zeros(len(at), dtype=np.int64)
     cum = np.r_[0, np.cumsum(e - s)]
@@ -159,8 +149,6 @@ def partition(
 ) -> dict[LaneCategory, tuple[np.ndarray, np.ndarray]]:
     """The union of ``[starts, ends)`` cut into disjoint sorted intervals per category: each
     instant goes to the first category of :data:`PRIORITY` among the intervals covering it."""
-    import numpy as np
-
     starts, ends = np.asarray(starts, np.int64), np.asarray(ends, np.int64)
     cats = np.asarray(cats, np.int64)
     n = len(starts)
@@ -198,9 +186,6 @@ def lane_coverage(events: pd.DataFrame, edges: np.ndarray) -> pd.DataFrame:
     the category columns = the union of the lane's intervals in the bin); only bins with events
     or busy time, sorted by rank, lane, bin.
     """
-    import numpy as np
-    import pandas as pd
-
     edges = np.asarray(edges, np.int64)
     n_bins = len(edges) - 1
     if len(events) == 0 or n_bins < 1:
@@ -261,9 +246,6 @@ def coverage_rects(
     ``lane_name``, ``when`` (the bin, in ``unit``), ``busy`` ("97 %" of the bin, all
     categories), ``share`` (this category's), ``events`` (events of the coverage starting in it).
     """
-    import numpy as np
-    import pandas as pd
-
     keys = list(zip(cov["rank"].tolist(), cov["lane"].tolist(), strict=True))
     found = [rows.get(k, (-1, "")) for k in keys]
     row = np.array([f[0] for f in found], dtype=np.float64)

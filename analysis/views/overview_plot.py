@@ -22,6 +22,7 @@ import dataclasses
 import functools
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from rankscope.analysis.engine.overview import (
     CATEGORY_COLORS,
     CATEGORY_LABELS,
@@ -40,7 +41,6 @@ from rankscope.analysis.views.timeline import NS_PER_MS, ms_window
 
 if TYPE_CHECKING:
     import holoviews as hv
-    import numpy as np
     from rankscope.analysis.engine.driver import Analysis
 
 #: Default width of the image (the plot's frame), px: the pixel columns aggregated to (a wider
@@ -299,7 +299,6 @@ def pixel_text(plot: OverviewPlot, x_ms: float, y: float) -> str:
     the unit that fits its width)."""
     import math
 
-    import numpy as np
     from rankscope.analysis.views.time_axis import format_range
 
     ov, order, layout = plot.overview, plot.order, plot.layout

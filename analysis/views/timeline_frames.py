@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import pandas as pd
 from rankscope.analysis.store.schema import EventKind, LaneKind, text_values
 from rankscope.analysis.views.time_axis import (
     format_durations,
@@ -26,7 +28,6 @@ from rankscope.analysis.views.time_axis import (
 )
 
 if TYPE_CHECKING:
-    import pandas as pd
     from rankscope.analysis.store.reader import Store
 
 #: Default plot width, px; also the pixel count used to decimate.
@@ -136,8 +137,6 @@ def memory_paths(
     value to fill its row; the last event before the window starts the curve (the counter
     holds). More than ``2 * width`` points become each pixel's minimum and maximum, in time
     order (every peak stays visible)."""
-    import numpy as np
-
     allocated: list[Any] = []
     reserved: list[Any] = []
     for i, row in enumerate(rows):
@@ -166,8 +165,6 @@ def memory_paths(
 def _pixel_extremes(x: Any, v: Any, pixels: int) -> Any:
     """Indices of the minimum and maximum of ``v`` in each of ``pixels`` x bins, time order
     (all indices when there are no more points than that)."""
-    import numpy as np
-
     if len(x) <= pixels:
         return np.arange(len(x))
     span = max(float(x[-1] - x[0]), 1e-12)
@@ -239,9 +236,6 @@ def timeline_frame(
     (:func:`rankscope.analysis.views.lane_coverage.lane_coverage`): drawn + left out = every event of
     ``ranks`` and ``kinds`` in the window, none twice.
     """
-    import numpy as np
-    import pandas as pd
-
     rows = timeline_rows(store, ranks)
     row_of = {(r.rank, r.lane): i for i, r in enumerate(rows)}
     label_of = {(r.rank, r.lane): r.label.split(" ", 1)[1] for r in rows}
@@ -299,8 +293,6 @@ def timeline_frame(
 
 def _left_out(ev: pd.DataFrame, rank: int) -> pd.DataFrame:
     """``ev`` (store events of ``rank``) as :data:`LEFT_OUT_COLUMNS`."""
-    import pandas as pd
-
     return pd.DataFrame(
         {
             "rank": rank,
@@ -313,8 +305,6 @@ def _left_out(ev: pd.DataFrame, rank: int) -> pd.DataFrame:
 
 
 def _concat_left_out(parts: list[pd.DataFrame]) -> pd.DataFrame:
-    import pandas as pd
-
     if not parts:
         return pd.DataFrame({c: pd.Series([], dtype="int64") for c in LEFT_OUT_COLUMNS})
     return pd.concat(parts, ignore_index=True)
@@ -338,9 +328,6 @@ def collective_frame(
     marker stays beside the others' waits. Hover text: ``start`` in the unit that fits the window, ``duration``,
     ``wait``, ``transfer`` each in its own.
     """
-    import numpy as np
-    import pandas as pd
-
     row_of = {(r.rank, r.lane): i for i, r in enumerate(rows)}
     ranks = sorted({r.rank for r in rows})
     unit = unit_for_span(window[1] - window[0])

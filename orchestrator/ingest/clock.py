@@ -37,15 +37,13 @@ repair); the graph fit of whole clocks is its own module (``clock_graph.py``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import numpy as np
+import pandas as pd
 from rankscope.analysis.store.schema import ClockMethod
 from rankscope.orchestrator.ingest.clock_graph import constraints as _constraints
 from rankscope.orchestrator.ingest.clock_graph import shortest_from as shortest_from
-
-if TYPE_CHECKING:
-    import numpy as np
-    import pandas as pd
 
 #: Phases closer than this (s) are not used to estimate drift (the slope would be noise).
 MIN_DRIFT_SPAN_S = 0.05
@@ -75,7 +73,6 @@ class RuntimeFit:
 
 def fit_samples(samples: pd.DataFrame) -> RuntimeFit | None:
     """Fit offset + drift from samples (columns phase, t1, t2, t3, t4; int ns). None if empty."""
-    import numpy as np
     from rankscope.launchers.clocksync import offset_ns, rtt_ns
 
     if samples is None or samples.empty:
@@ -125,8 +122,6 @@ def fit_samples(samples: pd.DataFrame) -> RuntimeFit | None:
 
 def apply_transform(ts: np.ndarray, offset_ns: int, drift_ppb: float, t_ref_ns: int) -> np.ndarray:
     """Raw int64 ns → aligned int64 ns (module docstring)."""
-    import numpy as np
-
     out = ts + np.int64(offset_ns)
     if drift_ppb:
         out = out + np.rint(drift_ppb * (ts - np.int64(t_ref_ns)).astype(np.float64) / 1e9).astype(
@@ -149,8 +144,6 @@ def collective_offsets(
     offsets stay 0 and, where a collective has any, the consensus is the median of their ends
     alone, so an unsettled rank is not fitted against a consensus that includes itself.
     """
-    import numpy as np
-
     if ends.empty:
         return {}, {}, {}
     e = ends[["coll", "rank", "end"]].copy()
@@ -219,8 +212,6 @@ def repair_shifts(colls: pd.DataFrame, ranks: list[int], ref_rank: int) -> dict[
     With a negative cycle (contradictory constraints) the shifts after n rounds are returned and
     the remaining violations show up in the count after repair.
     """
-    import numpy as np
-
     if colls.empty or len(ranks) < 2:
         return dict.fromkeys(ranks, 0)
     idx = {r: i for i, r in enumerate(ranks)}
@@ -248,8 +239,6 @@ def feasible_offsets(
     whatever the other ranks' estimates. Ranks with no constraint path to the reference, and all
     ranks when the constraints contradict each other (a negative cycle), are absent.
     """
-    import numpy as np
-
     if colls.empty or ref_rank not in ranks or len(ranks) < 2:
         return {}
     w, inf = _constraints(colls, ranks)
@@ -290,8 +279,6 @@ def align(
     ``colls``: long-form matched collectives (raw ns per rank; columns coll, rank, op, start,
     end). The collectives come back with start/end on the aligned clock.
     """
-    import numpy as np
-    import pandas as pd
     from rankscope.analysis.store.schema import P2P_OPS
     from rankscope.orchestrator.ingest import clock_graph as cg
     from rankscope.orchestrator.ingest.matching import SYNCHRONIZING_OPS

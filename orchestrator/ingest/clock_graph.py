@@ -41,11 +41,10 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    import numpy as np
-    import pandas as pd
+import numpy as np
+import pandas as pd
 
 #: Causality constraints of collectives of one size are built together while their matrices
 #: hold at most this many elements (memory, ~8 bytes each); larger ones one by one.
@@ -98,8 +97,6 @@ def spread_of(resid: Any) -> float:
     """Half-width (ns) of the band of residuals ``resid`` (ns, centred by their median): the
     largest deviation below ``FEW_COLLECTIVES``, ``SPREAD_FACTOR``·1.4826·MAD from there on;
     inf for fewer than two (one measurement says nothing of its scatter)."""
-    import numpy as np
-
     dev = np.abs(np.asarray(resid, dtype=np.float64))
     if len(dev) < 2:
         return float("inf")
@@ -117,8 +114,6 @@ def fit_line(x: np.ndarray, d: np.ndarray) -> tuple[float, float, float]:
     (``MAX_DRIFT``) and narrows the residual band; the value at 0 is then the median of
     ``d - slope·x``. The bound is the band (``spread_of``) of the chosen model's residuals.
     """
-    import numpy as np
-
     c0 = float(np.median(d))
     b0 = spread_of(d - c0)
     n = len(x)
@@ -166,8 +161,6 @@ def split_inconsistent(sync: pd.DataFrame, group_of: dict[int, int]) -> dict[int
 def _group_ends(sync: pd.DataFrame, group_of: dict[int, int], base: int) -> pd.DataFrame:
     """Per (collective, group): the median end (ns from ``base``, float) of its members, only
     for collectives spanning two groups or more."""
-    import numpy as np
-
     e = sync[["coll", "rank", "end"]].copy()
     e["g"] = e["rank"].map(group_of)
     e = e.dropna(subset=["g"])
@@ -181,8 +174,6 @@ def end_edges(ends: pd.DataFrame, rough: dict[int, float], t_ref: float) -> list
     """End-agreement edges from :func:`_group_ends`: each collective links its lowest group to
     each of its others; ``rough`` (ns) puts the hub's ends on the reference time for the drift
     fit (x = end + rough offset - ``t_ref``)."""
-    import numpy as np
-
     if ends.empty:
         return []
     hub_g = ends.groupby("coll")["g"].transform("min")
@@ -232,9 +223,6 @@ def constraints(colls: pd.DataFrame, ranks: list[int]) -> tuple[np.ndarray, int]
     ``w[r, q]`` is the smallest ``end_cr - start_cq`` over shared collectives c; no constraint is
     the returned sentinel (also on the diagonal).
     """
-    import numpy as np
-    import pandas as pd
-
     n = len(ranks)
     inf = np.iinfo(np.int64).max // 4
     w = np.full((n, n), inf, dtype=np.int64)
@@ -281,8 +269,6 @@ def shortest_from(d: np.ndarray, src: int | None) -> np.ndarray | None:
     Floyd-Warshall's O(N³) for every pair (14.5 s of a 1,024-rank merge). ``src`` None: from a
     virtual source joined to every rank at 0 (finds a negative cycle anywhere). None when a
     negative cycle is reachable (the constraints contradict each other)."""
-    import numpy as np
-
     n = len(d)
     if src is None:
         dist = np.zeros(n)
@@ -312,9 +298,6 @@ def causality_intervals(
     Shortest paths from and to ``ROOT`` (:func:`shortest_from`). Empty when the constraints
     contradict each other; groups bounded on one side only are absent.
     """
-    import numpy as np
-    import pandas as pd
-
     n = max(group_of.values(), default=ROOT) + 1
     if n < 2:
         return {}
@@ -377,8 +360,6 @@ def fit_groups(
     rank in them -> its group (``ROOT`` = the reference's clock); ``root_bound_ns``: how far
     ``ROOT``'s sampled members may be off (added to every uncertainty).
     """
-    import numpy as np
-
     frames = [f for f in (sync, p2p) if not f.empty]
     if not frames:
         return {}

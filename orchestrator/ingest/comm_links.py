@@ -36,15 +36,12 @@ Peers are global ranks. All times are ns of the rank's raw clock.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
+import numpy as np
+import pandas as pd
 from rankscope.analysis.compute.ops import launch_rows
 from rankscope.analysis.store.schema import P2P_OPS, EventKind
 from rankscope.orchestrator.ingest.vocabulary import NCCL_COALESCED, PEER_OPS
-
-if TYPE_CHECKING:
-    import numpy as np
-    import pandas as pd
 
 
 @dataclasses.dataclass
@@ -85,8 +82,6 @@ def prefer_trace(
     trace wins where it names a peer; ``disagree`` marks events where both name one and the
     peer or the direction differs.
     """
-    import numpy as np
-
     known = peers >= 0
     both = known & (ann_peers >= 0)
     disagree = both & ((ann_peers != peers) | (ann_ops != ops))
@@ -96,8 +91,6 @@ def prefer_trace(
 def _launches(comm: pd.DataFrame, columns: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """(host ts, thread lane) of the launch of each comm row's kernel; -1 for CPU events and
     kernels whose launch is not in the trace."""
-    import numpy as np
-
     ev = comm["event"].to_numpy(np.int64)
     ts = np.full(len(ev), -1, dtype=np.int64)
     lane = np.full(len(ev), -1, dtype=np.int64)
@@ -116,8 +109,6 @@ def link_enqueue(
 ) -> np.ndarray:
     """For each comm row, the row of ``enqueue`` (its ``record_param_comms``) whose span holds
     the kernel's launch on the launching thread; -1 for none (rule 1 of the module docstring)."""
-    import numpy as np
-
     link = np.full(len(comm), -1, dtype=np.int64)
     if not len(comm) or enqueue is None or not len(enqueue):
         return link
@@ -140,8 +131,6 @@ def link_enqueue(
 
 def fill_from_enqueue(comm: pd.DataFrame, enqueue: pd.DataFrame, link: np.ndarray) -> None:
     """Fill what each linked kernel row lacks from its ``record_param_comms`` (rule 2), in place."""
-    import numpy as np
-
     rows = np.flatnonzero(link >= 0)
     if not len(rows):
         return
@@ -170,9 +159,6 @@ def expand_coalesced(
     The returned rows are in the order of their events (ts), the ops of one batch in the order
     they were issued, which is the order both ends of a pipeline count their sends and recvs in.
     """
-    import numpy as np
-    import pandas as pd
-
     if enqueue is None or not len(enqueue):
         return comm, 0
     e_op = enqueue["op"].to_numpy(object)

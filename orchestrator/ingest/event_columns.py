@@ -23,9 +23,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
+import pandas as pd
 from rankscope.analysis.store.memory_table import memory_field_limits
 from rankscope.analysis.store.schema import EventKind, LaneKind
 from rankscope.orchestrator.ingest.kineto_json import KEvent, KFile, TraceReadError
@@ -38,9 +39,6 @@ from rankscope.orchestrator.ingest.vocabulary import (
     message_bytes,
     p2p_peer,
 )
-
-if TYPE_CHECKING:
-    import pandas as pd
 
 #: Events whose |ts| or dur (µs) reach this are dropped and counted (their ns would overflow
 #: int64; ~146 years), and a ``baseTimeNanoseconds`` of |base| ≥ 2**62 makes the file a problem.
@@ -96,8 +94,6 @@ class FileTrace:
 
 def us_to_ns(values: Any) -> np.ndarray:
     """µs (float array, ≤ 3 decimals) → int64 ns, exact for |µs| < 2**43 (module docstring)."""
-    import numpy as np
-
     arr = np.asarray(values, dtype=np.float64)
     whole = np.floor(arr)
     frac = arr - whole  # exact (Sterbenz)
@@ -105,8 +101,6 @@ def us_to_ns(values: Any) -> np.ndarray:
 
 
 def _decimal_to_ns(values: list[Any]) -> np.ndarray:
-    import numpy as np
-
     return np.fromiter(
         (int((Decimal(v) * 1000).to_integral_value()) for v in values),
         dtype=np.int64,
@@ -153,8 +147,6 @@ class EventColumns:
 
     def _intern(self, values: list[str]) -> np.ndarray:
         """Codes (int32) of ``values`` in the string table; only distinct values touch the dict."""
-        import pandas as pd
-
         codes, uniq = pd.factorize(pd.Series(values, dtype=object))
         table = self.strings
         glob = np.array([table.setdefault(u, len(table)) for u in uniq.tolist()], dtype=np.int32)
@@ -162,8 +154,6 @@ class EventColumns:
 
     def add(self, events: list[KEvent]) -> None:
         """Reduce one block of decoded events."""
-        import pandas as pd
-
         for ev in events:
             ph = ev.ph
             if ph == "X":
@@ -402,8 +392,6 @@ class EventColumns:
 
     def finish(self, path: Path, top: KFile, *, sort: bool = True) -> FileTrace:
         """Concatenate, add the time base, sort by ts (unless ``sort`` is False), build lanes."""
-        import pandas as pd
-
         cols = {k: np.concatenate(v) if v else np.zeros(0, np.int64) for k, v in self.parts.items()}
         if not cols:
             cols = {

@@ -34,10 +34,8 @@ matched; so does an op whose peer's counterpart is in no trace.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    import pandas as pd
+import numpy as np
+import pandas as pd
 
 #: Ops whose participants all finish within a short time of each other and none of which can
 #: finish before every participant started (used for clock fitting and causality checks).
@@ -57,8 +55,6 @@ def normalise_groups(comm: pd.DataFrame, comm_cpu: pd.Series, lane: pd.Series) -
 
     ``comm_cpu``: True for gloo ops (host side); ``lane``: the event's lane id.
     """
-    import pandas as pd
-
     groups = comm["group"].astype(str).copy()
     missing = groups == ""
     gpu_missing = missing & ~comm_cpu
@@ -74,8 +70,6 @@ def rank_keys(comm: pd.DataFrame, rank: int) -> pd.Series:
 
     ``rank``: the rank's global rank (point-to-point keys name both ends; module docstring).
     """
-    import numpy as np
-    import pandas as pd
     from rankscope.analysis.store.schema import P2P_OPS
 
     if comm.empty:
@@ -134,9 +128,6 @@ def match(per_rank: dict[int, pd.DataFrame]) -> pd.DataFrame:
     ``seq`` is the trace's sequence number, else the position of the collective within its
     (group, op) in time order.
     """
-    import numpy as np
-    import pandas as pd
-
     frames = []
     for rank, comm in per_rank.items():
         if comm.empty:
@@ -183,9 +174,6 @@ def without_peer(colls: pd.DataFrame) -> int:
 
 def renumber(colls: pd.DataFrame) -> pd.DataFrame:
     """Dense ``coll`` ids 0..n-1 in order of each collective's first (aligned) start."""
-    import numpy as np
-    import pandas as pd
-
     if colls.empty:
         return colls
     first = colls.groupby("coll")["start"].min().sort_values(kind="stable")

@@ -54,6 +54,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import h5py
+import msgspec
+import numpy as np
+import pandas as pd
 from rankscope.analysis.engine.scheduler import (
     SYNCHRONOUS as SYNCHRONOUS,  # the one word, for callers
 )
@@ -85,8 +89,6 @@ from rankscope.orchestrator.ingest.staging import (
 )
 
 if TYPE_CHECKING:
-    import numpy as np
-    import pandas as pd
     from rankscope.analysis.engine.scheduler import ClusterSpec
     from rankscope.orchestrator.ingest.rank_columns import RankResult
 
@@ -184,8 +186,6 @@ def _merge_locked(
     cluster: ClusterSpec | None = None,
 ) -> list[Problem]:
     """The merge proper, under the output lock; returns the problems found."""
-    import numpy as np
-    import pandas as pd
     from rankscope import __version__
     from rankscope.analysis.engine.scheduler import AUTO, ClusterSpec, choose, run_each
     from rankscope.analysis.store.reader import StoreWriter
@@ -365,8 +365,6 @@ def _merge_locked(
 
 def _write_rank(writer: Any, rank: int, result: RankResult, events: dict[str, np.ndarray]) -> None:
     """Write one kept rank: ``events`` aligned, with ``coll``; name/cat become the store's codes."""
-    import numpy as np
-
     codes = writer.intern(result.strings)
     events["name"] = codes[events["name"]] if len(codes) else events["name"]
     events["cat"] = codes[events["cat"]] if len(codes) else events["cat"]
@@ -407,7 +405,6 @@ def _write_memory(
 
 def _clock_input(rank: int, res: RankResult) -> Any:
     """Clock facts of one rank from its meta.json (run directories) or nothing."""
-    import pandas as pd
     from rankscope.orchestrator.ingest.clock import ClockInput, fit_samples
 
     meta = res.source.meta
@@ -436,7 +433,6 @@ def _share_domain_fits(inputs: list[Any]) -> list[Any]:
 
 
 def _empty_colls() -> pd.DataFrame:
-    import pandas as pd
     from rankscope.analysis.store.schema import COLLECTIVE_COLUMNS
 
     return pd.DataFrame({c: [] for c in COLLECTIVE_COLUMNS})
@@ -445,16 +441,11 @@ def _empty_colls() -> pd.DataFrame:
 def _tool_versions() -> dict[str, str]:
     import platform
 
-    import h5py
-    import msgspec
-    import numpy
-    import pandas
-
     return {
         "python": platform.python_version(),
         "h5py": h5py.__version__,
         "hdf5": h5py.version.hdf5_version,
         "msgspec": msgspec.__version__,
-        "numpy": numpy.__version__,
-        "pandas": pandas.__version__,
+        "numpy": np.__version__,
+        "pandas": pd.__version__,
     }

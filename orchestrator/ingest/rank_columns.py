@@ -13,14 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import pandas as pd
 from rankscope.analysis.compute.ops import launch_rows
 from rankscope.analysis.store.schema import EventKind
 from rankscope.orchestrator.ingest.discovery import Problem, RankSource
 from rankscope.orchestrator.ingest.vocabulary import GPU_KINDS
 
 if TYPE_CHECKING:
-    import numpy as np
-    import pandas as pd
     from rankscope.orchestrator.ingest.comm_links import LinkCounts
     from rankscope.orchestrator.ingest.event_columns import FileTrace
 
@@ -60,8 +60,6 @@ class RankResult:
 
 def parse_source(source: RankSource) -> RankResult:
     """Parse all files of one rank (runs in a Dask worker): compact columns + small tables."""
-    import numpy as np
-    import pandas as pd
     from rankscope.orchestrator.ingest.decode import read_trace
     from rankscope.orchestrator.ingest.event_columns import StringTable, sort_by_ts
     from rankscope.orchestrator.ingest.kineto_json import TraceReadError
@@ -187,9 +185,6 @@ def parse_source(source: RankSource) -> RankResult:
 
 def _steps(columns: dict[str, np.ndarray], strings: list[str]) -> pd.DataFrame:
     """ProfilerStep ranges of one rank (raw ns): step, start, end."""
-    import numpy as np
-    import pandas as pd
-
     idx = np.flatnonzero(columns["kind"] == EventKind.PROFILER_STEP)
     rows = []
     for i in idx.tolist():
@@ -206,8 +201,6 @@ def _steps(columns: dict[str, np.ndarray], strings: list[str]) -> pd.DataFrame:
 
 def _step_column(columns: dict[str, np.ndarray], steps: pd.DataFrame) -> np.ndarray:
     """Step of each event: the ProfilerStep it starts in; GPU work takes its launch's step."""
-    import numpy as np
-
     ts = columns["ts"]
     out = np.full(len(ts), -1, dtype=np.int32)
     if steps.empty:
@@ -241,8 +234,6 @@ def _comm_table(
     ``Src Rank`` where it has them, else the rank runtime's annotation around the call
     (:func:`_p2p_peers`); -1 for collectives and unknown peers.
     """
-    import numpy as np
-    import pandas as pd
     from rankscope.orchestrator.ingest.comm_links import (
         LinkCounts,
         expand_coalesced,
@@ -304,7 +295,6 @@ def _p2p_peers(
     then gives the direction and the peer — a ``SendRecv`` kernel of NCCL becomes a send or recv.
     Events outside any annotation keep their op and peer -1.
     """
-    import numpy as np
     from rankscope.analysis.store.schema import P2P_OPS
     from rankscope.launchers.rundir import P2P_ANNOTATION_PATTERN
 

@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from rankscope.errors import UsageError
 from rankscope.orchestrator.ingest.discovery import Problem
 from rankscope.orchestrator.ingest.merge_progress import _say
@@ -141,8 +142,6 @@ def _reject_foreign(
 
     Runs before any rank is written, so a foreign rank never takes space in the store.
     """
-    import numpy as np
-
     expected = run.get("world_size") or _common(r.world_size for r in parked.values())
     first = {r: res.t_first for r, res in parked.items()}
     known = list(first.values())

@@ -25,13 +25,11 @@ import os
 import shutil
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import BinaryIO
 
+import numpy as np
 from rankscope.atomic import output_error, translate_write_errors
 from rankscope.errors import InputFileError
-
-if TYPE_CHECKING:
-    import numpy as np
 
 #: Lock file beside the output, held (fcntl) while a merge writes it.
 LOCK_FORMAT = ".{name}.lock"
@@ -134,8 +132,6 @@ class Spill:
     def put(self, rank: int, columns: Mapping[str, np.ndarray], part: str = "events") -> None:
         """Park the columns of one ``part`` of ``rank`` (the events, its memory table), replacing
         those parked for it before (putting ``"events"`` first forgets every part)."""
-        import numpy as np
-
         if part == "events":
             self.drop(rank)
         self._columns.setdefault(rank, {})[part] = list(columns)  # so drop() removes them all
@@ -149,8 +145,6 @@ class Spill:
 
     def take(self, rank: int, part: str = "events") -> dict[str, np.ndarray]:
         """The columns of ``part`` parked for ``rank``, read back ({} when none were)."""
-        import numpy as np
-
         out = {}
         for name in self._columns.get(rank, {}).get(part, []):
             with self._path(rank, part, name).open("rb") as fh:

@@ -19,6 +19,7 @@ Modules: :mod:`.config` (the knobs), :mod:`.cli` (the command line), :mod:`.ddp`
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from rankscope.orchestrator.synth.cli import config_from_args, configure, main
@@ -36,13 +37,28 @@ from rankscope.orchestrator.synth.config import (
     Schedule,
     SynthConfig,
 )
-from rankscope.orchestrator.synth.ddp import Job, nccl_kernel_name, transfer_ns
-from rankscope.orchestrator.synth.render import base_time_ns, render_rank
+
+# Imported here, before ``truth`` below is defined: importing a submodule sets the package's
+# attribute of its name, so a later first import of ``.truth`` would replace the function.
 from rankscope.orchestrator.synth.truth import clock_params, host_clock
-from rankscope.orchestrator.synth.write import generate
 
 if TYPE_CHECKING:
+    from rankscope.orchestrator.synth.ddp import Job, nccl_kernel_name, transfer_ns
     from rankscope.orchestrator.synth.parallel import ParallelJob
+    from rankscope.orchestrator.synth.render import base_time_ns, render_rank
+    from rankscope.orchestrator.synth.write import generate
+
+#: public name -> the module (inside this package) that defines it, loaded on first use: the
+#: ``rankscope`` command imports this package for ``synth``'s parser (every ``--help``), and the
+#: generator's modules import numpy (docs/architecture.md, "Deferred imports").
+_LAZY: dict[str, str] = {
+    "Job": "ddp",
+    "nccl_kernel_name": "ddp",
+    "transfer_ns": "ddp",
+    "base_time_ns": "render",
+    "render_rank": "render",
+    "generate": "write",
+}
 
 __all__ = [
     "COMPUTE_STREAM",
@@ -87,6 +103,8 @@ def simulate(config: SynthConfig) -> Any:
 
 def truth(job: Job | ParallelJob) -> dict[str, Any]:
     """Ground truth of a simulated job (docs/synth.md, "truth.json")."""
+    from rankscope.orchestrator.synth.ddp import Job
+
     if isinstance(job, Job):
         from rankscope.orchestrator.synth.truth import truth as ddp_truth
 
@@ -94,3 +112,12 @@ def truth(job: Job | ParallelJob) -> dict[str, Any]:
     from rankscope.orchestrator.synth.parallel_truth import parallel_truth
 
     return parallel_truth(job)
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value

@@ -24,8 +24,9 @@ This module is the DDP simulation; the package's other modules hold the configur
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import numpy as np
 from rankscope.orchestrator.synth.config import (
     COMPUTE_STREAM,
     DATALOADER,
@@ -33,9 +34,6 @@ from rankscope.orchestrator.synth.config import (
     RANKS_TRUNCATE,
     SynthConfig,
 )
-
-if TYPE_CHECKING:
-    import numpy as np
 
 
 @dataclass
@@ -86,9 +84,6 @@ class _Sim:
     """Builds the event templates (first step) and records their times (every step)."""
 
     def __init__(self, config: SynthConfig, rng: np.random.Generator) -> None:
-        import numpy as np
-
-        self.np = np
         self.c = config
         self.rng = rng
         self.R = config.ranks
@@ -104,7 +99,6 @@ class _Sim:
     # -- helpers
     def us(self, value: float) -> np.ndarray:
         """``value`` µs as int64 ns per rank, jittered (lognormal, mean preserving)."""
-        np = self.np
         j = self.c.jitter
         base = value * 1000.0
         if j == 0:
@@ -129,7 +123,7 @@ class _Sim:
 
     def end_step(self) -> tuple[np.ndarray, np.ndarray]:
         self.first = False
-        return self.np.stack(self.starts), self.np.stack(self.ends)
+        return np.stack(self.starts), np.stack(self.ends)
 
     def cpu(self, cat: str, name: str, lane: str, start, end, args: str = "", coll: int = -1):
         ext = self.next_ext if self.first else 0
@@ -164,7 +158,6 @@ class _Sim:
         """Nested CPU ranges ``chain`` (outer first) from ``t``; the innermost launches
         ``kernel`` = (name, duration ns) on ``stream`` (``{"lane", "free"}``, updated).
         Returns (cpu time after the op, kernel start, kernel end) (kernel times None without)."""
-        np = self.np
         per = self.c.cpu_op_us / (2 * len(chain) + 1)
         starts = []
         cur = t
@@ -246,8 +239,6 @@ def _kargs(device: int, stream: int, grid: str, block: str, regs: int, smem: int
 
 def simulate(config: SynthConfig) -> Job:
     """Simulate the job on the true clock (no files): see the module docstring."""
-    import numpy as np
-
     config.validate()
     c = config
     R, S = c.ranks, c.steps

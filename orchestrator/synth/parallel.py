@@ -37,8 +37,9 @@ from __future__ import annotations
 
 from collections.abc import Generator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
+import numpy as np
 from rankscope.orchestrator.synth.comm import (
     COLL_NAMES,
     CollOp,
@@ -66,9 +67,6 @@ from rankscope.orchestrator.synth.ddp import (
 )
 from rankscope.orchestrator.synth.engine import Post, Program, Rendezvous, Wait, run, schedule
 from rankscope.orchestrator.synth.layout import Layout, Role, megatron_layout, torchtitan_layout
-
-if TYPE_CHECKING:
-    import numpy as np
 
 #: GPU streams per use (Kineto's stream ids; compute is the default stream).
 STREAMS = {"compute": COMPUTE_STREAM, "tp": 20, "dp": 24, "pp_prev": 28, "pp_next": 32,
@@ -147,9 +145,6 @@ class _Rank:
     """One rank's program and state (docstring of the module)."""
 
     def __init__(self, job: _Build, rank: int) -> None:
-        import numpy as np
-
-        self.np = np
         self.b = job
         self.c = job.c
         self.rank = rank
@@ -488,8 +483,6 @@ class _Build:
     """What the ranks share: config, layout, fault draws, and the per-step figures they fill."""
 
     def __init__(self, config: SynthConfig) -> None:
-        import numpy as np
-
         c = config
         self.c = c
         self.layout = layout_of(c)
@@ -522,8 +515,6 @@ class _Build:
 
 def simulate_parallel(config: SynthConfig) -> ParallelJob:
     """Simulate a tensor x pipeline x data parallel job (no files)."""
-    import numpy as np
-
     config.validate()
     b = _Build(config)
     ranks = {r: _Rank(b, r) for r in range(config.ranks)}

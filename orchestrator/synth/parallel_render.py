@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
 from rankscope.orchestrator.synth.config import NCCL_VERSION
 from rankscope.orchestrator.synth.parallel import STREAMS
 from rankscope.orchestrator.synth.render import (
@@ -50,8 +51,6 @@ def _pg_config(job: ParallelJob, rank: int) -> tuple[int, str]:
 
 def render_parallel_rank(job: ParallelJob, rank: int, base_ns: int) -> tuple[bytes, int]:
     """The Kineto JSON text of ``rank`` (stamps on its host clock) and its event count."""
-    import numpy as np
-
     c = job.config
     offset, ppm = clock_params(c)
     events = job.events[rank]

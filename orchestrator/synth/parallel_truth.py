@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from rankscope.orchestrator.synth.config import FaultClass, SynthConfig
 from rankscope.orchestrator.synth.truth import _host_name, clock_params
 
@@ -96,8 +97,6 @@ def _faults(config: SynthConfig, job: ParallelJob) -> list[dict[str, Any]]:
 
 
 def _median(values: Any) -> float:
-    import numpy as np
-
     return float(np.median(values))
 
 

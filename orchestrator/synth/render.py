@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
 from rankscope.orchestrator.synth.config import (
     COMPUTE_STREAM,
     NCCL_STREAM,
@@ -125,8 +126,6 @@ def _metadata(job: Job, rank: int, ts: str) -> str:
 
 def render_rank(job: Job, rank: int, base_ns: int) -> tuple[bytes, int]:
     """The Kineto JSON text of ``rank`` (timestamps on its host clock) and its event count."""
-    import numpy as np
-
     c = job.config
     offset, ppm = clock_params(c)
     start = job.start[:, :, rank]

@@ -2,6 +2,9 @@
 
 A host clock reads ``t + offset + drift_ppm * 1e-6 * (t - t0)`` at true time ``t`` (ns); the
 truth stays on the true clock (docs/synth.md, "truth.json").
+
+numpy is imported inside the functions: the ``synth`` package loads this module with its
+parser, which every ``rankscope --help`` builds (docs/architecture.md, "Deferred imports").
 """
 
 from __future__ import annotations
