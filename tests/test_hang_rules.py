@@ -128,11 +128,13 @@ def test_dead_and_silent_ranks_are_named_as_such() -> None:
     answers = {0: _answer(0, {"0": (3, 2, OPS)}, WAITING)}
     dead = {1: {"error": "killed by SIGKILL", "user_frame": None}}
     diag = diagnose(answers, 3, dead)
+    # every rank is in the default group: one that did not answer never arrived in #3
     states = {p.rank: p.state for p in diag.places}
-    assert states == {0: RankState.ELSEWHERE, 1: RankState.DEAD, 2: RankState.SILENT}
+    assert states == {0: RankState.WAITING, 1: RankState.DEAD, 2: RankState.SILENT}
+    assert diag.collective is not None and diag.collective.seq == 3
     assert diag.culprits == [1]
     doc = hang_json(diag, {"idle_s": 21.0})
-    assert [r["state"] for r in doc["ranks"]] == ["elsewhere", "dead", "silent"]
+    assert [r["state"] for r in doc["ranks"]] == ["waiting", "dead", "silent"]
     json.dumps(doc)  # plain JSON
 
 
