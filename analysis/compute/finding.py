@@ -20,6 +20,26 @@ NAMED_SEPARATOR = " — "
 CAUSE_ARROW = " → "
 
 
+class Cause(enum.StrEnum):
+    """Why a rank arrived late (a straggler's cause: ``compute/stragglers.py``; here, with the
+    model, so that the sentences can test for one without importing the analysis)."""
+
+    OWN_COMPUTE = "own compute"
+    INPUT = "input"
+    HOST = "host"
+    GC = "GC pauses"
+    """Python garbage collections (torch's ``Python GC`` events, analysis/compute/gc_pauses.py): the
+    part of a rank's extra host time they account for; without them in the trace it is HOST."""
+    PROPAGATED = "propagated"
+    CPU_CONTENTION = "CPU taken by other processes"
+    """A system cause: the rank's main thread was runnable but waited for a core (its run-queue
+    delay, recorded per step by the runtime) — other processes on the node took its CPU. Named
+    only when significant after correcting for the choice among the ranks (p <= ALPHA / ranks):
+    the scheduler starves some rank in every step of a busy node, and three steps of one rank
+    (p = 1/64 for 4 ranks) are within what that lottery draws (4/64)."""
+    UNKNOWN = "unknown"
+
+
 class FindingKind(enum.StrEnum):
     """What a finding is about; summary.json's ``findings[].kind``.
 

@@ -50,6 +50,7 @@ from rankscope.analysis.compute.arrivals import SYNC_PROBE_NS as SYNC_PROBE_NS
 from rankscope.analysis.compute.arrivals import WINDOW_COLUMNS as WINDOW_COLUMNS
 from rankscope.analysis.compute.arrivals import arrival_points as arrival_points
 from rankscope.analysis.compute.arrivals import arrival_windows as arrival_windows
+from rankscope.analysis.compute.finding import Cause as Cause
 from rankscope.analysis.compute.lateness import STEP_CPU_COLUMNS as STEP_CPU_COLUMNS
 from rankscope.analysis.compute.lateness import UNIT_COLUMNS as UNIT_COLUMNS
 from rankscope.analysis.compute.lateness import _behind as _behind
@@ -85,25 +86,6 @@ MIN_STEP_FRACTION = 0.03
 SEPARATION_Z = 3.0
 #: Standard error of a sample median in units of sigma / sqrt(n) (normal data: sqrt(pi / 2)).
 MEDIAN_SE = 1.2533
-
-
-class Cause(enum.StrEnum):
-    """Why a rank arrived late."""
-
-    OWN_COMPUTE = "own compute"
-    INPUT = "input"
-    HOST = "host"
-    GC = "GC pauses"
-    """Python garbage collections (torch's ``Python GC`` events, analysis/compute/gc_pauses.py): the
-    part of a rank's extra host time they account for; without them in the trace it is HOST."""
-    PROPAGATED = "propagated"
-    CPU_CONTENTION = "CPU taken by other processes"
-    """A system cause: the rank's main thread was runnable but waited for a core (its run-queue
-    delay, recorded per step by the runtime) — other processes on the node took its CPU. Named
-    only when significant after correcting for the choice among the ranks (p <= ALPHA / ranks):
-    the scheduler starves some rank in every step of a busy node, and three steps of one rank
-    (p = 1/64 for 4 ranks) are within what that lottery draws (4/64)."""
-    UNKNOWN = "unknown"
 
 
 #: Causes that are the rank's own measured extra work (compute, input, host time).
@@ -149,7 +131,11 @@ STRAGGLER_COLUMNS: dict[str, str] = {
     "units": "int64",  # profiled steps it took part in (the independent samples; unit_rows)
     "units_last": "int64",  # ... where it was the latest rank
     "typical_s": "float64",  # median over its units of its worst lateness behind the median rank
-    "contention_s": "float64",  # run-queue delay beyond the median rank's, where it was last
+    "contention_s": "float64",  # run-queue delay beyond the median rank's, over its units
+    # ... its share of the rank's lateness over those units (0-1): >= OWN_FRACTION is the
+    # CPU-contention cause. Own extra work is no counter-evidence: a rank that loses its core
+    # inside its own ops shows the stolen time as longer ops too.
+    "contention_share": "float64",
     "noise_s": "float64",  # s.d. of the other ranks' lateness from unit to unit
     "cause": "str",
     "is_straggler": "bool",
@@ -426,6 +412,7 @@ def _rank_rows(
                 "units_last": k_u,
                 "typical_s": typical / 1e9,
                 "contention_s": contention / 1e9,
+                "contention_share": contention / raw_late if raw_late > 0 else 0.0,
                 "noise_s": noise / 1e9,
                 "cause": str(cause),
                 "is_straggler": verdict == Verdict.NAMED,

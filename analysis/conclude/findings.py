@@ -47,6 +47,7 @@ from rankscope.analysis.compute.finding import (
 from rankscope.analysis.compute.finding import (
     WHAT_IF_ERROR_PCT as WHAT_IF_ERROR_PCT,
 )
+from rankscope.analysis.compute.finding import Cause
 from rankscope.analysis.compute.finding import (
     Finding as Finding,
 )
@@ -81,12 +82,22 @@ def straggler_evidence(row: Mapping[str, Any]) -> str:
         if masked >= 0
         else ""
     )
-    return hidden + (
+    said = hidden + (
         f"last at {row['times_last']} of {row['collectives']} collectives "
         f"({row['expected_last']:.1f} expected by chance); fell {row['late_s'] * 1e3:.1f} ms "
         f"behind the median rank (each delay counted once); its own extra work before arriving: "
         f"{row['own_extra_s'] * 1e3:.1f} ms ({extra_parts(row)} vs the median rank)"
     )
+    if str(row.get("cause")) == Cause.CPU_CONTENTION:
+        # the cause's own evidence: own extra work alone would read as the rank's fault, and it
+        # holds the stolen time too (a rank that loses its core inside an op runs that op longer)
+        said += (
+            f"; its main thread waited {row['contention_s'] * 1e3:.1f} ms more than the median "
+            f"rank's for a core (run-queue delay, summed over its {row['units']} profiled steps: "
+            f"{row['contention_share']:.0%} of its lateness there), which also lengthens its "
+            "own work: other processes on the node took its CPU"
+        )
+    return said
 
 
 #: Why the closest rank is not named, per ``stragglers.Verdict`` value (a rank that was never
@@ -277,6 +288,9 @@ def _straggler_findings(a: Analysis) -> list[Finding]:
             "input_extra_s": round(float(row["input_extra_s"]), 6),
             "host_extra_s": round(float(row["host_extra_s"]), 6),
         }
+        if str(row["cause"]) == Cause.CPU_CONTENTION:
+            figures["contention_s"] = round(float(row["contention_s"]), 6)
+            figures["contention_share"] = round(float(row["contention_share"]), 4)
         out.append(
             Finding(
                 kind=FindingKind.STRAGGLER,
