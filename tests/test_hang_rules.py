@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from rankscope.analysis.compute.hang import RankState, diagnose
-from rankscope.analysis.conclude.hang_findings import hang_json, paragraph, rank_list
+from rankscope.analysis.conclude.hang_findings import hang_json, paragraph
 from rankscope.launchers import rundir
 from rankscope.launchers.hang_watch import MIN_HANG_AFTER_S, HangRule, HangWatch
+from rankscope.rank_ranges import rank_list
 
 
 def _frames(*where: tuple[str, int, str, bool]) -> list[dict[str, Any]]:

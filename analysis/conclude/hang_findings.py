@@ -11,24 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 from rankscope.analysis.compute.hang import HangDiagnosis, RankPlace, RankState
+from rankscope.rank_ranges import rank_list
 
 #: Groups of ranks listed in the paragraph (the rest are counted).
 MAX_GROUPS = 6
-
-
-def rank_list(ranks: list[int]) -> str:
-    """``rank 3`` / ``ranks 0, 2–7``: consecutive ranks as ranges."""
-    ranks = sorted(ranks)
-    parts: list[str] = []
-    start = prev = ranks[0]
-    for r in [*ranks[1:], None]:
-        if r is not None and r == prev + 1:
-            prev = r
-            continue
-        parts.append(str(start) if start == prev else f"{start}–{prev}")
-        if r is not None:
-            start = prev = r
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(parts)
 
 
 def _where(p: RankPlace) -> str:

@@ -71,7 +71,6 @@ from rankscope.orchestrator.ingest.rank_selection import MAX_RANKS as MAX_RANKS
 from rankscope.orchestrator.ingest.rank_selection import (
     _accept,
     _common,
-    _ranges,
     _reject_foreign,
     _world_claim,
 )
@@ -87,6 +86,7 @@ from rankscope.orchestrator.ingest.staging import (
     output_lock,
     remove_stale,
 )
+from rankscope.rank_ranges import rank_ranges
 
 if TYPE_CHECKING:
     from rankscope.analysis.engine.scheduler import ClusterSpec
@@ -291,7 +291,7 @@ def _merge_locked(
                 p = Problem(
                     str(inputs[0]),
                     missing[0] if len(missing) == 1 else -1,
-                    f"{len(missing)} of {world} rank(s) missing (no trace): {_ranges(missing)}",
+                    f"{len(missing)} of {world} rank(s) missing (no trace): {rank_ranges(missing)}",
                 )
                 problems.append(p)
                 _say(p, quiet)

@@ -161,20 +161,6 @@ def _reject_foreign(
             del parked[r]
 
 
-def _ranges(ranks: list[int]) -> str:
-    """Compact text of sorted ranks: [0, 1, 2, 5] -> '0-2, 5'."""
-    parts: list[str] = []
-    start = prev = ranks[0]
-    for r in [*ranks[1:], None]:
-        if r is not None and r == prev + 1:
-            prev = r
-            continue
-        parts.append(str(start) if start == prev else f"{start}-{prev}")
-        if r is not None:
-            start = prev = r
-    return ", ".join(parts)
-
-
 def _common(values: Any) -> Any:
     vals = [v for v in values if v]
     if not vals:
