@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -295,7 +296,6 @@ def test_interrupted_merge_leaves_no_store(tmp_path: Path, where: str) -> None:
     with the real window in place of the pipe, then merges: the interrupt, not the input, stopped
     the first merge.
     """
-    import errno
     import os
     import signal
     import subprocess
@@ -323,14 +323,7 @@ def test_interrupted_merge_leaves_no_store(tmp_path: Path, where: str) -> None:
     writer = -1
     try:
         deadline = time.monotonic() + 120
-        while writer < 0:
-            try:  # ENXIO until a reader has the pipe open: the merge has reached rank 3's window
-                writer = os.open(held, os.O_WRONLY | os.O_NONBLOCK)
-            except OSError as exc:
-                assert exc.errno == errno.ENXIO, exc
-                assert proc.poll() is None, f"the merge ended first: {proc.communicate()}"
-                assert time.monotonic() < deadline, "the merge never opened the named pipe"
-                time.sleep(0.01)
+        writer = _open_once_read(held, proc, deadline)
         # Where the merge waits: the temporary store open for writing (HDF5 still holds its
         # header in memory), ranks 0-2 parked in the spill.
         (tmp_store,) = run.glob(".trace.h5.*[0-9].tmp")
@@ -370,7 +363,6 @@ def test_a_killed_merge_leaves_no_forked_worker(tmp_path: Path) -> None:
     """SIGKILL to a merge whose forked worker is blocked in its task (reading a named pipe that
     never gets data): the parent cannot end its workers, the kernel does (``PR_SET_PDEATHSIG``),
     so nothing is left running; the input then merges."""
-    import errno
     import os
     import signal
     import subprocess
@@ -389,14 +381,7 @@ def test_a_killed_merge_leaves_no_forked_worker(tmp_path: Path) -> None:
     writer = -1
     try:
         deadline = time.monotonic() + 120
-        while writer < 0:
-            try:  # ENXIO until a reader (the worker parsing rank 3) has the pipe open
-                writer = os.open(held, os.O_WRONLY | os.O_NONBLOCK)
-            except OSError as exc:
-                assert exc.errno == errno.ENXIO, exc
-                assert proc.poll() is None, f"the merge ended first: {proc.communicate()}"
-                assert time.monotonic() < deadline, "the merge never opened the named pipe"
-                time.sleep(0.01)
+        writer = _open_once_read(held, proc, deadline)
         assert len(_processes_of(run)) >= 2  # the parent and the worker on the pipe
         proc.send_signal(signal.SIGKILL)
         proc.communicate(timeout=60)
@@ -416,6 +401,24 @@ def test_a_killed_merge_leaves_no_forked_worker(tmp_path: Path) -> None:
     assert cli(["merge", str(run), "--scheduler", "synchronous", "-q"]) == 0
     with open_store(run / rundir.STORE_NAME) as store:
         assert store.ranks == [0, 1, 2, 3]
+
+
+def _open_once_read(held: Path, proc: subprocess.Popen[str], deadline: float) -> int:
+    """The write end of the named pipe ``held``, opened once the merge ``proc`` has it open for
+    reading (until then a non-blocking open fails with ENXIO): the merge has reached that
+    window, on any machine, fast or slow."""
+    import errno
+    import os
+    import time
+
+    while True:
+        try:
+            return os.open(held, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as exc:
+            assert exc.errno == errno.ENXIO, exc
+            assert proc.poll() is None, f"the merge ended first: {proc.communicate()}"
+            assert time.monotonic() < deadline, "the merge never opened the named pipe"
+            time.sleep(0.01)
 
 
 def _processes_of(run: Path) -> list[int]:

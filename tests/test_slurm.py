@@ -24,6 +24,7 @@ from rankscope.launchers.slurm.node import node_torchrun_args
 from rankscope.launchers.slurm.options import SlurmOptions, load_defaults, slurm_options_from_args
 from rankscope.launchers.slurm.records import task_states
 from rankscope.launchers.torchrun import TORCHELASTIC_DIR
+from run_folders import failed_local_run
 from slurm_cluster import REPO, LocalSlurm, interruptible, rankscope
 
 EXAMPLE = REPO / "examples" / "train_ddp.py"
@@ -237,19 +238,7 @@ def test_task_states_follow_the_job(tmp_path: Path) -> None:
 
 
 def test_status_of_a_local_run(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    (run_dir / rundir.RANKS_DIR).mkdir(parents=True)
-    rec = {
-        "run_id": "run",
-        "launcher": "local",
-        "state": "failed",
-        "exit_code": 1,
-        "world_size": 2,
-        "started_at": "2026-01-01T00:00:00.000Z",
-        "ended_at": "2026-01-01T00:00:09.000Z",
-        "failures": [{"rank": 1, "error": "RuntimeError: injected", "exit_code": 1}],
-    }
-    rundir.write_json_atomic(run_dir / rundir.RUN_JSON, rec)
+    run_dir = failed_local_run(tmp_path)
     res = rankscope("status", str(run_dir))
     assert res.returncode == 0, res.stderr
     assert (

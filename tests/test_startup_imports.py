@@ -17,7 +17,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from rankscope.launchers import rundir
+from run_folders import failed_local_run
 
 #: top-level packages no light path may import
 HEAVY = (
@@ -54,26 +54,6 @@ def heavy_after(code: str) -> list[str]:
     return list(json.loads(line.removeprefix("HEAVY=")))
 
 
-def _local_run(tmp_path: Path) -> Path:
-    """A finished local run folder (a failed rank) as ``rankscope run`` leaves it."""
-    run_dir = tmp_path / "run"
-    (run_dir / rundir.RANKS_DIR).mkdir(parents=True)
-    rundir.write_json_atomic(
-        run_dir / rundir.RUN_JSON,
-        {
-            "run_id": "run",
-            "launcher": "local",
-            "state": "failed",
-            "exit_code": 1,
-            "world_size": 2,
-            "started_at": "2026-01-01T00:00:00.000Z",
-            "ended_at": "2026-01-01T00:00:09.000Z",
-            "failures": [{"rank": 1, "error": "RuntimeError: injected", "exit_code": 1}],
-        },
-    )
-    return run_dir
-
-
 def test_every_parser_and_help_is_light() -> None:
     """``rankscope --help`` and every command's ``--help`` (``run`` parses its own flags)."""
     code = """
@@ -101,7 +81,7 @@ def test_every_parser_and_help_is_light() -> None:
 
 def test_status_and_cancel_are_light(tmp_path: Path) -> None:
     """``rankscope status RUN`` (and ``--json``), ``rankscope cancel RUN`` on a local run."""
-    run_dir = _local_run(tmp_path)
+    run_dir = failed_local_run(tmp_path)
     code = f"""
     import contextlib, io, sys
     from rankscope.orchestrator import cli
