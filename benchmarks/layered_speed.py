@@ -24,8 +24,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from timing import whole_process_s
 
 HTA_PYTHON = Path("/tmp/hta-venv/bin/python")
 HTA_SCRIPT = """
@@ -42,15 +43,6 @@ DDP = ["--ranks", "64", "--ranks-per-host", "8", "--steps", "75", "--seed", "1"]
 TARGET_S = 15.0
 
 
-def seconds(cmd: list[str]) -> float:
-    """Wall seconds of one whole process (its output kept out of the table)."""
-    t = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
-    return time.perf_counter() - t
-
-
 def best(cmd: list[str], repeat: int, before: tuple[Path, ...] = ()) -> float:
     """The fastest of ``repeat`` runs of ``cmd``, removing ``before`` ahead of each."""
     out = []
@@ -60,7 +52,7 @@ def best(cmd: list[str], repeat: int, before: tuple[Path, ...] = ()) -> float:
                 shutil.rmtree(p)
             else:
                 p.unlink(missing_ok=True)
-        out.append(seconds(cmd))
+        out.append(whole_process_s(cmd))
     return min(out)
 
 
@@ -92,7 +84,7 @@ def job_row(root: Path, name: str, synth: list[str], repeat: int, hta: bool) -> 
             only.mkdir()
             for f in traces:
                 os.link(f, only / f.name)
-            hta_s = f"{seconds([str(HTA_PYTHON), '-c', HTA_SCRIPT, str(only)]):.1f}"
+            hta_s = f"{whole_process_s([str(HTA_PYTHON), '-c', HTA_SCRIPT, str(only)]):.1f}"
         else:
             hta_s = f"no {HTA_PYTHON}"
     (m, a, o), (sm, sa, so) = cells

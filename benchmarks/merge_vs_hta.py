@@ -62,7 +62,7 @@ def hwm():
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) * 1024
 import h5py, msgspec, numpy, pandas  # the merge's imports, loaded before the baseline
-from rankscope.orchestrator import collectives
+from rankscope.orchestrator.ingest import comm_links
 from rankscope.orchestrator.ingest import merge
 from rankscope.orchestrator.ingest import decode
 from rankscope.orchestrator.ingest import discovery

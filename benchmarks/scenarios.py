@@ -43,6 +43,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from timing import whole_process_s
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 HTA_PYTHON = Path("/tmp/hta-venv/bin/python")
@@ -59,15 +61,6 @@ print(json.dumps({int(r["rank"]): float(r["compute_time(us)"]) for _, r in df.it
 """
 
 
-def run(cmd: list[str]) -> float:
-    """Wall seconds of a whole process (stdout/stderr kept out of the table)."""
-    t = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
-    return time.perf_counter() - t
-
-
 def one(root: Path, ranks: int, name: str, kwargs: dict[str, Any]) -> dict[str, Any]:
     from rankscope.analysis.engine.driver import SYNCHRONOUS, ClusterSpec, analyze
     from rankscope.orchestrator.synth import SynthConfig, generate
@@ -78,8 +71,10 @@ def one(root: Path, ranks: int, name: str, kwargs: dict[str, Any]) -> dict[str, 
     generate(SynthConfig(ranks=ranks, ranks_per_host=per_host, steps=10, seed=1, **kwargs), out)
     gen_s = time.perf_counter() - t
     rs = [sys.executable, "-m", "rankscope"]
-    merge_s = run([*rs, "merge", str(out), "-q"])
-    analyze_s = run([*rs, "analyze", str(out / "trace.h5"), "--json", str(out / "s.json")])
+    merge_s = whole_process_s([*rs, "merge", str(out), "-q"])
+    analyze_s = whole_process_s(
+        [*rs, "analyze", str(out / "trace.h5"), "--json", str(out / "s.json")]
+    )
     truth = json.loads((out / "truth.json").read_text())
     a = analyze(out / "trace.h5", ClusterSpec(scheduler=SYNCHRONOUS))
     s = a.stragglers
@@ -167,8 +162,10 @@ def layered_one(root: Path, ranks: int, name: str) -> dict[str, Any]:
     generate_layered(out, ranks, name, BENCH_LAYOUTS[ranks])
     gen_s = time.perf_counter() - t
     rs = [sys.executable, "-m", "rankscope"]
-    merge_s = run([*rs, "merge", str(out), "-q"])
-    analyze_s = run([*rs, "analyze", str(out / "trace.h5"), "--json", str(out / "s.json")])
+    merge_s = whole_process_s([*rs, "merge", str(out), "-q"])
+    analyze_s = whole_process_s(
+        [*rs, "analyze", str(out / "trace.h5"), "--json", str(out / "s.json")]
+    )
     truth = json.loads((out / "truth.json").read_text())
     v = layered_verdict(truth, root_causes_of(out / "trace.h5"), links_of(out / "trace.h5"))
     if v["fault"] is not None and v["fault"]["class"] == "slow_link":  # the CLI's what-if

@@ -37,12 +37,13 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from timing import whole_process_s
 
 ROOT = Path(__file__).resolve().parents[1]
 DLRM = ROOT / "tests" / "data" / "param_dlrm_8rank"
@@ -79,16 +80,6 @@ def rankscope_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "rankscope", *args]
 
 
-def timed(argv: list[str], cwd: Path | None = None) -> float:
-    """Wall seconds of one whole process; a failure stops the benchmark with its stderr."""
-    t = time.perf_counter()
-    proc = subprocess.run(argv, cwd=cwd, capture_output=True, text=True)
-    wall = time.perf_counter() - t
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(argv[:3])}… failed ({proc.returncode}): {proc.stderr[-800:]}")
-    return wall
-
-
 def traces_only(src: Path, dest: Path) -> Path:
     """A folder holding only ``src``'s trace files (HTA takes every *.json of its folder)."""
     dest.mkdir(parents=True, exist_ok=True)
@@ -101,8 +92,10 @@ def traces_only(src: Path, dest: Path) -> Path:
 def rankscope_dlrm(work: Path) -> float:
     store = work / "dlrm.h5"
     store.unlink(missing_ok=True)
-    merge = timed(rankscope_argv("merge", str(DLRM), "-o", str(store), "-q"))
-    analyze = timed(rankscope_argv("analyze", str(store), "--json", str(work / "dlrm.json")))
+    merge = whole_process_s(rankscope_argv("merge", str(DLRM), "-o", str(store), "-q"))
+    analyze = whole_process_s(
+        rankscope_argv("analyze", str(store), "--json", str(work / "dlrm.json"))
+    )
     return merge + analyze
 
 
@@ -110,13 +103,15 @@ def rankscope_dlrm_one(folder: Path) -> float:
     """``rankscope analyze FOLDER``: one command that merges and analyses (store in the folder)."""
     (folder / "trace.h5").unlink(missing_ok=True)
     shutil.rmtree(folder / "report", ignore_errors=True)
-    return timed(rankscope_argv("analyze", str(folder), "--json", str(folder.parent / "one.json")))
+    return whole_process_s(
+        rankscope_argv("analyze", str(folder), "--json", str(folder.parent / "one.json"))
+    )
 
 
 def rankscope_big(work: Path) -> float:
     store = work / "big.h5"
     store.unlink(missing_ok=True)
-    return timed(rankscope_argv("merge", str(BIG), "-o", str(store), "-q"))
+    return whole_process_s(rankscope_argv("merge", str(BIG), "-o", str(store), "-q"))
 
 
 END_OF_RUN = """
@@ -131,7 +126,7 @@ def end_of_run(work: Path) -> float:
     run = work / "run"
     shutil.rmtree(run, ignore_errors=True)
     shutil.copytree(RUN, run)
-    return timed([sys.executable, "-c", END_OF_RUN, str(run)])
+    return whole_process_s([sys.executable, "-c", END_OF_RUN, str(run)])
 
 
 def reader_mb_per_s() -> tuple[float, float]:
@@ -209,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
             hta = (
                 None
                 if hta_py is None
-                else (lambda: timed([str(hta_py), "-c", HTA_ANALYSE, str(hta_dir)]))
+                else (lambda: whole_process_s([str(hta_py), "-c", HTA_ANALYSE, str(hta_dir)]))
             )
             rs, ht = interleave(args.rounds, lambda: rankscope_dlrm(work), hta)
             rows.append(
@@ -235,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
             hta = (
                 None
                 if hta_py is None
-                else (lambda: timed([str(hta_py), "-c", HTA_LOAD, str(hta_dir)]))
+                else (lambda: whole_process_s([str(hta_py), "-c", HTA_LOAD, str(hta_dir)]))
             )
             rs, ht = interleave(args.rounds, lambda: rankscope_big(work), hta)
             rows.append(
