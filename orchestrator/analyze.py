@@ -39,14 +39,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="list every rank in the terminal tables (above 16 ranks they are summarised)",
     )
-    from rankscope.orchestrator.merge import add_rank_from
+    from rankscope.orchestrator.merge import add_comm_kernel, add_rank_from
 
     add_rank_from(parser)
+    add_comm_kernel(parser)
 
 
 def main(args: argparse.Namespace) -> int:
     """Entry point of ``rankscope analyze``."""
     from rankscope.analysis.engine.cluster_flags import cluster_spec_from_args
+    from rankscope.orchestrator.merge import comm_from_args
     from rankscope.orchestrator.workflow import Workflow, merge_analyse_report
 
     # One spec for both: a merge that must run first uses the same workers (its own "auto"
@@ -56,6 +58,7 @@ def main(args: argparse.Namespace) -> int:
         Workflow(
             cluster=cluster_spec_from_args(args, main_is_guarded=True),
             rank_from=getattr(args, "rank_from", None),
+            comm=comm_from_args(args),
             json_path=args.json,
             html_path=args.html,
             top_ops=args.top_ops,

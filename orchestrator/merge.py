@@ -14,7 +14,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from rankscope.config_flags import Flags
 from rankscope.errors import UsageError
+from rankscope.orchestrator.ingest.comm_kernels import (
+    CommKernelSettings,
+    CommVocabulary,
+    vocabulary,
+)
+
+#: ``--comm-kernel REGEX`` from :class:`CommKernelSettings`'s field.
+COMM_FLAGS = Flags(CommKernelSettings, repeat_note=" (repeatable)")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -32,14 +41,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--output",
         type=Path,
         default=None,
-        help="store to write (default: trace.h5 in the run directory / folder, or beside the "
-        "first trace file)",
+        help="store to write (default: trace.h5 in the run directory / folder; for one trace "
+        "file a.json[.gz], a.rankscope.h5 beside it; for several files, trace.h5 beside the first)",
     )
     add_cluster_flags(parser)  # --scheduler | --slurm-workers N [--slurm-partition], as analyze
     parser.add_argument(
         "--strict", action="store_true", help="exit non-zero when any input problem was found"
     )
     add_rank_from(parser)
+    add_comm_kernel(parser)
     parser.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
 
 
@@ -52,6 +62,16 @@ def add_rank_from(parser: argparse.ArgumentParser) -> None:
         help="for traces without distributedInfo: take the rank from the file name, the first "
         "group of REGEX (e.g. 'gpu(\\d+)'); default: such traces are ranked in the order given",
     )
+
+
+def add_comm_kernel(parser: argparse.ArgumentParser) -> None:
+    """``--comm-kernel REGEX`` (repeatable; merge, and analyze when it merges)."""
+    COMM_FLAGS.add(parser)
+
+
+def comm_from_args(args: argparse.Namespace) -> CommVocabulary:
+    """The communication kernels of this merge: built-in, the config file's, the flags'."""
+    return vocabulary(COMM_FLAGS.build(args))
 
 
 @contextlib.contextmanager
@@ -109,5 +129,6 @@ def main(args: argparse.Namespace) -> int:
             extra_inputs=paths[1:],
             main_is_guarded=True,
             rank_from=args.rank_from,
+            comm=comm_from_args(args),
         )
     return 0

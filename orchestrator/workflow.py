@@ -21,6 +21,7 @@ from rankscope.launchers import rundir
 if TYPE_CHECKING:
     from rankscope.analysis.engine.driver import Analysis
     from rankscope.analysis.engine.scheduler import ClusterSpec
+    from rankscope.orchestrator.ingest.comm_kernels import CommVocabulary
 
 #: Width of the summary when stdout is not a terminal (rich would use 80 columns).
 PIPE_WIDTH = 110
@@ -54,6 +55,9 @@ class Workflow:
     """List every rank in the terminal tables and the HTML report (above 16 they are summarised)."""
     progress: bool = True
     """Show the per-rank progress bar on stderr."""
+    comm: CommVocabulary | None = None
+    """The communication kernels of a merge run first (``--comm-kernel``, the config file's);
+    a store merged with other user patterns is merged again. None: as the store was merged."""
 
 
 def merge_analyse_report(path: Path, wf: Workflow) -> Analysis:
@@ -64,7 +68,9 @@ def merge_analyse_report(path: Path, wf: Workflow) -> Analysis:
 
     cluster = wf.cluster or ClusterSpec(scheduler=AUTO, main_is_guarded=True)
     _refuse_unprofiled_run(path)
-    store = resolve_store(path, merge=wf.merge, cluster=cluster, rank_from=wf.rank_from)
+    store = resolve_store(
+        path, merge=wf.merge, cluster=cluster, rank_from=wf.rank_from, comm=wf.comm
+    )
     analysis = run_analysis(
         store,
         dataclasses.replace(cluster, slurm_job_name=ANALYZE_JOB_NAME),
@@ -83,15 +89,22 @@ def merge_analyse_report(path: Path, wf: Workflow) -> Analysis:
 
 
 def merge_into_store(
-    path: Path, cluster: ClusterSpec | None = None, rank_from: str | None = None
+    path: Path,
+    cluster: ClusterSpec | None = None,
+    rank_from: str | None = None,
+    comm: CommVocabulary | None = None,
 ) -> Path:
-    """Merge ``path`` into its default store (prints the clock line and where it went); Ctrl-C
-    during it is reported as an interrupt. Returns the store."""
+    """Merge ``path`` into its default store (``store_names.store_for``; prints the clock line
+    and where it went); Ctrl-C during it is reported as an interrupt. Returns the store."""
     from rankscope.orchestrator.ingest.merge import merge_run_dir
     from rankscope.orchestrator.merge import interrupt_wins
 
     with interrupt_wins():
-        return Path(merge_run_dir(path, cluster=cluster, main_is_guarded=True, rank_from=rank_from))
+        return Path(
+            merge_run_dir(
+                path, cluster=cluster, main_is_guarded=True, rank_from=rank_from, comm=comm
+            )
+        )
 
 
 def after_run(run_dir: Path, *, merge_traces: bool, analyse: bool) -> None:
@@ -128,16 +141,21 @@ def resolve_store(
     scheduler: str | None = None,
     rank_from: str | None = None,
     cluster: ClusterSpec | None = None,
+    comm: CommVocabulary | None = None,
 ) -> Path:
     """The store to analyse for ``path``, checked readable (so a bad one fails in one line).
 
     ``path`` is a store file, a run directory or folder of traces, or one Kineto trace file. A
     folder or trace without an up-to-date store is merged (``scheduler``, or the whole
     ``cluster`` spec — Slurm workers — as ``rankscope merge``) into the store ``rankscope merge
-    PATH`` writes: ``trace.h5`` in the folder, or beside the trace. An existing store is used as
-    it is when no input is newer; ``merge=False`` never merges (``rankscope run`` merged
-    already). ``rank_from``: ``--rank-from`` of the merge.
+    PATH`` writes (one naming rule, ``store_names.store_for``): ``trace.h5`` in the folder, or
+    the trace's own store beside it (``a.json.gz`` → ``a.rankscope.h5``). An existing store is
+    used as it is when no input is newer and it was merged with the same user patterns of
+    communication kernels (``comm``; None: not checked); ``merge=False`` never merges
+    (``rankscope run`` merged already). ``rank_from``: ``--rank-from`` of the merge.
     """
+    from rankscope.orchestrator.ingest.store_names import store_for
+
     if cluster is None:
         from rankscope.analysis.engine.scheduler import AUTO, ClusterSpec
 
@@ -149,16 +167,34 @@ def resolve_store(
     if path.is_file():
         if _is_store_file(path):
             return _checked(path)
-        return _store_for_trace(path, merge=merge, cluster=cluster, rank_from=rank_from)
-    store = path / rundir.STORE_NAME
+        return _store_for_trace(path, merge=merge, cluster=cluster, rank_from=rank_from, comm=comm)
+    store = store_for(path)
     if store.exists():
-        newer = _newer_input(store, [path]) if merge else None
-        if newer is None:
+        why = _stale(store, path, comm) if merge else None
+        if why is None:
             return _checked(store)
-        print(f"{newer} is newer than {store}: merging again", file=sys.stderr)
+        print(f"{why}: merging again", file=sys.stderr)
     elif not merge:
-        raise InputFileError(f"{path}: no {rundir.STORE_NAME} (run `rankscope merge {path}` first)")
-    return _checked(merge_into_store(path, cluster, rank_from))
+        raise InputFileError(f"{path}: no {store.name} (run `rankscope merge {path}` first)")
+    return _checked(merge_into_store(path, cluster, rank_from, comm))
+
+
+def _stale(store: Path, path: Path, comm: CommVocabulary | None) -> str | None:
+    """Why ``store`` must be merged again from ``path`` (a newer input, other user patterns of
+    communication kernels), or None when it is up to date."""
+    newer = _newer_input(store, [path])
+    if newer is not None:
+        return f"{newer} is newer than {store}"
+    if comm is None:
+        return None
+    from rankscope.analysis.store.reader import open_store
+    from rankscope.orchestrator.ingest.comm_kernels import COMM_KERNELS_ATTR
+
+    with open_store(store) as s:
+        had = s.meta.get(COMM_KERNELS_ATTR) or []
+    if list(had) != list(comm.user_patterns):
+        return f"{store} was merged with other --comm-kernel patterns ({had or 'none'})"
+    return None
 
 
 def _is_store_file(path: Path) -> bool:
@@ -169,9 +205,15 @@ def _is_store_file(path: Path) -> bool:
 
 
 def _store_for_trace(
-    trace: Path, *, merge: bool, cluster: ClusterSpec, rank_from: str | None = None
+    trace: Path,
+    *,
+    merge: bool,
+    cluster: ClusterSpec,
+    rank_from: str | None = None,
+    comm: CommVocabulary | None = None,
 ) -> Path:
-    """The store of one trace file: ``trace.h5`` beside it, merged from it when out of date.
+    """The store of one trace file: its own (``store_names.store_for``), merged from it when
+    out of date.
 
     The store is the one ``rankscope merge TRACE`` writes; it is reused while it was merged from
     this very file and is newer than it. One merged from other inputs (the whole folder) is
@@ -191,7 +233,9 @@ def _store_for_trace(
             f"{trace}: neither a rankscope store (HDF5 trace.h5) nor a Kineto trace "
             "(.json, .json.gz)"
         )
-    store = trace.parent / rundir.STORE_NAME
+    from rankscope.orchestrator.ingest.store_names import store_for
+
+    store = store_for(trace)
     if store.exists():
         with open_store(store) as s:
             source = str(s.meta.get("source") or "")
@@ -200,12 +244,14 @@ def _store_for_trace(
                 f"{trace}: {store} holds another merge ({source or 'unknown source'}); analyze "
                 f"that, or merge this file elsewhere: rankscope merge {trace} -o OTHER.h5"
             )
-        if _newer_input(store, [trace]) is None or not merge:
+        why = _stale(store, trace, comm) if merge else None
+        if why is None:
             print(f"using {store} (merged from {trace}; up to date)")
             return _checked(store)
+        print(f"{why}: merging again", file=sys.stderr)
     elif not merge:
-        raise InputFileError(f"{trace}: no {rundir.STORE_NAME} beside it (run `rankscope merge`)")
-    return _checked(merge_into_store(trace, cluster, rank_from))
+        raise InputFileError(f"{trace}: no {store} (run `rankscope merge {trace}`)")
+    return _checked(merge_into_store(trace, cluster, rank_from, comm))
 
 
 def _newer_input(store: Path, inputs: list[Path]) -> Path | None:

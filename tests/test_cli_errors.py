@@ -174,7 +174,7 @@ def test_analyze_a_single_trace_file_merges_beside_it_and_reuses_the_store(
     old = time.time() - 3600
     os.utime(trace, (old, old))
     rc, lines = _rankscope("analyze", str(trace), *SYNC, "--json", str(tmp_path / "s.json"))
-    store = tmp_path / "trace.h5"
+    store = tmp_path / "rank2.step5.pt.trace.rankscope.h5"
     assert rc == 0, lines
     assert store.is_file() and any(str(store) in line for line in lines), lines
     assert not any("not a readable HDF5" in line for line in lines)
@@ -192,18 +192,25 @@ def test_analyze_a_single_trace_file_merges_beside_it_and_reuses_the_store(
     assert _leftovers(tmp_path) == []
 
 
-def test_analyze_a_trace_whose_folder_store_holds_another_merge_is_refused(
-    tmp_path: Path,
-) -> None:
-    """trace.h5 beside the file was merged from the whole folder: never overwritten by one file."""
+def test_analyze_a_trace_whose_store_holds_another_merge_is_refused(tmp_path: Path) -> None:
+    """``a.json`` and ``a.json.gz`` name one store (``a.rankscope.h5``): the second never
+    overwrites the first's; the folder's trace.h5 is never touched by one file's merge."""
     folder = tmp_path / "run"
     shutil.copytree(DATA, folder)
     assert cli(["merge", str(folder), *SYNC, "-q"]) == 0
     stamp = (folder / "trace.h5").stat().st_mtime_ns
     rc, lines = _rankscope("analyze", str(folder / TRACE), *SYNC)
+    assert rc == 0 and (folder / "trace.h5").stat().st_mtime_ns == stamp, lines
+    store = folder / "rank2.step5.pt.trace.rankscope.h5"
+    import gzip
+
+    twin = folder / f"{TRACE}.gz"
+    twin.write_bytes(gzip.compress((folder / TRACE).read_bytes()))
+    stamp = store.stat().st_mtime_ns
+    rc, lines = _rankscope("analyze", str(twin), *SYNC)
     assert rc != 0 and len(lines) == 1, lines
-    assert "-o" in lines[0] and str(folder / "trace.h5") in lines[0]
-    assert (folder / "trace.h5").stat().st_mtime_ns == stamp
+    assert "-o" in lines[0] and str(store) in lines[0]
+    assert store.stat().st_mtime_ns == stamp
 
 
 def test_analyze_folder_remerges_when_a_trace_is_newer_than_its_store(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -256,6 +257,36 @@ def test_merge_read_only_keeps_previous_store(tiny_fs: Mount) -> None:
     done = _rankscope("merge", SMALL, "-o", fs / "trace.h5")
     _assert_one_line(done, f"{fs / 'trace.h5'}: cannot write (read-only file system")
     assert _digest(fs / "trace.h5") == previous
+
+
+def test_a_trace_in_a_read_only_folder_gets_its_store_in_the_cache(
+    tiny_fs: Mount, tmp_path: Path
+) -> None:
+    """One trace on a read-only file system: its store goes to the user's cache (named after
+    the trace and its path), where analyze and export find it again."""
+    from rankscope.orchestrator.ingest.store_names import CACHE_SUBDIR
+
+    fs = tiny_fs(1024 * 1024)
+    trace = fs / "a.json.gz"
+    shutil.copy2(DATA / "rankless" / "model_a.json.gz", trace)
+    _read_only(fs)
+    cache = tmp_path / "cache"
+    env = {**os.environ, "XDG_CACHE_HOME": str(cache)}
+    cmd = [sys.executable, "-m", "rankscope.orchestrator.cli"]
+    done = subprocess.run(
+        [*cmd, "analyze", str(trace), "--scheduler", "synchronous"],
+        capture_output=True, text=True, check=False, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (store,) = (cache / CACHE_SUBDIR).glob("a-*.rankscope.h5")
+    assert _listing(fs) == ["a.json.gz"]
+    stamp = store.stat().st_mtime_ns
+    done = subprocess.run(
+        [*cmd, "export", str(trace), "--perfetto", str(tmp_path / "p.json")],
+        capture_output=True, text=True, check=False, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0 and f"using {store}" in done.stdout, done.stderr
+    assert store.stat().st_mtime_ns == stamp
 
 
 def test_export_disk_full(tiny_fs: Mount, tmp_path: Path) -> None:

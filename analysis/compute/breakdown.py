@@ -260,6 +260,16 @@ def gpu_event_mask(events: pd.DataFrame, lanes: pd.DataFrame) -> np.ndarray:
     )
 
 
+def comm_kernel_mask(events: pd.DataFrame) -> np.ndarray:
+    """Communication kernels: kind ``KERNEL_COMM`` (the merge's vocabulary of communication
+    kernels, NCCL's and other libraries', docs/communication-kernels.md) or HTA's name rule
+    (:data:`COMM_KERNEL_RE`, for events classified before the vocabulary grew). On NCCL-only
+    traces this is HTA's set exactly; other libraries' kernels are communication here where HTA
+    calls them compute."""
+    kinds = events["kind"].to_numpy()
+    return (kinds == int(EventKind.KERNEL_COMM)) | name_matches(events["name"], COMM_KERNEL_RE)
+
+
 def is_gpu_rank(events: pd.DataFrame, lanes: pd.DataFrame) -> bool:
     """A rank is painted on its GPU timeline when it has any kernel on a GPU stream."""
     mask = gpu_event_mask(events, lanes)
@@ -297,7 +307,7 @@ def _gpu_sets(
     events: pd.DataFrame, lanes: pd.DataFrame
 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     gpu = gpu_event_mask(events, lanes)
-    comm = gpu & name_matches(events["name"], COMM_KERNEL_RE)
+    comm = gpu & comm_kernel_mask(events)
     memory = gpu & ~comm & name_matches(events["name"], MEMORY_KERNEL_RE)
     compute = gpu & ~comm & ~memory & ~name_matches(events["name"], NOT_COMPUTE_RE)
     other = gpu & ~comm & ~memory & ~compute
@@ -511,7 +521,9 @@ def hta_temporal_breakdown(
       before the rank's last ``ProfilerStep`` starts;
     * ``kernel_time`` = last GPU end - first GPU start; ``idle`` = kernel_time - |union of GPU
       events|; ``compute`` = |union of compute kernels|; ``non_compute`` = the rest;
-      ``overlap_pct`` = |comm ∩ compute| / |comm| * 100 (comm = ``^nccl.*Kernel``).
+      ``overlap_pct`` = |comm ∩ compute| / |comm| * 100 (comm = ``^nccl.*Kernel``; here also
+      the other libraries' communication kernels, :func:`comm_kernel_mask`, which HTA counts as
+      compute).
     """
     gpu = gpu_event_mask(events, lanes)
     ts = events["ts"].to_numpy().astype(np.int64)
@@ -526,7 +538,7 @@ def hta_temporal_breakdown(
             launched = np.unique(corr[~gpu & (ts < last_start) & (corr >= 0)])
             gpu = gpu & np.isin(corr, launched)
     names = events["name"]
-    comm = gpu & name_matches(names, COMM_KERNEL_RE)
+    comm = gpu & comm_kernel_mask(events)
     memory = gpu & ~comm & name_matches(names, MEMORY_KERNEL_RE)
     compute = gpu & ~comm & ~memory & ~name_matches(names, NOT_COMPUTE_RE)
     row: dict[str, Any] = {"rank": rank}

@@ -63,6 +63,7 @@ class FindingKind(enum.StrEnum):
     DATA_IMBALANCE = "data_imbalance"
     SDPA_MATH_FALLBACK = "sdpa_math_fallback"
     SLOW_LINK = "slow_link"
+    UNMATCHED_COMM = "unmatched_comm"
 
 
 #: The kinds about memory (rankscope.analysis.compute.memory); none without ``--profile-memory``.

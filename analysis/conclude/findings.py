@@ -412,7 +412,49 @@ def findings(a: Analysis) -> list[Finding]:
     (``a.whatif``), each straggler and bottleneck is followed by what fixing it would save, and
     the job-wide scenarios follow the pipeline findings (kind ``what_if``)."""
     linked = _with_what_if(_straggler_findings(a) + _link_findings(a) + _pipeline_findings(a), a)
-    return linked + _memory_findings(a) + _attention_findings(a) + _input_findings(a)
+    return (
+        linked
+        + _unmatched_comm_findings(a)
+        + _memory_findings(a)
+        + _attention_findings(a)
+        + _input_findings(a)
+    )
+
+
+def unmatched_comm_evidence(ms: float, kernels: int, ranks: list[int], example: str) -> str:
+    """The sentence of :data:`FindingKind.UNMATCHED_COMM` (``ms``: summed kernel time)."""
+    from rankscope.analysis.conclude.hang_findings import rank_list
+
+    name = example.split("(", 1)[0].removeprefix("void ")
+    return (
+        f"{ms:.3f} ms of communication kernels on {rank_list(ranks)} ({kernels} kernels, summed "
+        f"over ranks, e.g. {name}) are in no collective matched across ranks (no "
+        "record_param_comms launches them): counted as communication, not split into waiting "
+        "and transfer"
+    )
+
+
+def _unmatched_comm_findings(a: Analysis) -> list[Finding]:
+    """One line for the communication kernels in no collective (DeepEP, NVSHMEM, custom
+    all-reduce, ``--comm-kernel``), so the waits and transfers are not read as all of it."""
+    u = a.unmatched_comm
+    if not len(u) or int(u["kernels"].sum()) == 0:
+        return []
+    some = u[u["kernels"] > 0]
+    ms = float(some["dur_ns"].sum()) / 1e6
+    kernels = int(some["kernels"].sum())
+    ranks = [int(r) for r in some["rank"]]
+    longest = str(some.loc[some["dur_ns"].idxmax(), "example"])
+    return [
+        Finding(
+            kind=FindingKind.UNMATCHED_COMM,
+            severity=Severity.NOTE,
+            rank=None,
+            headline="Communication not matched",
+            evidence=unmatched_comm_evidence(ms, kernels, ranks, longest),
+            figures={"unmatched_ms": round(ms, 6), "kernels": kernels, "ranks": len(ranks)},
+        )
+    ]
 
 
 def _link_findings(a: Analysis) -> list[Finding]:

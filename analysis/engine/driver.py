@@ -103,6 +103,10 @@ class Analysis:
     links: pd.DataFrame = dataclasses.field(default_factory=lambda: _empty_frame())
     """Host pairs whose transfers could be compared with the same transfers elsewhere, slowest
     first: links.LINK_COLUMNS (``is_slow``: a slow link; empty when no pair could be judged)."""
+    unmatched_comm: pd.DataFrame = dataclasses.field(default_factory=lambda: _empty_frame())
+    """Per rank, its communication kernels in no collective (DeepEP, NVSHMEM, custom
+    all-reduce, user patterns: communication time left out of the waiting / transfer split):
+    unmatched_comm.UNMATCHED_COLUMNS."""
     rootcause: Any = None
     """For a layered job (collectives of sub-groups: tensor / data / pipeline parallel), the
     slow workers, stage and data imbalances judged against each rank's peers
@@ -261,9 +265,9 @@ def analyze(
         (
             str(store_path),
             rank,
-            colls[colls["rank"] == rank][["coll", "start", "end", "last_start"]].reset_index(
-                drop=True
-            ),
+            colls[colls["rank"] == rank][
+                ["coll", "start", "end", "last_start", "event"]
+            ].reset_index(drop=True),
             int(offsets.get(rank, 0)) % bd.HTA_GRID_NS,
             drop_last,
             point_times.get(int(rank)),
@@ -325,6 +329,7 @@ def analyze(
         problems=problems,
         scheduler=choice,
         memory=mem.memory_analysis((r.memory for r in results), requested=mem.requested_in(meta)),
+        unmatched_comm=cat("unmatched_comm"),
     )
     from rankscope.analysis.compute.attention import attention_by_backend
     from rankscope.analysis.compute.ops import op_sort_of, op_table_across_ranks

@@ -50,6 +50,8 @@ class RankResult:
     None when not measured."""
     overview: RankCells | None = None
     """Its overview bins (overview.RankCells); None without profiled steps."""
+    unmatched_comm: pd.DataFrame | None = None
+    """Its communication kernels in no collective: unmatched_comm.UNMATCHED_COLUMNS."""
 
 
 def rank_task(
@@ -72,6 +74,7 @@ def rank_task(
     from rankscope.analysis.compute.gc_pauses import gc_per_step
     from rankscope.analysis.compute.memory import rank_memory
     from rankscope.analysis.compute.ops import annotation_stats, op_stats, op_table
+    from rankscope.analysis.compute.unmatched_comm import unmatched_comm
     from rankscope.analysis.compute.whatif_graph import rank_clock
     from rankscope.analysis.engine.overview import rank_cells
     from rankscope.analysis.store.reader import open_store
@@ -100,6 +103,7 @@ def rank_task(
         op_table=op_table(events, rank, lanes=lanes, group_by_shape=shapes),
         attention=attention_calls(events, rank, lanes),
         gc=gc_per_step(events, rank),
+        unmatched_comm=unmatched_comm(events, coll_rows, rank),
     )
     if grid is not None:
         out.overview = rank_cells(events, lanes, coll_rows, grid, rank, (device, sets))

@@ -295,6 +295,7 @@ def report_context(a: Analysis, *, all_ranks: bool = False) -> dict[str, Any]:
         FindingKind.STAGE_IMBALANCE,
         FindingKind.DATA_IMBALANCE,
         FindingKind.SLOW_LINK,
+        FindingKind.UNMATCHED_COMM,
     }
     strag_findings = [
         finding(f, "whatif" if f.kind == FindingKind.WHAT_IF else "")

@@ -18,6 +18,7 @@ import re
 from pathlib import Path
 
 import msgspec
+from rankscope.orchestrator.ingest.comm_kernels import DEFAULT_VOCABULARY, CommVocabulary
 from rankscope.orchestrator.ingest.event_columns import EventColumns, FileTrace, StringTable
 from rankscope.orchestrator.ingest.kineto_json import (
     BLOCK_DECODER,
@@ -34,7 +35,13 @@ from rankscope.orchestrator.ingest.kineto_json import (
 )
 
 
-def read_trace(path: Path, *, strings: StringTable | None = None, sort: bool = True) -> FileTrace:
+def read_trace(
+    path: Path,
+    *,
+    strings: StringTable | None = None,
+    sort: bool = True,
+    comm: CommVocabulary = DEFAULT_VOCABULARY,
+) -> FileTrace:
     """Parse one trace file into compact columns (raises TraceReadError when unusable).
 
     Streaming first (:func:`_stream_events`): the JSON text is decompressed piece by piece and
@@ -48,16 +55,17 @@ def read_trace(path: Path, *, strings: StringTable | None = None, sort: bool = T
     ``strings``: a table to intern names and categories into, shared with other files (the
     strings a failed read added are taken out again, so the table only ever holds strings of
     events that were kept). ``sort=False`` leaves the events in file order (the caller sorts).
+    ``comm``: the communication kernels in force (``comm_kernels.py``).
     """
     table: StringTable = {} if strings is None else strings
     known = len(table)
     try:
-        acc = EventColumns(table)
+        acc = EventColumns(table, comm)
         try:
             top = _stream_events(path, acc)
         except _NotStreamable:
             _forget_since(table, known)
-            acc = EventColumns(table)
+            acc = EventColumns(table, comm)
             top = _read_whole(path, acc)
         return acc.finish(path, top, sort=sort)
     except BaseException:

@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 from rankscope.analysis.store.memory_table import memory_field_limits
 from rankscope.analysis.store.schema import EventKind, LaneKind
+from rankscope.orchestrator.ingest.comm_kernels import DEFAULT_VOCABULARY, CommVocabulary
 from rankscope.orchestrator.ingest.kineto_json import KEvent, KFile, TraceReadError
 from rankscope.orchestrator.ingest.vocabulary import (
     GPU_CATS,
@@ -129,11 +130,17 @@ _INT64_LO, _INT64_HI = memory_field_limits()["bytes"]
 class EventColumns:
     """Reduces decoded events, block by block, to compact columns (see :func:`read_trace`)."""
 
-    def __init__(self, strings: StringTable | None = None) -> None:
+    def __init__(
+        self, strings: StringTable | None = None, comm: CommVocabulary = DEFAULT_VOCABULARY
+    ) -> None:
         self.nbytes = 0
         self.strings: StringTable = {} if strings is None else strings
+        self.comm = comm
         self.lanes: dict[tuple[str, str], int] = {}
         self.kinds: dict[int, int] = {}
+        #: (name, cat) code pair -> its kind is KERNEL_COMM and the merge cannot match it across
+        #: ranks (``comm_kernels``: not a collective family): no comm row, counted by the analysis
+        self.unmatchable: dict[int, bool] = {}
         self.thread_names: dict[tuple[str, str], list[str]] = {}
         self.parts: dict[str, list[np.ndarray]] = {}
         self.comm_rows: list[tuple[int, str, str, int, int, int, bool]] = []
@@ -223,12 +230,18 @@ class EventColumns:
         uniq, inverse = np.unique(pair, return_inverse=True)
         strings = None
         kinds = np.empty(len(uniq), dtype=np.int8)
+        unmatchable = np.zeros(len(uniq), dtype=bool)
         for i, p in enumerate(uniq.tolist()):
             k = self.kinds.get(p)
             if k is None:
                 strings = strings or list(table)
-                k = self.kinds[p] = int(classify(strings[p & 0xFFFFFFFF], strings[p >> 32]))
+                text = strings[p >> 32]
+                k = self.kinds[p] = int(classify(strings[p & 0xFFFFFFFF], text, self.comm))
+                self.unmatchable[p] = k == EventKind.KERNEL_COMM and not self.comm.is_collective(
+                    text
+                )
             kinds[i] = k
+            unmatchable[i] = self.unmatchable[p]
         kind = kinds[inverse.reshape(-1)]
         corr = np.fromiter(
             (
@@ -243,7 +256,8 @@ class EventColumns:
             n,
         )
         is_enqueue = kind == EventKind.COMM_ENQUEUE
-        comm_kind = (kind == EventKind.KERNEL_COMM) | (kind == EventKind.COMM_CPU)
+        matched = ~unmatchable[inverse.reshape(-1)]
+        comm_kind = ((kind == EventKind.KERNEL_COMM) & matched) | (kind == EventKind.COMM_CPU)
         for i, enqueue in zip(
             np.flatnonzero(comm_kind | is_enqueue).tolist(),
             is_enqueue[comm_kind | is_enqueue].tolist(),

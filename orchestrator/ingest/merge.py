@@ -64,6 +64,12 @@ from rankscope.analysis.engine.scheduler import (
 from rankscope.atomic import translate_write_errors
 from rankscope.errors import InputFileError, UsageError
 from rankscope.launchers import rundir
+from rankscope.orchestrator.ingest.comm_kernels import (
+    COMM_KERNELS_ATTR,
+    DEFAULT_VOCABULARY,
+    CommVocabulary,
+    vocabulary,
+)
 from rankscope.orchestrator.ingest.discovery import Problem, RankSource, discover, nothing_to_merge
 from rankscope.orchestrator.ingest.merge_progress import _Progress, _say
 from rankscope.orchestrator.ingest.rank_selection import FOREIGN_TIME_NS as FOREIGN_TIME_NS
@@ -86,6 +92,7 @@ from rankscope.orchestrator.ingest.staging import (
     output_lock,
     remove_stale,
 )
+from rankscope.orchestrator.ingest.store_names import store_for
 from rankscope.rank_ranges import rank_ranges
 
 if TYPE_CHECKING:
@@ -131,10 +138,13 @@ def merge_run_dir(
     extra_inputs: list[Path] | None = None,
     main_is_guarded: bool = False,
     rank_from: str | None = None,
+    comm: CommVocabulary | None = None,
 ) -> Path:
     """Merge the traces under ``run_dir`` (a run directory or any folder of traces) into a store.
 
-    Returns the store path (``run_dir/trace.h5`` unless ``output``). ``scheduler`` takes the
+    Returns the store path (unless ``output``: ``run_dir/trace.h5`` for a folder, the trace's
+    own store for one trace file, :func:`~rankscope.orchestrator.ingest.store_names.store_for`;
+    ``trace.h5`` beside the first of several files). ``scheduler`` takes the
     analysis' words (:class:`rankscope.analysis.engine.scheduler.ClusterSpec`): None or ``"auto"``
     parses in-process unless worker processes pay for their start-up, ``"processes"`` forks
     them (Linux), ``"local"`` starts a LocalCluster (one single-threaded worker process per core, at most one per rank),
@@ -148,14 +158,22 @@ def merge_run_dir(
     :class:`InputFileError` when no rank could be merged (or, with ``strict``, when any problem
     was found — the store is still written). ``rank_from``: a regular expression whose first
     group (or whole match) in a file's name is its rank, for traces without ``distributedInfo``
-    (:func:`~rankscope.orchestrator.ingest.rank_selection.rank_rankless`).
+    (:func:`~rankscope.orchestrator.ingest.rank_selection.rank_rankless`). ``comm``: the
+    communication kernels in force (None: the built-in ones and the config file's,
+    :func:`~rankscope.orchestrator.ingest.comm_kernels.vocabulary`); the store records the
+    user's patterns (:data:`COMM_KERNELS_ATTR`) so that a store merged with others is merged again.
     """
     if cluster is not None and scheduler is not None:
         raise ValueError("give merge_run_dir scheduler= or cluster=, not both")
     inputs = [Path(run_dir), *(extra_inputs or [])]
     rank_rx = rank_pattern(rank_from)
     base = inputs[0] if inputs[0].is_dir() else inputs[0].parent
-    out = Path(output) if output is not None else base / rundir.STORE_NAME
+    if output is not None:
+        out = Path(output)
+    elif len(inputs) == 1:
+        out = store_for(inputs[0])  # a folder's trace.h5, or one trace's own store
+    else:
+        out = base / rundir.STORE_NAME
     if out.is_dir():
         out = out / rundir.STORE_NAME
     with translate_write_errors(out):
@@ -169,6 +187,7 @@ def merge_run_dir(
             quiet=quiet,
             main_is_guarded=main_is_guarded,
             rank_from=rank_rx,
+            comm=comm if comm is not None else vocabulary(),
         )
     if strict and problems:
         raise InputFileError(f"{out}: {len(problems)} input problem(s) (--strict)", exit_code=1)
@@ -184,6 +203,7 @@ def _merge_locked(
     main_is_guarded: bool,
     rank_from: re.Pattern[str] | None = None,
     cluster: ClusterSpec | None = None,
+    comm: CommVocabulary = DEFAULT_VOCABULARY,
 ) -> list[Problem]:
     """The merge proper, under the output lock; returns the problems found."""
     from rankscope import __version__
@@ -242,6 +262,7 @@ def _merge_locked(
                 "rankscope_version": __version__,
                 "tool_versions": _tool_versions(),
                 "run": run or None,
+                COMM_KERNELS_ATTR: list(comm.user_patterns),
             },
         )
         # closing(): a failure in the loop's body (a full disk in the spill) stops the workers
@@ -250,7 +271,7 @@ def _merge_locked(
             writer,
             _Progress(quiet, len(sources), total_bytes) as progress,
             contextlib.closing(
-                run_each(parse_source, [(s,) for s in sources], spec, len(sources))
+                run_each(parse_source, [(s, comm) for s in sources], spec, len(sources))
             ) as results,
         ):
             for result in results:

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 from rankscope.analysis.compute.ops import launch_rows
 from rankscope.analysis.store.schema import EventKind
+from rankscope.orchestrator.ingest.comm_kernels import DEFAULT_VOCABULARY, CommVocabulary
 from rankscope.orchestrator.ingest.discovery import Problem, RankSource
 from rankscope.orchestrator.ingest.vocabulary import GPU_KINDS
 
@@ -58,8 +59,10 @@ class RankResult:
     lists any), None when no trace lists them"""
 
 
-def parse_source(source: RankSource) -> RankResult:
-    """Parse all files of one rank (runs in a Dask worker): compact columns + small tables."""
+def parse_source(source: RankSource, vocabulary: CommVocabulary = DEFAULT_VOCABULARY) -> RankResult:
+    """Parse all files of one rank (runs in a Dask worker): compact columns + small tables.
+
+    ``vocabulary``: the communication kernels in force (``comm_kernels.py``)."""
     from rankscope.orchestrator.ingest.decode import read_trace
     from rankscope.orchestrator.ingest.event_columns import StringTable, sort_by_ts
     from rankscope.orchestrator.ingest.kineto_json import TraceReadError
@@ -70,7 +73,7 @@ def parse_source(source: RankSource) -> RankResult:
     strings: StringTable = {}  # one table for all windows: codes need no translation below
     for window, path in source.files:
         try:
-            ft = read_trace(path, strings=strings, sort=False)
+            ft = read_trace(path, strings=strings, sort=False, comm=vocabulary)
         except TraceReadError as exc:
             problems.append(Problem(str(path), hint, str(exc)))
             continue

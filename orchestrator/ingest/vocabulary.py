@@ -1,7 +1,7 @@
 """The Kineto event vocabulary: what an event is (:func:`classify`) and which collective it runs.
 
-Kineto names things several ways for one meaning — NCCL kernel names (``ncclKernel_*``, newer
-``ncclDevKernel_*``), gloo ops (``gloo:all_reduce``), c10d names and ``record_param_comms`` args
+Kineto names things several ways for one meaning — communication kernels (NCCL's
+``ncclKernel_*`` / ``ncclDevKernel_*`` and other libraries', ``comm_kernels.py``), gloo ops (``gloo:all_reduce``), c10d names and ``record_param_comms`` args
 (``Collective name``) — and the store keeps one word for each: an :class:`EventKind` per event,
 decided once at merge time, and a normalised op name per communication event. The rules live
 here, apart from the decoder, so adding a trace source changes one table, not the reader.
@@ -13,9 +13,8 @@ import re
 from typing import Any
 
 from rankscope.analysis.store.schema import EventKind
+from rankscope.orchestrator.ingest.comm_kernels import DEFAULT_VOCABULARY, CommVocabulary
 
-#: NCCL kernels: ncclKernel_* (older) and ncclDevKernel_* (newer).
-NCCL_KERNEL = re.compile(r"^nccl.*Kernel", re.IGNORECASE)
 #: The op part of an NCCL kernel name (``ncclDevKernel_AllGather_RING_LL`` → ``AllGather``).
 NCCL_KERNEL_OP = re.compile(r"^nccl(?:Dev)?Kernel_([A-Za-z]+)")
 #: Prefix of gloo's CPU-side collectives (``gloo:all_reduce``).
@@ -66,10 +65,11 @@ DTYPE_BYTES = {
 UNKNOWN_DTYPE_BYTES = 4
 
 
-def classify(cat: str, name: str) -> EventKind:
-    """The :class:`EventKind` of an event from its Kineto category and name."""
+def classify(cat: str, name: str, comm: CommVocabulary = DEFAULT_VOCABULARY) -> EventKind:
+    """The :class:`EventKind` of an event from its Kineto category and name; a kernel is
+    communication when ``comm`` (the communication kernels in force, ``comm_kernels.py``) says so."""
     if cat == "kernel":
-        return EventKind.KERNEL_COMM if NCCL_KERNEL.match(name) else EventKind.KERNEL_COMPUTE
+        return EventKind.KERNEL_COMM if comm.is_comm(name) else EventKind.KERNEL_COMPUTE
     if cat == "gpu_memcpy":
         return EventKind.MEMCPY
     if cat == "gpu_memset":
