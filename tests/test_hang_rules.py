@@ -349,3 +349,30 @@ def test_ranks_ended_by_the_nccl_watchdog_waited_and_the_one_that_answered_never
     assert diag.culprits == [1]
     assert diag.ranks(RankState.WAITING) == [0, 2, 3]
     assert "rank 1 is not where the others are" in paragraph(diag)
+
+
+def test_a_rank_that_does_not_answer_gets_its_native_stacks_from_py_spy(tmp_path: Path) -> None:
+    """A real process that stopped stepping and has no probe to answer (as a rank whose C
+    extension holds the GIL): the watch notices the hang, waits for the answer in vain, and
+    py-spy (the dev extra) writes its native and Python frames to native-stacks.txt."""
+    import subprocess
+    import sys
+
+    from rankscope.launchers.hang_watch import py_spy
+
+    assert py_spy() is not None  # installed with the dev extra
+    blocked = "import threading; threading.Event().wait(120)"
+    proc = subprocess.Popen([sys.executable, "-c", blocked])
+    try:
+        _progress(tmp_path, 0, 3, time.time_ns() - 100 * 10**9, proc.pid)
+        watch = HangWatch(tmp_path, HangRule(hang_after_s=5.0))
+        notice = watch.check()
+        assert notice is not None
+        watch.ask_ranks(notice)
+        assert notice.answered == [] and notice.native == [0]
+        text = (rundir.rank_dir(tmp_path, 0) / rundir.NATIVE_STACKS_FILE).read_text()
+        assert "Event.wait (threading.py" in text and "libc" in text
+        assert notice.record()["native_stacks"] == [0]
+    finally:
+        proc.kill()
+        proc.wait()

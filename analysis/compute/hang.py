@@ -45,7 +45,7 @@ class RankState(enum.StrEnum):
     DEAD = "dead"
     """Its process had ended."""
     SILENT = "silent"
-    """Did not answer (its stacks, if any, are in stacks.txt)."""
+    """Did not answer (its stacks, if any, are in stacks.txt and native-stacks.txt)."""
     ELSEWHERE = "elsewhere"
     """Answered; no collective to place it by (no Flight Recorder)."""
 
