@@ -6,12 +6,15 @@ hang diagnosis:
     rankscope run --nproc-per-node 2 --hang-after 20 examples/train_hang.py --hang desync --rank 1
     rankscope run --nproc-per-node 2 examples/train_hang.py --hang kill --rank 1
     rankscope run --nproc-per-node 2 --hang-after 20 examples/train_hang.py --grow 0.2:3 --steps 12
+    rankscope run --nproc-per-node 2 examples/train_hang.py --hang loader --rank 1 --pg-timeout 10
 
 ``--hang loop``: rank R spins forever after step ``--after`` (an endless loop in user code);
 ``loader``: rank R's DataLoader worker never yields batch ``--after`` (a data-loader deadlock);
 ``desync``: at step ``--after`` rank R calls all_gather where the others call all_reduce;
 ``kill``: rank R is killed with SIGKILL in the middle of step ``--after``. ``--grow A:B`` makes
-the steps take from A to B seconds (busy compute; a slow job, not a hung one). gloo on CPU.
+the steps take from A to B seconds (busy compute; a slow job, not a hung one). ``--pg-timeout S``
+passes ``timeout=S seconds`` to ``init_process_group``: the ranks that wait for a hung rank then
+fail with gloo's collective timeout after S seconds (a hang all the same). gloo on CPU.
 Delays never use ``time.sleep`` (``threading.Event().wait``: libfaketime-safe).
 """
 
@@ -23,6 +26,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -38,6 +42,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--after", type=int, default=4, help="the step at which it does")
     p.add_argument("--grow", default="", metavar="A:B", help="steps take from A to B seconds")
     p.add_argument("--step-s", type=float, default=0.05, help="seconds of work per step")
+    p.add_argument(
+        "--pg-timeout",
+        type=float,
+        default=None,
+        help="collective timeout in seconds (gloo's 30 min)",
+    )
     return p.parse_args()
 
 
@@ -66,7 +76,8 @@ def busy(seconds: float) -> None:
 
 def main() -> None:
     args = parse_args()
-    dist.init_process_group("gloo")
+    timeout = None if args.pg_timeout is None else timedelta(seconds=args.pg_timeout)
+    dist.init_process_group("gloo", timeout=timeout)
     rank, world = dist.get_rank(), dist.get_world_size()
     model = nn.Linear(32, 32)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)

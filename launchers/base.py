@@ -36,6 +36,7 @@ from typing import Any, ClassVar
 from rankscope.atomic import translate_write_errors
 from rankscope.errors import InputFileError, OutputError, RankscopeError, UsageError
 from rankscope.launchers import rundir
+from rankscope.launchers.hang_probe import is_collective_timeout
 from rankscope.launchers.hang_watch import EXIT_HUNG as EXIT_HUNG
 from rankscope.launchers.hang_watch import HangNotice, HangWatch, wait_watching
 from rankscope.launchers.rundir import RunRecord, RunState, load_run, update_run, utc_now
@@ -402,6 +403,24 @@ class Launcher(ABC):
         state = outcome.state
         if state == RunState.COMPLETED and failures:
             state = RunState.FAILED
+        fields = dict(outcome.fields)
+        if (
+            state == RunState.FAILED
+            and failures
+            and is_collective_timeout(str(failures[0].get("error") or ""))
+        ):
+            # the first rank to fail waited for a collective the others never joined: a hang
+            # (the orchestrator says who and where, from the ranks' own answers)
+            state = RunState.HUNG
+            outcome.exit_code = EXIT_HUNG
+            first = failures[0]
+            fields["hang"] = {
+                "collective_timeout": {
+                    "rank": first.get("rank"),
+                    "error": first["error"],
+                    "time_ns": first.get("time_ns"),
+                }
+            }
         try:
             update_run(
                 handle.run_dir,
@@ -409,7 +428,7 @@ class Launcher(ABC):
                 exit_code=outcome.exit_code,
                 ended_at=utc_now(),
                 failures=failures,
-                **outcome.fields,
+                **fields,
             )
         except OutputError as exc:
             # The job has ended all the same: say how, in the same line.

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import sys
 import sysconfig
@@ -51,6 +52,32 @@ FLIGHT_RECORDER_ENV = "TORCH_FR_BUFFER_SIZE"
 FLIGHT_RECORDER_ENTRIES = "2000"
 
 
+#: A collective that timed out, in the words of the backend that raised it. The job is then hung:
+#: some rank never arrived (``rankscope run`` says who and where, not "rank N failed").
+#:
+#: * gloo: ``gloo/transport/tcp/unbound_buffer.cc`` raises "Timed out waiting {ms}ms for recv
+#:   operation to complete" (or "send"), which ``ProcessGroupGloo`` passes on as the
+#:   RuntimeError of the waiting collective (PyTorch 2.13, behind the source location
+#:   "[…/unbound_buffer.cc:78] ").
+#: * NCCL: ``ProcessGroupNCCL.cpp``'s watchdog logs "[Rank {r}] Watchdog caught collective
+#:   operation timeout: WorkNCCL(SeqNum={s}, OpType={op}, …) ran for {ms} milliseconds before
+#:   timing out." and then ends the process (SIGABRT; no Python exception).
+COLLECTIVE_TIMEOUT_RE = re.compile(
+    r"Timed out waiting \d+ms for (?:recv|send) operation to complete"
+    r"|Watchdog caught collective operation timeout"
+)
+#: The NCCL watchdog's line, with the rank, the collective's sequence number and its op.
+NCCL_WATCHDOG_RE = re.compile(
+    r"\[Rank (?P<rank>\d+)\] Watchdog caught collective operation timeout: "
+    r"WorkNCCL\(SeqNum=(?P<seq>\d+), OpType=(?P<op>\w+)[^\n]*"
+)
+
+
+def is_collective_timeout(text: str) -> bool:
+    """Whether an error's text is a collective's timeout (:data:`COLLECTIVE_TIMEOUT_RE`)."""
+    return COLLECTIVE_TIMEOUT_RE.search(text) is not None
+
+
 def _library_dirs() -> tuple[str, ...]:
     """Folders whose code is not the user's: the standard library, installed packages, and
     rankscope itself (its runtime wraps the user's script)."""
@@ -67,11 +94,20 @@ def _library_dirs() -> tuple[str, ...]:
 LIBRARY_DIRS = _library_dirs()
 
 
+#: Folder names that hold installed packages wherever the interpreter found them (a conda
+#: environment, ``--system-site-packages``, the user's site, ``PYTHONPATH``): their code is not
+#: the user's either.
+PACKAGE_DIR_NAMES = frozenset({"site-packages", "dist-packages"})
+
+
 def is_user_file(filename: str) -> bool:
-    """Whether a frame's file is the user's code (not Python's, a package's or rankscope's)."""
+    """Whether a frame's file is the user's code (not Python's, an installed package's — torch's
+    wrappers around its collectives included — or rankscope's)."""
     if filename.startswith("<"):
         return False
     path = os.path.abspath(filename)
+    if PACKAGE_DIR_NAMES.intersection(Path(path).parts):
+        return False
     return not any(path.startswith(d + os.sep) or path == d for d in LIBRARY_DIRS)
 
 
@@ -88,6 +124,41 @@ def innermost_user_frame(exc: BaseException) -> dict[str, Any] | None:
     return found
 
 
+def _frame_record(code: Any, line: int | None) -> dict[str, Any]:
+    """One frame of a stack: where, whether it is the user's, and whether it is a closure (a
+    decorator's wrapper is one: it calls the function it closes over; the analysis looks
+    through it to name what the user called)."""
+    return {
+        "file": code.co_filename,
+        "line": line,
+        "function": code.co_name,
+        "user": is_user_file(code.co_filename),
+        "closure": bool(code.co_freevars),
+    }
+
+
+def traceback_frames(exc: BaseException) -> list[dict[str, Any]]:
+    """The frames of ``exc``'s traceback, innermost last (as :func:`thread_stacks` writes a
+    thread's): where the main thread was when the exception was raised."""
+    frames = []
+    tb = exc.__traceback__
+    while tb is not None:
+        frames.append(_frame_record(tb.tb_frame.f_code, tb.tb_lineno))
+        tb = tb.tb_next
+    return frames[-MAX_FRAMES:]
+
+
+def frame_stack(frame: Any) -> list[dict[str, Any]]:
+    """The stack from ``frame`` outwards, innermost last (at most :data:`MAX_FRAMES`)."""
+    frames: list[dict[str, Any]] = []
+    f: Any = frame
+    while f is not None and len(frames) < MAX_FRAMES:
+        frames.append(_frame_record(f.f_code, f.f_lineno))
+        f = f.f_back
+    frames.reverse()
+    return frames
+
+
 def thread_stacks() -> list[dict[str, Any]]:
     """Every thread's Python stack: ``{"thread", "name", "frames": [{file, line, function,
     user}]}`` with the innermost frame last (the probe's own thread left out)."""
@@ -97,21 +168,7 @@ def thread_stacks() -> list[dict[str, Any]]:
     for ident, frame in sys._current_frames().items():
         if ident == me:
             continue
-        frames: list[dict[str, Any]] = []
-        f: Any = frame
-        while f is not None and len(frames) < MAX_FRAMES:
-            code = f.f_code
-            frames.append(
-                {
-                    "file": code.co_filename,
-                    "line": f.f_lineno,
-                    "function": code.co_name,
-                    "user": is_user_file(code.co_filename),
-                }
-            )
-            f = f.f_back
-        frames.reverse()
-        out.append({"thread": ident, "name": names.get(ident, "?"), "frames": frames})
+        out.append({"thread": ident, "name": names.get(ident, "?"), "frames": frame_stack(frame)})
     out.sort(key=lambda t: (t["name"] != "MainThread", str(t["name"])))
     return out
 
@@ -141,6 +198,32 @@ def flight_recorder() -> dict[str, Any] | None:
 #: The token of the answer a rank writes by itself when it gets SIGTERM (torchrun ending the
 #: survivors of a failed rank): where it was when the job ended.
 TERMINATED_TOKEN = "terminated"
+#: Seconds the probe's thread leaves the main thread to answer SIGTERM itself (from its signal
+#: handler, :func:`answer_terminated`: exactly where it was) before it answers in its place (the
+#: main thread is blocked in C code, a collective, where the handler cannot run: its stack
+#: stays where it is meanwhile).
+TERMINATED_ANSWER_WAIT_S = 1.0
+
+#: Tries of the SIGTERM handler's answer (another signal's handler may raise while it writes).
+ANSWER_TRIES = 3
+
+_ACTIVE: list[HangProbe] = []
+"""The probe of this process, once started (for the SIGTERM handler)."""
+
+
+def answer_terminated(frame: Any) -> None:
+    """Called by the rank's SIGTERM handler with the frame it interrupted: the main thread
+    answers where it is, before it unwinds (the probe's thread would see it already elsewhere)."""
+    frames = frame_stack(frame)
+    for probe in _ACTIVE:
+        for _ in range(ANSWER_TRIES):
+            try:
+                probe.answer_once(frames)
+                break
+            except Exception:  # another handler raised while we wrote: write again
+                # (a DataLoader's SIGCHLD handler raises when torchrun's SIGTERM ends its worker;
+                # the rank ends on SIGTERM all the same)
+                continue
 
 
 def _sigterm_wakeup() -> int | None:
@@ -174,6 +257,9 @@ class HangProbe:
         self._written_ns = 0
         self._written_steps = -1
         self._answered: str | None = None
+        self._lock = threading.RLock()
+        self._ended = threading.Event()
+        """The rank answered TERMINATED_TOKEN (it is ending: the first answer stands)."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._stacks_file: Any = None
@@ -196,6 +282,7 @@ class HangProbe:
             target=self._watch, name="rankscope-hang-probe", daemon=True
         )
         self._thread.start()
+        _ACTIVE[:] = [self]
 
     def beat(self, steps: int) -> None:
         """A step ended (``steps`` done in all): written now when BEAT_INTERVAL_S passed since
@@ -229,8 +316,8 @@ class HangProbe:
     def _watch(self) -> None:
         request = self.run_dir / rundir.HANG_REQUEST
         while not self._stop.is_set():
-            if self._terminated():
-                self.answer(TERMINATED_TOKEN)  # what this rank was in when it was told to end
+            if self._terminated() and not self._ended.wait(TERMINATED_ANSWER_WAIT_S):
+                self.answer_once(None)  # the main thread is blocked in C: where it is now
             if self._stop.is_set():
                 break
             if self._written_steps != self.steps:
@@ -259,9 +346,34 @@ class HangProbe:
             return False
         return int(signal.SIGTERM) in got
 
-    def answer(self, token: str) -> None:
-        """Write ``hang.json``: stacks, Flight Recorder, progress (the launcher's ``token``)."""
+    def answer_once(
+        self, main_frames: list[dict[str, Any]] | None, timed_out: bool = False
+    ) -> None:
+        """The rank's own answer as it ends (:data:`TERMINATED_TOKEN`), written once: by the
+        SIGTERM handler, the probe's thread, or the main thread whose collective timed out,
+        whichever comes first (``main_frames``: where the main thread was, if not now)."""
+        with self._lock:
+            if self._ended.is_set():
+                return
+            self.answer(TERMINATED_TOKEN, main_frames, timed_out)
+            self._ended.set()
+
+    def answer(
+        self, token: str, main_frames: list[dict[str, Any]] | None = None, timed_out: bool = False
+    ) -> None:
+        """Write ``hang.json``: stacks, Flight Recorder, progress (the launcher's ``token``).
+
+        ``main_frames``: the main thread's stack to write instead of its current one (where it
+        was when SIGTERM interrupted it, or where its timed-out collective raised);
+        ``timed_out``: that collective timed out (the analysis counts it as not completed)."""
         self._write_progress()
+        threads = thread_stacks()
+        if main_frames is not None:
+            main = {"thread": threading.main_thread().ident, "name": "MainThread"}
+            threads = [
+                {**main, "frames": main_frames},
+                *(t for t in threads if t["name"] != "MainThread"),
+            ]
         doc = {
             "token": token,
             "rank": self.rank,
@@ -269,8 +381,9 @@ class HangProbe:
             "time_ns": time.time_ns(),
             "steps": self.steps,
             "last_step_ns": self.last_step_ns,
-            "threads": thread_stacks(),
+            "threads": threads,
             "flight_recorder": flight_recorder(),
+            "timed_out": timed_out,
         }
-        with contextlib.suppress(OSError):
+        with self._lock, contextlib.suppress(OSError):
             rundir.write_json_atomic(self.dir / rundir.HANG_DUMP, doc)

@@ -57,6 +57,11 @@ FIRST_STEP_DEFAULT_S = 1800.0
 ANSWER_WAIT_S = 10.0
 #: Seconds after which a rank that did not answer gets STACK_SIGNAL.
 SIGNAL_AFTER_S = 4.0
+#: py-spy, where installed (on PATH or beside this Python: the dev extra), dumps the native and
+#: Python frames of a rank on this host that did not answer (a C extension holding the GIL)...
+PY_SPY = "py-spy"
+#: ... bounded by this many seconds per rank.
+PY_SPY_TIMEOUT_S = 20.0
 #: Step intervals kept per job for the p99 (the most recent ones).
 MAX_INTERVALS = 2000
 #: Exit status of a run ended because it hung, as timeout(1) ends a command that overran.
@@ -128,6 +133,8 @@ class HangNotice:
     """Ranks that wrote hang.json."""
     signalled: list[int] = field(default_factory=list)
     """Ranks sent STACK_SIGNAL (they did not answer in time)."""
+    native: list[int] = field(default_factory=list)
+    """Ranks whose native stacks py-spy wrote (``ranks/NNNNN/native-stacks.txt``)."""
 
     def since_s(self, p: RankProgress) -> float | None:
         """Seconds from ``p``'s last step to the notice (None: it finished none)."""
@@ -159,6 +166,7 @@ class HangNotice:
             "before_first_step": self.before_first_step,
             "answered": self.answered,
             "signalled": self.signalled,
+            "native_stacks": self.native,
         }
 
 
@@ -265,6 +273,45 @@ class HangWatch:
                         notice.signalled.append(r)
             time.sleep(0.2)
         notice.answered = answered
+        if local_pids:
+            for r, pid in sorted(expected.items()):
+                if r not in answered and pid and _native_stacks(pid, self.run_dir, r):
+                    notice.native.append(r)
+
+
+def py_spy() -> str | None:
+    """The py-spy program: on PATH, or beside this Python (a venv's bin); None when absent."""
+    import shutil
+
+    beside = Path(sys.executable).parent / PY_SPY
+    return shutil.which(PY_SPY) or (str(beside) if beside.is_file() else None)
+
+
+def _native_stacks(pid: int, run_dir: Path, rank: int) -> bool:
+    """``py-spy dump --native`` of ``pid`` to the rank's native-stacks.txt (within
+    PY_SPY_TIMEOUT_S); False when py-spy is not installed, fails or does not finish."""
+    import subprocess
+
+    program = py_spy()
+    if program is None:
+        return False
+    try:
+        done = subprocess.run(
+            [program, "dump", "--native", "--pid", str(pid)],
+            capture_output=True,
+            text=True,
+            timeout=PY_SPY_TIMEOUT_S,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
+    if done.returncode != 0 or not done.stdout.strip():
+        return False
+    with contextlib.suppress(OSError):
+        rundir.write_bytes_atomic(
+            rundir.rank_dir(run_dir, rank) / rundir.NATIVE_STACKS_FILE, done.stdout.encode()
+        )
+        return True
+    return False
 
 
 def _answer_token(run_dir: Path, rank: int) -> str | None:

@@ -86,8 +86,12 @@ def _parse(argv: list[str]) -> tuple[str | None, bool, dict[str, Any], list[str]
 
 
 def _terminate(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM (torchrun stopping the ranks) → SystemExit, so windows in progress are flushed."""
+    """SIGTERM (torchrun stopping the ranks) → SystemExit, so windows in progress are flushed;
+    first, the rank says where it was (its hang probe's answer, from the interrupted frame)."""
+    from rankscope.launchers.hang_probe import answer_terminated
     from rankscope.launchers.runtime import Terminated
+
+    answer_terminated(frame)
 
     raise Terminated(128 + signum)
 

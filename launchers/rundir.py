@@ -56,6 +56,9 @@ HANG_REQUEST = "hang.request"
 HANG_DUMP = "hang.json"
 #: faulthandler's stacks of a rank whose Python threads could not answer (``ranks/NNNNN/``).
 STACKS_FILE = "stacks.txt"
+#: ``py-spy dump --native`` of a rank that did not answer (``ranks/NNNNN/native-stacks.txt``),
+#: written by the launcher where py-spy is installed.
+NATIVE_STACKS_FILE = "native-stacks.txt"
 #: The diagnosis of a hang (``report/hang.json``).
 HANG_REPORT = "hang.json"
 

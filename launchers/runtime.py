@@ -48,7 +48,12 @@ from typing import Any
 from rankscope import __version__
 from rankscope.atomic import output_error
 from rankscope.launchers import clocksync, p2p, rundir
-from rankscope.launchers.hang_probe import HangProbe, innermost_user_frame
+from rankscope.launchers.hang_probe import (
+    HangProbe,
+    innermost_user_frame,
+    is_collective_timeout,
+    traceback_frames,
+)
 from rankscope.launchers.spec import LauncherKind, ProfilerSettings, check_samples
 from rankscope.launchers.stepping import DEFERRED_SIGNALS as DEFERRED_SIGNALS
 from rankscope.launchers.stepping import STEP_CPU_KEY as STEP_CPU_KEY
@@ -337,6 +342,11 @@ class RankRuntime(RankStepping, RankWindows):
             "traceback": "".join(tb[-3:])[-2000:],
             "user_frame": innermost_user_frame(exc),
         }
+        if not interrupted and is_collective_timeout(str(exc)):
+            # a hang seen from a waiting rank: say where this rank waited (and the collectives
+            # it entered) now, while its process group still answers; the launcher reads it
+            self.meta["error"]["collective_timeout"] = True
+            self.probe.answer_once(traceback_frames(exc), timed_out=True)
         self.write_meta()
         if not interrupted:
             self._write_torchelastic_error(exc, "".join(tb))

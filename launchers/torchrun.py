@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from rankscope.launchers import rundir
+from rankscope.launchers.hang_probe import NCCL_WATCHDOG_RE
 from rankscope.launchers.spec import RunSpec
 
 #: The per-rank entry module every rank runs.
@@ -136,6 +137,11 @@ def torchrun_failures(log_text: str) -> list[dict[str, Any]]:
         else:
             error = tb if tb and not tb.startswith("To enable traceback") else f"exit code {code}"
         failures.append({"rank": int(m["rank"]), "error": error, "exit_code": code})
+    # NCCL's watchdog ends a rank whose collective timed out (SIGABRT): its log line says why
+    watchdog = {int(w["rank"]): w[0] for w in NCCL_WATCHDOG_RE.finditer(log_text)}
+    for f in failures:
+        if f["rank"] in watchdog:
+            f["error"] = watchdog[f["rank"]].strip()
     _, marker, root = log_text.rpartition(ROOT_CAUSE_MARKER)
     first = _FAILURE_RE.search(root) if marker else None
     for f in failures:

@@ -103,3 +103,54 @@ def say_what_the_others_did(run_dir: Path) -> str:
     if text:
         print(text, file=sys.stderr, flush=True)
     return text
+
+
+def say_the_timeout(run_dir: Path) -> str:
+    """After a collective timed out (the launcher recorded the run ``hung`` with run.json's
+    ``hang.collective_timeout``): who and where, from the ranks' own answers — the rank that
+    timed out answered before it ended, the others when torchrun ended them
+    (``hang_probe.TERMINATED_TOKEN``). Prints the paragraph, writes ``report/hang.json`` and
+    run.json's ``hang``; returns the paragraph ("" when there is nothing to say)."""
+    from rankscope.analysis.compute.hang import diagnose
+    from rankscope.analysis.conclude.hang_findings import hang_json, paragraph, run_record
+    from rankscope.launchers.hang_probe import TERMINATED_TOKEN, is_collective_timeout
+
+    try:
+        record = rundir.load_run(run_dir)
+    except (RankscopeError, OSError, ValueError):
+        return ""
+    hang = record.get("hang") or {}
+    timeout = hang.get("collective_timeout")
+    if not isinstance(timeout, dict) or hang.get("headline"):
+        return ""  # not a timeout, or said already (the watch noticed the hang first)
+    answers = read_answers(run_dir, TERMINATED_TOKEN)
+    dead = {r: d for r, d in dead_ranks(run_dir).items() if r not in answers}
+    # ranks whose collective timed out and that could not answer (NCCL's watchdog ends them)
+    waited = {
+        int(f["rank"]): {**dead.get(int(f["rank"]), {}), "error": f.get("error")}
+        for f in record.get("failures") or []
+        if f.get("rank") is not None
+        and int(f["rank"]) not in answers
+        and is_collective_timeout(str(f.get("error") or ""))
+    }
+    dead = {r: d for r, d in dead.items() if r not in waited}
+    progress: dict[int, tuple[int | None, float | None]] = {}
+    for rank, doc in answers.items():
+        last, now = doc.get("last_step_ns"), doc.get("time_ns")
+        since = None if last is None or now is None else (int(now) - int(last)) / 1e9
+        progress[rank] = (int(doc.get("steps") or 0), since)
+    world = max(int(record.get("world_size") or 0), 1 + max([*answers, *dead, *waited, -1]))
+    diag = diagnose(answers, world, dead, progress, timed_out=waited)
+    who = "launcher" if timeout.get("rank") is None else f"rank {timeout['rank']}"
+    text = f"A collective timed out ({who}: {timeout.get('error')}).\n{paragraph(diag)}"
+    print(text, file=sys.stderr, flush=True)
+    report = run_dir / rundir.REPORT_DIR / rundir.HANG_REPORT
+    notice = {"collective_timeout": timeout, "answered": sorted(answers)}
+    try:
+        rundir.write_json_atomic(report, hang_json(diag, notice))
+        rundir.update_run(run_dir, hang={**hang, **notice, **run_record(diag)})
+    except OutputError as exc:
+        print(f"rankscope run: warning: {exc}", file=sys.stderr, flush=True)
+        return text
+    print(f"rankscope run: wrote {report}", file=sys.stderr, flush=True)
+    return text

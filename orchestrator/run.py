@@ -342,6 +342,10 @@ def main(args: argparse.Namespace) -> int:
         from rankscope.orchestrator.hang import say_what_the_others_did
 
         say_what_the_others_did(handle.run_dir)
+    if state == RunState.HUNG:
+        from rankscope.orchestrator.hang import say_the_timeout
+
+        say_the_timeout(handle.run_dir)  # a collective timed out: who and where
     if summary["windows"]:
         # a Slurm run's merge job has written the store already (--follow waits for it)
         from rankscope.launchers.rundir import STORE_NAME

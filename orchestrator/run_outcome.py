@@ -145,6 +145,11 @@ def print_run_outcome(run_dir: Path) -> dict[str, Any]:
         who = "launcher" if f.get("rank") is None else f"rank {f['rank']}"
         label = "failed first" if i == 0 and len(s["failures"]) > 1 else "failed"
         console.print(f"[red]{who} {label}[/red]: {escape(str(f.get('error')))}")
+    if s["failures"]:
+        # the terminal was spared the ranks' tracebacks (launchers/output.py): say where they are
+        from rankscope.launchers.rundir import LOGS_DIR
+
+        console.print(f"the ranks' output and tracebacks: {run_dir / LOGS_DIR}")
     console.print(f"run directory: {run_dir}")
     why = nothing_profiled(s) if s["state"] == RunState.COMPLETED else None
     if why:

@@ -2,10 +2,11 @@
 ways real jobs do, each checked against what the example did (which rank, which collective,
 which line).
 
-The five jobs run at once (module fixture) to keep the suite short: an endless loop, a
+The six jobs run at once (module fixture) to keep the suite short: an endless loop, a
 data-loader worker that never yields, a desync (all_gather against all_reduce), a rank killed
-with SIGKILL mid-step (a failure, not a hang), and steps that grow from 0.2 to 3 s (slow, not
-hung).
+with SIGKILL mid-step (a failure, not a hang), steps that grow from 0.2 to 3 s (slow, not
+hung), and a data-loader that never yields under a short collective timeout (gloo's timeout
+error in the waiting rank: a hang, named as one).
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ HANG_AFTER_S = 10
 #: --hang-after of the growing job: above its longest step (3 s), as a user would set it.
 GROW_HANG_AFTER_S = 20
 EXIT_HUNG = 124
+#: The timeout scenario's collective timeout (init_process_group's ``timeout=``), and its
+#: --hang-after: far above it, so that the timeout, not the watch, notices the hang.
+PG_TIMEOUT_S = 10
+TIMEOUT_HANG_AFTER_S = 200
 #: scenario -> the example's arguments (and rankscope run's extra flags)
 SCENARIOS: dict[str, tuple[list[str], list[str]]] = {
     "loop": (["--hang", "loop", "--rank", "1", "--after", "4"], []),
@@ -34,6 +39,12 @@ SCENARIOS: dict[str, tuple[list[str], list[str]]] = {
     "grow": (
         ["--grow", "0.2:3", "--steps", "7"],
         ["--no-merge", "--no-analyze", "--hang-after", str(GROW_HANG_AFTER_S)],
+    ),
+    # rank 1's loader stops; rank 0's all_reduce times out after PG_TIMEOUT_S, long before
+    # --hang-after: the timeout is the notice
+    "timeout": (
+        ["--hang", "loader", "--rank", "1", "--after", "4", "--pg-timeout", str(PG_TIMEOUT_S)],
+        ["--no-merge", "--no-analyze", "--hang-after", str(TIMEOUT_HANG_AFTER_S)],
     ),
 }
 
@@ -112,6 +123,8 @@ def test_an_endless_loop_is_named_with_its_line(runs: dict[str, dict[str, Any]])
     assert ranks[1]["state"] == "missing" and ranks[1]["line"] in (loop, loop + 1)
     assert Path(ranks[1]["file"]).name == "train_hang.py"
     assert ranks[0]["state"] == "waiting" and ranks[0]["line"] == _line("# the gradient all-reduce")
+    # the collective it waits in, named through torch's decorator around it (c10d_logger.py)
+    assert ranks[0]["inside"] == "distributed_c10d.py:all_reduce"
     assert ranks[1]["steps"] == 4  # steps 0-3 finished; it hangs in step 4
     # the windows recorded before the hang are still merged and analysed
     assert (result["run"] / "report" / "summary.json").exists()
@@ -154,6 +167,12 @@ def test_a_killed_rank_is_a_failure_not_a_hang(runs: dict[str, dict[str, Any]]) 
     assert result["hang"] is None and "hang" not in result["record"]
     first = result["record"]["failures"][0]
     assert first["rank"] == 1 and "SIGKILL" in first["error"]
+    # the terminal: the summary names it; torchrun's ChildFailedError and the ranks'
+    # tracebacks are in the log only
+    assert "Traceback" not in result["terminal"], result["terminal"][-3000:]
+    assert "rank 1 failed first: killed by SIGKILL" in result["terminal"]
+    log = (result["run"] / "logs" / "torchrun.log").read_text()
+    assert "Traceback" in log and "ChildFailedError" in log
     # what the survivor was waiting in when it died (its own answer to torchrun's SIGTERM)
     said = result["stderr"]
     assert (
@@ -163,6 +182,28 @@ def test_a_killed_rank_is_a_failure_not_a_hang(runs: dict[str, dict[str, Any]]) 
         f"rank 0: waiting in all_reduce #5 of the default group, in train_hang.py:{_line('# the gradient all-reduce')}"
         in said
     )
+
+
+def test_a_collective_timeout_is_a_hang_named_with_who_and_where(
+    runs: dict[str, dict[str, Any]],
+) -> None:
+    """Rank 0's all_reduce times out (gloo's error, PG_TIMEOUT_S after it entered it) while rank
+    1 waits on its data loader: hung (exit 124), rank 1 named with its line, not 'rank 0 failed'."""
+    result = runs["timeout"]
+    assert result["code"] == EXIT_HUNG, result["terminal"][-3000:]
+    assert result["record"]["state"] == "hung"
+    hang = result["hang"]
+    assert hang is not None and "Timed out waiting" in hang["notice"]["collective_timeout"]["error"]
+    assert hang["notice"]["collective_timeout"]["rank"] == 0
+    assert hang["collective"]["op"] == "all_reduce" and hang["culprits"] == [1]
+    ranks = _ranks(hang)
+    assert ranks[1]["state"] == "missing"
+    assert ranks[1]["line"] == _line("for step, batch in enumerate(loader):")
+    assert "dataloader.py" in ranks[1]["inside"]
+    assert ranks[0]["state"] == "waiting" and ranks[0]["line"] == _line("# the gradient all-reduce")
+    assert result["record"]["hang"]["headline"] == hang["headline"]
+    assert hang["headline"] in result["stderr"] and "A collective timed out" in result["stderr"]
+    assert "Traceback" not in result["terminal"], result["terminal"][-3000:]
 
 
 def test_steps_that_grow_to_3_s_are_slow_not_hung(runs: dict[str, dict[str, Any]]) -> None:

@@ -198,3 +198,182 @@ def test_a_rank_whose_process_is_gone_is_a_failure_not_a_hang(tmp_path: Path) ->
     _progress(tmp_path, 1, 3, old, int(gone.stdout))
     assert HangWatch(tmp_path, HangRule(hang_after_s=5.0)).check() is None
     assert HangWatch(tmp_path, HangRule(hang_after_s=5.0), local=False).check() is not None
+
+
+#: gloo's collective timeout as PyTorch 2.13 (CPU build) raised it in a real job (rank 0 of
+#: examples/train_hang.py --hang loader --pg-timeout 10)
+GLOO_TIMEOUT = (
+    "RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78]"
+    " Timed out waiting 10000ms for recv operation to complete"
+)
+#: NCCL's watchdog line, as ProcessGroupNCCL.cpp writes it (behind torchrun's rank prefix)
+NCCL_WATCHDOG = (
+    "[rank0]:[E1218 20:27:21.426415540 ProcessGroupNCCL.cpp:629] [Rank 0] Watchdog caught "
+    "collective operation timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE, NumelIn=1056, "
+    "NumelOut=1056, Timeout(ms)=600000) ran for 600081 milliseconds before timing out."
+)
+
+
+def test_a_collective_timeout_is_recognised_in_the_backends_words() -> None:
+    from rankscope.launchers.hang_probe import is_collective_timeout
+    from rankscope.launchers.torchrun import torchrun_failures
+
+    assert is_collective_timeout(GLOO_TIMEOUT)
+    assert is_collective_timeout(NCCL_WATCHDOG)
+    for other in (
+        "RuntimeError: Connection closed by peer [127.0.0.1]:29500",
+        "Timed out after 900 seconds waiting for clients. 1/2 clients joined.",
+        "RuntimeError: injected failure on rank 1 at step 7",
+    ):
+        assert not is_collective_timeout(other)
+    # NCCL's watchdog ends the rank (SIGABRT): torchrun's summary says only the signal, the
+    # rank's failure takes the watchdog's words from the log
+    log = f"{NCCL_WATCHDOG}\n" + (
+        "Root Cause (first observed failure):\n[0]:\n  time      : 2026-12-03_02:20:25\n"
+        "  host      : localhost\n  rank      : 0 (local_rank: 0)\n"
+        "  exitcode  : -6 (pid: 20890)\n  error_file: <N/A>\n"
+        "  traceback : Signal 6 (SIGABRT) received by PID 20890\n"
+    )
+    (failure,) = torchrun_failures(log)
+    assert failure["rank"] == 0 and is_collective_timeout(failure["error"])
+    assert "SeqNum=5, OpType=ALLREDUCE" in failure["error"]
+
+
+def test_a_rank_whose_collective_timed_out_waited_in_it() -> None:
+    """gloo marks the collective that timed out completed (rank 0: enqueued 5, completed 5);
+    rank 1 never arrived (enqueued 4). The timed-out rank waited in #5: rank 1 is named."""
+    ops = {seq: "all_reduce" for seq in range(1, 6)}
+    timed_out = _answer(0, {"0": (5, 5, ops)}, WAITING) | {"timed_out": True}
+    answers = {0: timed_out, 1: _answer(1, {"0": (4, 4, ops)}, LOOPING)}
+    diag = diagnose(answers, 2)
+    assert diag.collective is not None and (diag.collective.op, diag.collective.seq) == (
+        "all_reduce",
+        5,
+    )
+    assert diag.culprits == [1]
+    assert {p.rank: p.state for p in diag.places} == {0: RankState.WAITING, 1: RankState.MISSING}
+
+
+def test_library_wrappers_are_looked_through() -> None:
+    """The user's line, then torch's decorator (a closure in an installed package, wherever it
+    is installed), then the collective: the place names the user's line and the collective."""
+    from rankscope.analysis.compute.hang import place_in_code
+    from rankscope.launchers.hang_probe import is_user_file
+
+    torch_dir = "/opt/conda/lib/python3.11/site-packages/torch/distributed"
+    assert not is_user_file(f"{torch_dir}/c10d_logger.py")
+    assert not is_user_file("/usr/lib/python3/dist-packages/torch/distributed/c10d_logger.py")
+    assert is_user_file("/home/u/project/train.py")
+    frames = [
+        {"file": TRAIN, "line": 41, "function": "main", "user": True, "closure": False},
+        {
+            "file": f"{torch_dir}/c10d_logger.py",
+            "line": 83,
+            "function": "wrapper",
+            "user": False,
+            "closure": True,
+        },
+        {
+            "file": f"{torch_dir}/distributed_c10d.py",
+            "line": 3252,
+            "function": "all_reduce",
+            "user": False,
+            "closure": False,
+        },
+    ]
+    frame, inside = place_in_code({"threads": [{"name": "MainThread", "frames": frames}]})
+    assert frame is not None and (frame.line, frame.function) == (41, "main")
+    assert inside == "distributed_c10d.py:all_reduce"
+
+
+def test_tracebacks_stay_out_of_the_terminal() -> None:
+    """What torchrun wrote when a rank was killed (a data-loader's ignored exception, then
+    torchrun's ChildFailedError with its framed report) and a rank's chained traceback: the
+    tracebacks are left out whole, every other line is shown."""
+    from rankscope.launchers.output import ConsoleFilter
+
+    text = """step 3 loss 0.5
+W1203 02:20:25.706000 20822 torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 20889 closing signal SIGTERM
+Exception ignored in: <function _MultiProcessingDataLoaderIter.__del__ at 0x7f2008f68400>
+Traceback (most recent call last):
+  File "/x/site-packages/torch/utils/data/dataloader.py", line 1703, in __del__
+    def __del__(self) -> None:
+
+  File "/x/site-packages/torch/utils/data/_utils/signal_handling.py", line 73, in handler
+    _error_if_any_worker_fails()
+RuntimeError: DataLoader worker (pid 20977) is killed by signal: Terminated.
+[rank1]: Traceback (most recent call last):
+[rank1]:   File "/x/train.py", line 85, in main
+[rank1]:     for step, batch in enumerate(loader):
+[rank1]: rankscope.launchers.runtime.Terminated: 143
+
+[rank1]: During handling of the above exception, another exception occurred:
+
+[rank1]: Traceback (most recent call last):
+[rank1]:   File "/x/rank.py", line 128, in main
+[rank1]: FileExistsError: [Errno 17] File exists
+E1203 02:20:34.729000 20822 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: -9) local_rank: 1
+Traceback (most recent call last):
+  File "<frozen runpy>", line 198, in _run_module_as_main
+    raise ChildFailedError(
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+rankscope.launchers.rank FAILED
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  rank      : 1 (local_rank: 1)
+============================================================
+step 4 loss 0.4
+"""
+    shown = ConsoleFilter()
+    out = b"".join(
+        kept
+        for line in text.encode().splitlines(keepends=True)
+        if (kept := shown(line)) is not None
+    ).decode()
+    assert out.splitlines() == [
+        "step 3 loss 0.5",
+        *(line for line in text.splitlines() if line.startswith(("W1203", "E1203"))),
+        "step 4 loss 0.4",
+    ]
+
+
+def test_ranks_ended_by_the_nccl_watchdog_waited_and_the_one_that_answered_never_came() -> None:
+    """NCCL: ranks 0, 2, 3 timed out in a collective and were ended by the watchdog (no
+    answer); rank 1, stuck in a loop, answered torchrun's SIGTERM without a timeout. A
+    collective times out only in the ranks that entered it: rank 1 never did."""
+    ops = {seq: "all_reduce" for seq in range(1, 5)}
+    answers = {1: _answer(1, {"0": (4, 4, ops)}, LOOPING)}
+    waited = {r: {"error": NCCL_WATCHDOG.replace("Rank 0", f"Rank {r}")} for r in (0, 2, 3)}
+    diag = diagnose(answers, 4, {}, timed_out=waited)
+    assert diag.culprits == [1]
+    assert diag.ranks(RankState.WAITING) == [0, 2, 3]
+    assert "rank 1 is not where the others are" in paragraph(diag)
+
+
+def test_a_rank_that_does_not_answer_gets_its_native_stacks_from_py_spy(tmp_path: Path) -> None:
+    """A real process that stopped stepping and has no probe to answer (as a rank whose C
+    extension holds the GIL): the watch notices the hang, waits for the answer in vain, and
+    py-spy (the dev extra) writes its native and Python frames to native-stacks.txt."""
+    import subprocess
+    import sys
+
+    from rankscope.launchers.hang_watch import py_spy
+
+    assert py_spy() is not None  # installed with the dev extra
+    blocked = "import threading; threading.Event().wait(120)"
+    proc = subprocess.Popen([sys.executable, "-c", blocked])
+    try:
+        _progress(tmp_path, 0, 3, time.time_ns() - 100 * 10**9, proc.pid)
+        watch = HangWatch(tmp_path, HangRule(hang_after_s=5.0))
+        notice = watch.check()
+        assert notice is not None
+        watch.ask_ranks(notice)
+        assert notice.answered == [] and notice.native == [0]
+        text = (rundir.rank_dir(tmp_path, 0) / rundir.NATIVE_STACKS_FILE).read_text()
+        assert "Event.wait (threading.py" in text and "libc" in text
+        assert notice.record()["native_stacks"] == [0]
+    finally:
+        proc.kill()
+        proc.wait()

@@ -132,6 +132,11 @@ def test_raising_rank_fails_the_run_and_keeps_every_window(tmp_path: Path) -> No
     assert first["rank"] == 1
     assert first["error"] == "RuntimeError: injected failure on rank 1 at step 7"
     assert "rank 1 failed" in proc.stdout and "injected failure on rank 1 at step 7" in proc.stdout
+    # its traceback (and torchrun's ChildFailedError) is in the log, not on the terminal
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stdout[-3000:]
+    assert "the ranks' output and tracebacks:" in proc.stdout
+    log = (run_dir / rundir.LOGS_DIR / "torchrun.log").read_text()
+    assert "injected failure on rank 1 at step 7" in log and "Traceback" in log
     for rank in (0, 1):  # window 0 (steps 2-4) was complete on both ranks before the failure
         assert window_files(run_dir, rank) == ["window-000.json.gz"]
     meta = json.loads((rundir.rank_dir(run_dir, 1) / rundir.META_JSON).read_text())

@@ -45,7 +45,7 @@ class RankState(enum.StrEnum):
     DEAD = "dead"
     """Its process had ended."""
     SILENT = "silent"
-    """Did not answer (its stacks, if any, are in stacks.txt)."""
+    """Did not answer (its stacks, if any, are in stacks.txt and native-stacks.txt)."""
     ELSEWHERE = "elsewhere"
     """Answered; no collective to place it by (no Flight Recorder)."""
 
@@ -150,9 +150,13 @@ def place_in_code(dump: Mapping[str, Any]) -> tuple[Frame | None, str]:
     frame = Frame(str(user["file"]), int(user["line"]), str(user["function"])) if user else None
     inside = ""
     if frames and not frames[-1].get("user"):
-        # what the user's code called (the first frame below it), and where that ended up
+        # what the user's code called (the first frame below it, looking through decorators'
+        # wrappers: library closures that call on), and where that ended up
         i = next((k for k in range(len(frames) - 1, -1, -1) if frames[k].get("user")), -1)
-        called, last = frames[i + 1], frames[-1]
+        j = i + 1
+        while j < len(frames) - 1 and frames[j].get("closure"):
+            j += 1
+        called, last = frames[j], frames[-1]
         inside = f"{Path(str(called['file'])).name}:{called['function']}"
         if last is not called:
             inside += f" … {Path(str(last['file'])).name}:{last['function']}"
@@ -171,7 +175,12 @@ class _GroupView:
 
 
 def _group_views(dump: Mapping[str, Any]) -> dict[str, _GroupView] | None:
-    """Group name → this rank's view (None: no Flight Recorder in the answer)."""
+    """Group name → this rank's view (None: no Flight Recorder in the answer).
+
+    A rank whose collective timed out (``timed_out`` in its answer) counts it as enqueued and
+    not completed: the backend marks a failed collective completed (gloo: its
+    ``last_completed_collective`` is the one that timed out), but it never completed — the
+    rank waited in it. That collective is the rank's most recently created one."""
     fr = dump.get("flight_recorder")
     if not isinstance(fr, Mapping):
         return None
@@ -191,6 +200,14 @@ def _group_views(dump: Mapping[str, Any]) -> dict[str, _GroupView] | None:
         view = by_id.setdefault(str(pg_id), _GroupView("", 0, 0, {}, {}))
         view.enqueued = int(status.get("last_enqueued_collective", -1))
         view.completed = int(status.get("last_completed_collective", -1))
+    if dump.get("timed_out"):
+        latest = max(
+            ((v.created.get(v.enqueued, 0), k) for k, v in by_id.items() if v.enqueued > 0),
+            default=None,
+        )
+        if latest is not None:
+            view = by_id[latest[1]]
+            view.completed = min(view.completed, view.enqueued - 1)
     return {names.get(k, (k, ""))[0]: v for k, v in by_id.items()}
 
 
@@ -199,17 +216,32 @@ def diagnose(
     world_size: int,
     dead: Mapping[int, Mapping[str, Any]] | None = None,
     progress: Mapping[int, tuple[int | None, float | None]] | None = None,
+    timed_out: Mapping[int, Mapping[str, Any]] | None = None,
 ) -> HangDiagnosis:
     """The diagnosis of a hang from every rank's answer (``dumps``: rank → hang.json), the
-    ranks that died (``dead``: rank → their failure record, with ``user_frame`` and ``error``)
-    and each rank's (steps, seconds since its last step) when it was noticed."""
+    ranks that died (``dead``: rank → their failure record, with ``user_frame`` and ``error``),
+    each rank's (steps, seconds since its last step) when it was noticed, and the ranks whose
+    collective timed out without answering (``timed_out``: rank → failure record; NCCL's
+    watchdog ends them).
+
+    A collective times out only in the ranks that entered it: when some timed out and no
+    Flight Recorder names the collective, the ranks that answered without a timeout never
+    entered it (MISSING), and those that timed out waited (WAITING)."""
     dead = dead or {}
     progress = progress or {}
+    timed_out = timed_out or {}
     views = {r: _group_views(d) for r, d in dumps.items()}
     stuck, desync = _stuck_collective({r: v for r, v in views.items() if v is not None}, world_size)
     places = []
     for rank in range(world_size):
         steps, since = progress.get(rank, (None, None))
+        if rank in timed_out and rank not in dumps:
+            record = timed_out[rank]
+            uf = record.get("user_frame")
+            frame = Frame(str(uf["file"]), int(uf["line"]), str(uf["function"])) if uf else None
+            error = str(record.get("error") or "")
+            places.append(RankPlace(rank, RankState.WAITING, frame, steps=steps, error=error))
+            continue
         if rank in dead and rank not in dumps:
             record = dead[rank]
             uf = record.get("user_frame")
@@ -223,7 +255,12 @@ def diagnose(
         frame, inside = place_in_code(dumps[rank])
         state, op = _state_of(views.get(rank), stuck, desync)
         places.append(RankPlace(rank, state, frame, inside, op, steps, since))
-    if stuck is None:
+    if stuck is None and (timed_out or any(d.get("timed_out") for d in dumps.values())):
+        for p in places:
+            if p.state == RankState.ELSEWHERE:
+                waited = bool(dumps.get(p.rank, {}).get("timed_out"))
+                p.state = RankState.WAITING if waited else RankState.MISSING
+    elif stuck is None:
         _odd_ones_out(places)
     basis = "flight recorder" if stuck is not None else "stacks"
     return HangDiagnosis(collective=stuck, desync=desync, places=places, basis=basis)

@@ -38,7 +38,7 @@ def _what(p: RankPlace, diag: HangDiagnosis) -> str:
     if p.state == RankState.DEAD:
         return f"had died ({p.error})" if p.error else "had died"
     if p.state == RankState.SILENT:
-        return "did not answer (its stacks, if any: ranks/NNNNN/stacks.txt)"
+        return "did not answer (its stacks, if any: ranks/NNNNN/stacks.txt, native-stacks.txt)"
     return "running"
 
 
