@@ -88,6 +88,22 @@ def innermost_user_frame(exc: BaseException) -> dict[str, Any] | None:
     return found
 
 
+def _frame_record(filename: str, line: int | None, function: str) -> dict[str, Any]:
+    return {"file": filename, "line": line, "function": function, "user": is_user_file(filename)}
+
+
+def traceback_frames(exc: BaseException) -> list[dict[str, Any]]:
+    """Where ``exc`` was raised: its traceback's frames as :func:`thread_stacks` gives them
+    (innermost last), for the answer a rank writes when its own error ends it."""
+    frames: list[dict[str, Any]] = []
+    tb = exc.__traceback__
+    while tb is not None and len(frames) < MAX_FRAMES:
+        code = tb.tb_frame.f_code
+        frames.append(_frame_record(code.co_filename, tb.tb_lineno, code.co_name))
+        tb = tb.tb_next
+    return frames
+
+
 def thread_stacks() -> list[dict[str, Any]]:
     """Every thread's Python stack: ``{"thread", "name", "frames": [{file, line, function,
     user}]}`` with the innermost frame last (the probe's own thread left out)."""
@@ -101,14 +117,7 @@ def thread_stacks() -> list[dict[str, Any]]:
         f: Any = frame
         while f is not None and len(frames) < MAX_FRAMES:
             code = f.f_code
-            frames.append(
-                {
-                    "file": code.co_filename,
-                    "line": f.f_lineno,
-                    "function": code.co_name,
-                    "user": is_user_file(code.co_filename),
-                }
-            )
+            frames.append(_frame_record(code.co_filename, f.f_lineno, code.co_name))
             f = f.f_back
         frames.reverse()
         out.append({"thread": ident, "name": names.get(ident, "?"), "frames": frames})
@@ -207,6 +216,14 @@ class HangProbe:
         if now - self._written_ns >= BEAT_INTERVAL_S * 1e9 or steps == 1:
             self._write_progress()
 
+    def died_of(self, exc: BaseException) -> None:
+        """The rank's own error ends it: answer as it does to SIGTERM (``terminated.json``),
+        with the main thread where the error was raised. On a multi-node job a rank whose peer
+        died usually fails this way (its collective's connection closes) before any SIGTERM
+        reaches it: the answer says which collective it was waiting in."""
+        error = {"type": type(exc).__name__, "message": str(exc)[:500]}
+        self.answer(TERMINATED_TOKEN, rundir.TERMINATED_DUMP, traceback_frames(exc), error)
+
     def stop(self) -> None:
         """The rank ends: a last progress record, the thread stopped."""
         self._stop.set()
@@ -230,7 +247,8 @@ class HangProbe:
         request = self.run_dir / rundir.HANG_REQUEST
         while not self._stop.is_set():
             if self._terminated():
-                self.answer(TERMINATED_TOKEN)  # what this rank was in when it was told to end
+                # what this rank was in when it was told to end
+                self.answer(TERMINATED_TOKEN, rundir.TERMINATED_DUMP)
             if self._stop.is_set():
                 break
             if self._written_steps != self.steps:
@@ -259,9 +277,22 @@ class HangProbe:
             return False
         return int(signal.SIGTERM) in got
 
-    def answer(self, token: str) -> None:
-        """Write ``hang.json``: stacks, Flight Recorder, progress (the launcher's ``token``)."""
+    def answer(
+        self,
+        token: str,
+        name: str = rundir.HANG_DUMP,
+        main_frames: list[dict[str, Any]] | None = None,
+        error: dict[str, str] | None = None,
+    ) -> None:
+        """Write ``hang.json`` (or ``name``): stacks, Flight Recorder, progress (the launcher's
+        ``token``); ``main_frames``: the main thread's stack as it was (where ``error``, the
+        rank's own, was raised) instead of as it is."""
         self._write_progress()
+        threads = thread_stacks()
+        if main_frames is not None:  # called by the main thread, which thread_stacks leaves out
+            threads = [t for t in threads if t["name"] != "MainThread"]
+            main = {"thread": threading.main_thread().ident, "name": "MainThread"}
+            threads.insert(0, {**main, "frames": main_frames})
         doc = {
             "token": token,
             "rank": self.rank,
@@ -269,8 +300,9 @@ class HangProbe:
             "time_ns": time.time_ns(),
             "steps": self.steps,
             "last_step_ns": self.last_step_ns,
-            "threads": thread_stacks(),
+            "threads": threads,
             "flight_recorder": flight_recorder(),
+            "error": error,
         }
         with contextlib.suppress(OSError):
-            rundir.write_json_atomic(self.dir / rundir.HANG_DUMP, doc)
+            rundir.write_json_atomic(self.dir / name, doc)

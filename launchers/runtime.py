@@ -339,6 +339,7 @@ class RankRuntime(RankStepping, RankWindows):
         }
         self.write_meta()
         if not interrupted:
+            self.probe.died_of(exc)
             self._write_torchelastic_error(exc, "".join(tb))
 
     def _write_torchelastic_error(self, exc: BaseException, tb: str) -> None:
