@@ -273,6 +273,11 @@ class Launcher(ABC):
         job that this process only submitted is not followed."""
         return True
 
+    def _stop_following(self, job: Any) -> bool:
+        """Ctrl-C while waiting: True when it only stops this process following the job (a
+        batch scheduler's job goes on), False when it stops the job (the default)."""
+        return False
+
     def _running(self, job: Any) -> bool:
         """The job's ranks have been started (a batch job may wait in the queue first: that
         time is not the first step's)."""
@@ -385,6 +390,8 @@ class Launcher(ABC):
         try:
             outcome = wait_watching(self, handle, timeout, hang, on_hang, POLL_INTERVAL_S)
         except KeyboardInterrupt:
+            if self._stop_following(handle.job):
+                return RunState(handle.record()["state"])
             outcome = self._cancel(handle.job, interrupt=True)
             outcome.state = RunState.INTERRUPTED
             if outcome.exit_code is None:

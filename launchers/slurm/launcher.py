@@ -287,10 +287,8 @@ class SlurmLauncher(Launcher):
 
     def _wait(self, job: SlurmJobRef, timeout: float | None) -> JobOutcome | None:
         """Without ``follow``: return at once (a batch job). With it: poll until the job ends
-        (or ``timeout`` seconds pass), then until its merge job ends.
-
-        Ctrl-C stops following, never the job (it keeps running; ``rankscope cancel`` stops it).
-        """
+        (or ``timeout`` seconds pass), then until its merge job ends (Ctrl-C:
+        :meth:`_stop_following`)."""
         if not job.follow:
             print(
                 f"rankscope run: follow it with `rankscope status {job.run_dir}` "
@@ -298,18 +296,18 @@ class SlurmLauncher(Launcher):
                 flush=True,
             )
             return None
-        try:
-            outcome = self._until_ended(
-                job, None if timeout is None else time.monotonic() + timeout
-            )
-            return None if outcome is None else self._await_merge(job, outcome)
-        except KeyboardInterrupt:
-            print(
-                f"\nrankscope: stopped following; Slurm job {job.job_id} goes on "
-                f"(rankscope status {job.run_dir} / rankscope cancel {job.run_dir})",
-                file=sys.stderr,
-            )
-            return None
+        deadline = None if timeout is None else time.monotonic() + timeout
+        outcome = self._until_ended(job, deadline)
+        return None if outcome is None else self._await_merge(job, outcome)
+
+    def _stop_following(self, job: SlurmJobRef) -> bool:
+        """Ctrl-C stops following, never the job (it keeps running; ``rankscope cancel``)."""
+        print(
+            f"\nrankscope: stopped following; Slurm job {job.job_id} goes on "
+            f"(rankscope status {job.run_dir} / rankscope cancel {job.run_dir})",
+            file=sys.stderr,
+        )
+        return True
 
     def _until_ended(self, job: SlurmJobRef, deadline: float | None) -> JobOutcome | None:
         """Poll until the job ends (its outcome) or ``deadline`` (monotonic s) passes (None)."""
