@@ -38,7 +38,13 @@ from rankscope.errors import InputFileError, OutputError, RankscopeError, UsageE
 from rankscope.launchers import rundir
 from rankscope.launchers.hang_probe import is_collective_timeout
 from rankscope.launchers.hang_watch import EXIT_HUNG as EXIT_HUNG
-from rankscope.launchers.hang_watch import HangNotice, HangWatch, wait_watching
+from rankscope.launchers.hang_watch import (
+    HangNotice,
+    HangWatch,
+    RankProgress,
+    signal_pid,
+    wait_watching,
+)
 from rankscope.launchers.rundir import RunRecord, RunState, load_run, update_run, utc_now
 from rankscope.launchers.spec import LauncherKind, RunSpec, check_run_name
 
@@ -263,6 +269,38 @@ class Launcher(ABC):
         whose output does not reach this terminal (a batch job) have nothing to do."""
         return None
 
+    def follows(self, job: Any) -> bool:
+        """This process waits for the job to end (so it watches the ranks for hangs); a batch
+        job that this process only submitted is not followed."""
+        return True
+
+    def _stop_following(self, job: Any) -> bool:
+        """Ctrl-C while waiting: True when it only stops this process following the job (a
+        batch scheduler's job goes on), False when it stops the job (the default)."""
+        return False
+
+    def _running(self, job: Any) -> bool:
+        """The job's ranks have been started (a batch job may wait in the queue first: that
+        time is not the first step's)."""
+        return True
+
+    def _failing(self, job: Any) -> bool:
+        """The job is failing already in a way the hang watch cannot see from the ranks'
+        progress (e.g. another node's torchrun reported a dead rank): not a hang. The local
+        watch sees dead ranks by their pids itself."""
+        return False
+
+    def _signal_ranks(self, job: Any, ranks: list[RankProgress]) -> list[int]:
+        """Send :data:`~rankscope.launchers.hang_probe.STACK_SIGNAL` to ranks that did not
+        answer the hang request (their faulthandler writes their stacks); return the ranks
+        signalled. Here: ``os.kill`` (the ranks run on this host)."""
+        return [p.rank for p in ranks if p.pid and signal_pid(p.pid)]
+
+    def _end_hung(self, job: Any) -> JobOutcome:
+        """End a job that hangs (``--on-hang report/kill``) and return how it ended: as a
+        cancel by default."""
+        return self._cancel(job, interrupt=False)
+
     def _record_fields(self, job: Any) -> dict[str, Any]:
         """Extra ``run.json`` fields once the job has started (e.g. ``{"slurm": {...}}``)."""
         return {}
@@ -353,6 +391,8 @@ class Launcher(ABC):
         try:
             outcome = wait_watching(self, handle, timeout, hang, on_hang, POLL_INTERVAL_S)
         except KeyboardInterrupt:
+            if self._stop_following(handle.job):
+                return RunState(handle.record()["state"])
             outcome = self._cancel(handle.job, interrupt=True)
             outcome.state = RunState.INTERRUPTED
             if outcome.exit_code is None:

@@ -294,6 +294,14 @@ class HangProbe:
         if now - self._written_ns >= BEAT_INTERVAL_S * 1e9 or steps == 1:
             self._write_progress()
 
+    def died_of(self, exc: BaseException, timed_out: bool = False) -> None:
+        """The rank's own error ends it: answer as it does to SIGTERM (``terminated.json``),
+        with the main thread where the error was raised. On a multi-node job a rank whose peer
+        died usually fails this way (its collective's connection closes) before any SIGTERM
+        reaches it: the answer says which collective it was waiting in."""
+        error = {"type": type(exc).__name__, "message": str(exc)[:500]}
+        self.answer_once(traceback_frames(exc), timed_out, error)
+
     def stop(self) -> None:
         """The rank ends: a last progress record, the thread stopped."""
         self._stop.set()
@@ -347,25 +355,35 @@ class HangProbe:
         return int(signal.SIGTERM) in got
 
     def answer_once(
-        self, main_frames: list[dict[str, Any]] | None, timed_out: bool = False
+        self,
+        main_frames: list[dict[str, Any]] | None,
+        timed_out: bool = False,
+        error: dict[str, str] | None = None,
     ) -> None:
-        """The rank's own answer as it ends (:data:`TERMINATED_TOKEN`), written once: by the
-        SIGTERM handler, the probe's thread, or the main thread whose collective timed out,
-        whichever comes first (``main_frames``: where the main thread was, if not now)."""
+        """The rank's own answer as it ends (:data:`TERMINATED_TOKEN`, in ``terminated.json``),
+        written once: by the SIGTERM handler, the probe's thread, or the main thread whose own
+        error ends it (a collective that timed out, a peer that vanished), whichever comes
+        first (``main_frames``: where the main thread was, if not now)."""
         with self._lock:
             if self._ended.is_set():
                 return
-            self.answer(TERMINATED_TOKEN, main_frames, timed_out)
+            self.answer(TERMINATED_TOKEN, rundir.TERMINATED_DUMP, main_frames, timed_out, error)
             self._ended.set()
 
     def answer(
-        self, token: str, main_frames: list[dict[str, Any]] | None = None, timed_out: bool = False
+        self,
+        token: str,
+        name: str = rundir.HANG_DUMP,
+        main_frames: list[dict[str, Any]] | None = None,
+        timed_out: bool = False,
+        error: dict[str, str] | None = None,
     ) -> None:
-        """Write ``hang.json``: stacks, Flight Recorder, progress (the launcher's ``token``).
+        """Write ``hang.json`` (or ``name``): stacks, Flight Recorder, progress (the launcher's
+        ``token``).
 
         ``main_frames``: the main thread's stack to write instead of its current one (where it
-        was when SIGTERM interrupted it, or where its timed-out collective raised);
-        ``timed_out``: that collective timed out (the analysis counts it as not completed)."""
+        was when SIGTERM interrupted it, or where its own ``error`` was raised); ``timed_out``:
+        that error was its collective timing out (the analysis counts it as not completed)."""
         self._write_progress()
         threads = thread_stacks()
         if main_frames is not None:
@@ -384,6 +402,7 @@ class HangProbe:
             "threads": threads,
             "flight_recorder": flight_recorder(),
             "timed_out": timed_out,
+            "error": error,
         }
         with self._lock, contextlib.suppress(OSError):
-            rundir.write_json_atomic(self.dir / rundir.HANG_DUMP, doc)
+            rundir.write_json_atomic(self.dir / name, doc)

@@ -14,10 +14,13 @@ While the launcher waits for the job it reads them every poll (:meth:`HangWatch.
 
 Then (:meth:`HangWatch.ask_ranks`) every rank is asked where it is: the launcher writes
 ``RUN/hang.request`` and waits up to :data:`ANSWER_WAIT_S` for each rank's ``hang.json``; a rank
-on this host that does not answer within :data:`SIGNAL_AFTER_S` gets :data:`STACK_SIGNAL`, on
-which faulthandler writes its stacks from C. What to make of the answers is the analysis'
-(``rankscope.analysis.compute.hang``): this floor may not import it, so the orchestrator does.
-Seconds unless a name says ``_ns``.
+that does not answer within :data:`SIGNAL_AFTER_S` gets :data:`STACK_SIGNAL`, on which
+faulthandler writes its stacks from C. How a rank is signalled and how the job is ended are the
+launcher's (:meth:`~rankscope.launchers.base.Launcher._signal_ranks`,
+:meth:`~rankscope.launchers.base.Launcher._end_hung`: ``os.kill`` and torchrun's process group
+here, the node tasks and ``scancel`` on Slurm); :func:`wait_watching` is the same for both. What
+to make of the answers is the analysis' (``rankscope.analysis.compute.hang``): this floor may not
+import it, so the orchestrator does. Seconds unless a name says ``_ns``.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ if TYPE_CHECKING:
     from rankscope.launchers.base import JobOutcome, Launcher, RunHandle
 
 from rankscope.config_flags import flag
+from rankscope.errors import OutputError
 from rankscope.launchers import rundir
 from rankscope.launchers.hang_probe import STACK_SIGNAL
 from rankscope.launchers.rundir import RunState, update_run
@@ -135,6 +139,10 @@ class HangNotice:
     """Ranks sent STACK_SIGNAL (they did not answer in time)."""
     native: list[int] = field(default_factory=list)
     """Ranks whose native stacks py-spy wrote (``ranks/NNNNN/native-stacks.txt``)."""
+    on_hang: OnHang = OnHang.REPORT
+    """What the watch does about it (``--on-hang``): recorded before the job is ended, so that
+    whoever reads the job's end afterwards (a Slurm job is ``CANCELLED`` in accounting) knows it
+    was ended because it hung."""
 
     def since_s(self, p: RankProgress) -> float | None:
         """Seconds from ``p``'s last step to the notice (None: it finished none)."""
@@ -167,24 +175,39 @@ class HangNotice:
             "answered": self.answered,
             "signalled": self.signalled,
             "native_stacks": self.native,
+            "on_hang": str(self.on_hang),
         }
 
 
 class HangWatch:
     """Reads the ranks' progress between polls and says when the job hangs (module docstring)."""
 
-    def __init__(self, run_dir: Path, rule: HangRule, local: bool = True) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        rule: HangRule,
+        local: bool = True,
+        failing: Callable[[], bool] | None = None,
+    ) -> None:
         self.run_dir = Path(run_dir)
         self.rule = rule
         self.local = local
         """The ranks run on this host: a rank whose process is gone is a failure in progress
         (torchrun tears the others down), not a hang."""
+        self.failing = failing
+        """Says whether the job is failing already where this process cannot see the ranks'
+        processes (a Slurm node whose torchrun reported a dead rank): a failure, not a hang."""
         self.started = time.monotonic()
         self.started_ns = time.time_ns()
         self._seen: dict[int, tuple[int, int]] = {}
         self.intervals_s: list[float] = []
         self.reported_at_steps: int | None = None
         """Total steps when the last hang was reported (``wait`` mode: report once per hang)."""
+
+    def restart(self) -> None:
+        """Count the time before the first step from now (the job has not started yet)."""
+        self.started = time.monotonic()
+        self.started_ns = time.time_ns()
 
     def progress(self) -> list[RankProgress]:
         """Every rank's progress.json (unreadable or half-written ones left out this time)."""
@@ -236,6 +259,8 @@ class HangWatch:
             self._seen[p.rank] = (p.steps, p.last_step_ns)
         if self.local and any(p.pid and not _alive(p.pid) for p in ranks):
             return None  # a rank died: torchrun ends the others; the failure is the story
+        if self.failing is not None and self.failing():
+            return None  # the same, seen by the backend (another node's torchrun)
         stepped = [p.last_step_ns for p in ranks if p.last_step_ns is not None]
         total = sum(p.steps for p in ranks)
         if self.reported_at_steps is not None:
@@ -253,29 +278,38 @@ class HangWatch:
             idle_s=idle_s, threshold_s=threshold, before_first_step=before_first, ranks=ranks
         )
 
-    def ask_ranks(self, notice: HangNotice, local_pids: bool = True) -> None:
-        """Write the request, wait for the answers (bounded), signal the silent ranks on this
-        host; fills ``notice.answered`` / ``notice.signalled``."""
+    def ask_ranks(
+        self,
+        notice: HangNotice,
+        signal_ranks: Callable[[list[RankProgress]], list[int]] | None = None,
+    ) -> None:
+        """Write the request, wait for the answers (bounded), have ``signal_ranks`` send
+        STACK_SIGNAL to the silent ranks that can take it (the launcher's way: they may run on
+        other hosts; it returns the ranks it signalled); fills ``notice.answered`` /
+        ``notice.signalled``."""
         token = str(notice.noticed_ns)
         with contextlib.suppress(OSError):
             rundir.write_bytes_atomic(self.run_dir / rundir.HANG_REQUEST, token.encode())
         deadline = time.monotonic() + ANSWER_WAIT_S
         signal_at = time.monotonic() + SIGNAL_AFTER_S
-        expected = {p.rank: p.pid for p in notice.ranks}
-        signallable = {p.rank for p in notice.ranks if p.stack_signal}
+        expected = {p.rank: p for p in notice.ranks}
+        tried = False
         while True:
             answered = sorted(r for r in expected if _answer_token(self.run_dir, r) == token)
             if len(answered) == len(expected) or time.monotonic() >= deadline:
                 break
-            if local_pids and not notice.signalled and time.monotonic() >= signal_at:
-                for r, pid in expected.items():
-                    if r not in answered and r in signallable and pid and _signal(pid):
-                        notice.signalled.append(r)
+            if signal_ranks is not None and not tried and time.monotonic() >= signal_at:
+                tried = True
+                silent = [
+                    p for r, p in expected.items() if r not in answered and p.stack_signal and p.pid
+                ]
+                if silent:
+                    notice.signalled = sorted(signal_ranks(silent))
             time.sleep(0.2)
         notice.answered = answered
-        if local_pids:
-            for r, pid in sorted(expected.items()):
-                if r not in answered and pid and _native_stacks(pid, self.run_dir, r):
+        if self.local:  # py-spy reads a process of this host only
+            for r, p in sorted(expected.items()):
+                if r not in answered and p.pid and _native_stacks(p.pid, self.run_dir, r):
                     notice.native.append(r)
 
 
@@ -338,13 +372,31 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def _signal(pid: int) -> bool:
+def signal_pid(pid: int) -> bool:
     """STACK_SIGNAL to ``pid`` (a rank on this host); False when it is gone."""
     try:
         os.kill(pid, STACK_SIGNAL)
     except (ProcessLookupError, PermissionError):
         return False
     return True
+
+
+def report_hang(
+    hang: HangWatch,
+    notice: HangNotice,
+    signal_ranks: Callable[[list[RankProgress]], list[int]],
+    who: str = "rankscope run",
+) -> None:
+    """What every watcher does on a hang before the job is ended (:func:`wait_watching`, and a
+    Slurm batch job's first node): say it at once, ask every rank where it is (unless ``--on-hang
+    kill``), and record the notice, with ``on_hang``, in ``run.json``."""
+    notice.on_hang = hang.rule.on_hang
+    print(f"{who}: the job looks hung: {notice.line()}", file=sys.stderr, flush=True)
+    if hang.rule.on_hang != OnHang.KILL:
+        print(f"{who}: asking every rank where it is ...", file=sys.stderr, flush=True)
+        hang.ask_ranks(notice, signal_ranks)
+    with contextlib.suppress(OutputError):
+        update_run(hang.run_dir, hang=notice.record())
 
 
 def wait_watching(
@@ -358,8 +410,6 @@ def wait_watching(
     """``launcher``'s wait for the job, in slices with a look at the
     ranks' progress between them (every ``poll_s``) when ``hang`` is given; on a hang, what
     :meth:`rankscope.launchers.base.Launcher.wait` says."""
-    from rankscope.errors import OutputError
-
     if hang is None:
         return launcher._wait(handle.job, timeout)
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -370,6 +420,9 @@ def wait_watching(
         outcome = launcher._wait(handle.job, poll_s if left is None else min(left, poll_s))
         if outcome is not None:
             return outcome
+        if not launcher._running(handle.job):
+            hang.restart()  # still queued: the first-step rule counts from the start
+            continue
         notice = hang.check()
         if notice is None:
             continue
@@ -378,12 +431,7 @@ def wait_watching(
             return ended  # it ended while we looked: not a hang
         if hang.rule.on_hang != OnHang.WAIT:
             launcher._mute_output(handle.job)
-        print(f"rankscope run: the job looks hung: {notice.line()}", file=sys.stderr, flush=True)
-        if hang.rule.on_hang != OnHang.KILL:
-            print("rankscope run: asking every rank where it is ...", file=sys.stderr, flush=True)
-            hang.ask_ranks(notice, local_pids=launcher.ranks_are_local)
-        with contextlib.suppress(OutputError):
-            update_run(handle.run_dir, hang=notice.record())
+        report_hang(hang, notice, lambda ranks: launcher._signal_ranks(handle.job, ranks))
         if on_hang is not None:
             on_hang(notice)
         if hang.rule.on_hang == OnHang.WAIT:
@@ -393,7 +441,7 @@ def wait_watching(
                 flush=True,
             )
             continue
-        ended = launcher._cancel(handle.job, interrupt=False)
+        ended = launcher._end_hung(handle.job)
         ended.state = RunState.HUNG
         ended.exit_code = EXIT_HUNG
         return ended

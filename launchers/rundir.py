@@ -54,6 +54,10 @@ PROGRESS_FILE = "progress.json"
 HANG_REQUEST = "hang.request"
 #: A rank's answer: its threads' stacks and its Flight Recorder (``ranks/NNNNN/hang.json``).
 HANG_DUMP = "hang.json"
+#: A rank's answer to SIGTERM (the same content, token ``terminated``): a file of its own, so
+#: that ending a hung job never overwrites the answers to the hang request that a later reader
+#: (a Slurm batch job's merge job) diagnoses.
+TERMINATED_DUMP = "terminated.json"
 #: faulthandler's stacks of a rank whose Python threads could not answer (``ranks/NNNNN/``).
 STACKS_FILE = "stacks.txt"
 #: ``py-spy dump --native`` of a rank that did not answer (``ranks/NNNNN/native-stacks.txt``),

@@ -52,7 +52,6 @@ from rankscope.launchers.hang_probe import (
     HangProbe,
     innermost_user_frame,
     is_collective_timeout,
-    traceback_frames,
 )
 from rankscope.launchers.spec import LauncherKind, ProfilerSettings, check_samples
 from rankscope.launchers.stepping import DEFERRED_SIGNALS as DEFERRED_SIGNALS
@@ -346,9 +345,10 @@ class RankRuntime(RankStepping, RankWindows):
             # a hang seen from a waiting rank: say where this rank waited (and the collectives
             # it entered) now, while its process group still answers; the launcher reads it
             self.meta["error"]["collective_timeout"] = True
-            self.probe.answer_once(traceback_frames(exc), timed_out=True)
+            self.probe.died_of(exc, timed_out=True)
         self.write_meta()
         if not interrupted:
+            self.probe.died_of(exc)  # once: after a timeout's answer, nothing more
             self._write_torchelastic_error(exc, "".join(tb))
 
     def _write_torchelastic_error(self, exc: BaseException, tb: str) -> None:

@@ -60,6 +60,10 @@ def finalize(run_dir: Path | str, settle_s: float | None = None) -> int:
     }
     update_slurm(run_dir, merge=merge)
     print(f"{LOG_PREFIX}: run {run_dir} is {state}", flush=True)
+    if state == rundir.RunState.HUNG:
+        from rankscope.orchestrator.hang import diagnose_recorded
+
+        diagnose_recorded(run_dir)  # a batch job's hang, noticed by its first node
     if not any((run_dir / rundir.RANKS_DIR).glob(f"*/{rundir.WINDOW_GLOB}")):
         print(f"{LOG_PREFIX}: no rank wrote a profiler window: nothing to merge", flush=True)
         merge.update(state=str(MergeState.SKIPPED), ended_at=rundir.utc_now(), store=None)

@@ -22,10 +22,12 @@ if TYPE_CHECKING:
     from rankscope.launchers.hang_watch import HangNotice
 
 
-def read_answers(run_dir: Path, token: str) -> dict[int, dict[str, Any]]:
-    """rank → its hang.json, for the answers to this notice (``token``) only."""
+def read_answers(
+    run_dir: Path, token: str, name: str = rundir.HANG_DUMP
+) -> dict[int, dict[str, Any]]:
+    """rank → its hang.json (or ``name``), for the answers to this notice (``token``) only."""
     out: dict[int, dict[str, Any]] = {}
-    for path in sorted((run_dir / rundir.RANKS_DIR).glob(f"*/{rundir.HANG_DUMP}")):
+    for path in sorted((run_dir / rundir.RANKS_DIR).glob(f"*/{name}")):
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
             doc = json.loads(path.read_text())
             if str(doc.get("token")) == token:
@@ -73,17 +75,17 @@ def say_who_and_where(run_dir: Path, notice: HangNotice) -> None:
     except OutputError as exc:
         print(f"rankscope run: warning: {exc}", file=sys.stderr, flush=True)
         return
-    print(f"rankscope run: wrote {report}", file=sys.stderr, flush=True)
+    print(f"rankscope: wrote {report}", file=sys.stderr, flush=True)
 
 
 def say_what_the_others_did(run_dir: Path) -> str:
     """After a rank died: the paragraph of what the survivors were in (their answers to
-    SIGTERM, ``hang_probe.TERMINATED_TOKEN``), printed; "" when there is nothing to say."""
+    SIGTERM, ``terminated.json``), printed; "" when there is nothing to say."""
     from rankscope.analysis.compute.hang import diagnose
     from rankscope.analysis.conclude.hang_findings import after_failure
     from rankscope.launchers.hang_probe import TERMINATED_TOKEN
 
-    answers = read_answers(run_dir, TERMINATED_TOKEN)
+    answers = read_answers(run_dir, TERMINATED_TOKEN, rundir.TERMINATED_DUMP)
     try:
         record = rundir.load_run(run_dir)
     except (RankscopeError, OSError, ValueError):
@@ -123,7 +125,7 @@ def say_the_timeout(run_dir: Path) -> str:
     timeout = hang.get("collective_timeout")
     if not isinstance(timeout, dict) or hang.get("headline"):
         return ""  # not a timeout, or said already (the watch noticed the hang first)
-    answers = read_answers(run_dir, TERMINATED_TOKEN)
+    answers = read_answers(run_dir, TERMINATED_TOKEN, rundir.TERMINATED_DUMP)
     dead = {r: d for r, d in dead_ranks(run_dir).items() if r not in answers}
     # ranks whose collective timed out and that could not answer (NCCL's watchdog ends them)
     waited = {
@@ -154,3 +156,30 @@ def say_the_timeout(run_dir: Path) -> str:
         return text
     print(f"rankscope run: wrote {report}", file=sys.stderr, flush=True)
     return text
+
+
+def diagnose_recorded(run_dir: Path) -> bool:
+    """A hang noticed by a Slurm batch job's first node (``launchers/slurm/node_hang.py``),
+    which records the notice but may not diagnose it: diagnose it now from the answers on the
+    shared folder, printed (the merge log) and written as :func:`say_who_and_where` does. False
+    when there is nothing to do (no hang, or one diagnosed already)."""
+    from rankscope.launchers.hang_watch import HangNotice, HangRule, HangWatch, OnHang
+
+    try:
+        hang = rundir.load_run(run_dir).get("hang") or {}
+    except (RankscopeError, OSError, ValueError):
+        return False
+    if not hang or hang.get("headline") or hang.get("noticed_ns") is None:
+        return False
+    notice = HangNotice(
+        idle_s=float(hang.get("idle_s") or 0.0),
+        threshold_s=float(hang.get("threshold_s") or 0.0),
+        before_first_step=bool(hang.get("before_first_step")),
+        ranks=HangWatch(run_dir, HangRule()).progress(),
+        noticed_ns=int(hang["noticed_ns"]),
+        answered=list(hang.get("answered") or []),
+        signalled=list(hang.get("signalled") or []),
+        on_hang=OnHang(hang.get("on_hang") or OnHang.REPORT),
+    )
+    say_who_and_where(run_dir, notice)
+    return True

@@ -283,7 +283,7 @@ def build_spec(
             command=["rankscope", "run", *argv],
             nnodes=nnodes,
             nproc_per_node=_count(tr.nproc_per_node, "--nproc-per-node"),
-            options=backend_options(args),
+            options={**backend_options(args), "hang": hang_options(args)},
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
@@ -295,6 +295,15 @@ def launcher_kind(args: argparse.Namespace) -> Any:
     from rankscope.launchers.spec import LauncherKind
 
     return LauncherKind.SLURM if getattr(args, "slurm", False) else LauncherKind.LOCAL
+
+
+def hang_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The hang rule, for the spec (a Slurm batch job's first node watches with it)."""
+    from rankscope.config_flags import Flags
+    from rankscope.launchers.hang_watch import HangRule
+
+    rule = Flags(HangRule).build(args)
+    return {"hang_after_s": rule.hang_after_s, "on_hang": str(rule.on_hang)}
 
 
 def backend_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -322,13 +331,18 @@ def main(args: argparse.Namespace) -> int:
     from rankscope.launchers.hang_watch import HangRule, HangWatch
     from rankscope.orchestrator.hang import say_who_and_where
 
-    # the ranks' progress is watched for hangs where the launcher waits on them (local runs;
-    # a Slurm job is followed by Slurm's own state)
+    # the ranks' progress is watched for hangs while this process follows the job (a local run,
+    # a Slurm run with --follow; a Slurm batch job is watched by its first node: docs/hangs.md)
     rule = Flags(HangRule).build(opts)
-    watch = HangWatch(handle.run_dir, rule, local=launcher.ranks_are_local)
+    watch = HangWatch(
+        handle.run_dir,
+        rule,
+        local=launcher.ranks_are_local,
+        failing=lambda: launcher._failing(handle.job),
+    )
     try:
         state = handle.wait(
-            hang=watch if launcher.ranks_are_local else None,
+            hang=watch if launcher.follows(handle.job) else None,
             on_hang=lambda n: say_who_and_where(handle.run_dir, n),
         )
     except KeyboardInterrupt:

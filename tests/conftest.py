@@ -22,7 +22,9 @@ def _cuda_available() -> bool:
 #: under ``pytest -n 2 --dist loadscope`` (tests/run.sh) they are one unit of work, so one worker
 #: starts the cluster and runs them all while the other runs the rest. A test elsewhere that uses
 #: the cluster is a collection error (two workers would start it at once).
-SLURM_MODULES = frozenset({"test_slurm.py", "test_merge_slurm.py", "test_analyze_cli.py"})
+SLURM_MODULES = frozenset(
+    {"test_slurm.py", "test_slurm_hang.py", "test_merge_slurm.py", "test_analyze_cli.py"}
+)
 #: The unit of work of :data:`SLURM_MODULES`.
 SLURM_SCOPE = "slurm"
 

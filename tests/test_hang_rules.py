@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from rankscope.analysis.compute.hang import RankState, diagnose
-from rankscope.analysis.conclude.hang_findings import hang_json, paragraph
+from rankscope.analysis.conclude.hang_findings import after_failure, hang_json, paragraph
 from rankscope.launchers import rundir
 from rankscope.launchers.hang_watch import MIN_HANG_AFTER_S, HangRule, HangWatch
 from rankscope.rank_ranges import rank_list
@@ -151,6 +151,32 @@ def _progress(run: Path, rank: int, steps: int, last_ns: int | None, pid: int) -
     )
 
 
+def test_a_rank_whose_collective_failed_when_its_peer_died_was_waiting_in_it() -> None:
+    """On a multi-node job the survivor of a SIGKILLed peer fails by itself ("Connection reset
+    by peer") and answers with its error and the stack it raised from; its Flight Recorder
+    counts the failed all_reduce #3 as completed. It was waiting in #3 when rank 1 died; the
+    same error raised outside a collective makes it a dead rank of its own, waiting for no one."""
+    failed_in = _frames(
+        (TRAIN, 41, "main", True),
+        ("/lib/torch/distributed/distributed_c10d.py", 3252, "all_reduce", False),
+    )
+    error = {"type": "RuntimeError", "message": "Connection reset by peer"}
+    dead = {
+        0: {"error": "RuntimeError: Connection reset by peer", "user_frame": None},
+        1: {"error": "killed by SIGKILL", "user_frame": None},
+    }
+    answer = {**_answer(0, {"0": (3, 3, OPS)}, failed_in), "error": error}
+    text = after_failure(diagnose({0: answer}, 2, dead))
+    assert text.splitlines() == [
+        "When rank 1 died, the others were waiting in all_reduce #3 of the default group:",
+        "  rank 0: waiting in all_reduce #3 of the default group, in train.py:41 (main) inside "
+        "distributed_c10d.py:all_reduce",
+    ]
+    raised_here = {**_answer(0, {"0": (3, 3, OPS)}, LOOPING), "error": error}
+    diag = diagnose({0: raised_here}, 2, dead)
+    assert diag.ranks(RankState.DEAD) == [0, 1] and after_failure(diag) == ""
+
+
 def test_the_rule_counts_from_the_last_step_of_any_rank(tmp_path: Path) -> None:
     """Real progress files: rank 1 finished a step 2 s ago, rank 0 30 s ago: not hung at
     --hang-after 20; both 25 s ago: hung, and the notice says each rank's last step."""
@@ -198,6 +224,91 @@ def test_a_rank_whose_process_is_gone_is_a_failure_not_a_hang(tmp_path: Path) ->
     _progress(tmp_path, 1, 3, old, int(gone.stdout))
     assert HangWatch(tmp_path, HangRule(hang_after_s=5.0)).check() is None
     assert HangWatch(tmp_path, HangRule(hang_after_s=5.0), local=False).check() is not None
+    # on Slurm the pids are another node's: a node task that recorded its torchrun's failure says it
+    from rankscope.launchers.slurm.node_hang import failing_nodes
+    from rankscope.launchers.slurm.records import SLURM_DIR, TASK_FORMAT
+
+    task = tmp_path / SLURM_DIR / TASK_FORMAT.format(job_id="7", node=1)
+    rundir.write_json_atomic(task, {"node": 1, "state": "running"})
+    slurm = HangWatch(
+        tmp_path,
+        HangRule(hang_after_s=5.0),
+        local=False,
+        failing=lambda: failing_nodes(tmp_path, "7"),
+    )
+    assert slurm.check() is not None
+    rundir.write_json_atomic(task, {"node": 1, "state": "failed"})
+    slurm.reported_at_steps = None
+    assert slurm.check() is None
+
+
+#: A rank: faulthandler writes every thread's stack to argv[1] on SIGUSR2; it prints its pid.
+_RANK = (
+    "import faulthandler, os, signal, sys, threading; f = open(sys.argv[1], 'w'); "
+    "faulthandler.register(signal.SIGUSR2, file=f, all_threads=True); "
+    "print(os.getpid(), flush=True); threading.Event().wait(120)"
+)
+#: A node's torchrun: one rank below it.
+_TORCHRUN = (
+    "import subprocess, sys; "
+    f"subprocess.Popen([sys.executable, '-c', {_RANK!r}, sys.argv[1]]).wait()"
+)
+
+
+def test_a_node_relays_the_stack_signal_to_its_own_ranks_only(tmp_path: Path) -> None:
+    """Real processes: a "torchrun" with its rank, and a rank of another node (not below it);
+    the request names both, the relay of the first node signals its own rank only, once."""
+    import subprocess
+    import sys
+
+    from rankscope.launchers.hang_watch import RankProgress
+    from rankscope.launchers.slurm.node_hang import SignalRelay, request_stack_signal
+
+    mine_out, other_out = tmp_path / "mine.txt", tmp_path / "other.txt"
+    torchrun = subprocess.Popen(
+        [sys.executable, "-c", _TORCHRUN, str(mine_out)], stdout=subprocess.PIPE, text=True
+    )
+    other = subprocess.Popen(
+        [sys.executable, "-c", _RANK, str(other_out)], stdout=subprocess.PIPE, text=True
+    )
+    mine_pid = None
+    try:
+        assert torchrun.stdout is not None and other.stdout is not None
+        mine_pid, other_pid = int(torchrun.stdout.readline()), int(other.stdout.readline())
+        ranks = [
+            RankProgress(rank=0, pid=mine_pid, steps=3, last_step_ns=None, stack_signal=True),
+            RankProgress(rank=1, pid=other_pid, steps=3, last_step_ns=None, stack_signal=True),
+        ]
+        assert request_stack_signal(tmp_path, "7", ranks) == [0, 1]
+        relay = SignalRelay(tmp_path, "7", torchrun.pid)
+        assert relay.relay_once() == [mine_pid]
+        assert relay.relay_once() == []  # the same request: once
+        deadline = time.monotonic() + 60
+        while "most recent call first" not in mine_out.read_text():
+            assert time.monotonic() < deadline, "no stacks from the signalled rank"
+            time.sleep(0.1)
+        assert other_out.read_text() == ""
+    finally:
+        if mine_pid is not None:
+            os.kill(mine_pid, 9)  # the rank below the "torchrun", by its pid
+        for proc in (torchrun, other):
+            proc.kill()
+            proc.wait()
+
+
+def test_across_nodes_a_rank_killed_by_a_signal_is_the_root_cause() -> None:
+    """Each node's torchrun names its own first failure; rank 1 SIGKILLed on one node, rank 0
+    failing in its collective on the other ("Connection reset by peer"): rank 1 is the job's
+    root cause. Ranks the teardown ended (SIGTERM) are never causes."""
+    from rankscope.launchers.slurm.records import root_cause_across_nodes
+
+    reset = {"rank": 0, "error": "RuntimeError: Connection reset by peer", "exit_code": 1}
+    killed = {"rank": 1, "error": "killed by SIGKILL", "exit_code": -9}
+    out = root_cause_across_nodes([{**reset, "root_cause": True}, {**killed, "root_cause": True}])
+    assert [(f["rank"], f["root_cause"]) for f in out] == [(0, False), (1, True)]
+    ended = {"rank": 1, "error": "killed by SIGTERM", "exit_code": -15, "root_cause": True}
+    out = root_cause_across_nodes([{**reset, "root_cause": True}, ended])
+    assert [f["root_cause"] for f in out] == [True, True]  # the nodes' own words stand
 
 
 #: gloo's collective timeout as PyTorch 2.13 (CPU build) raised it in a real job (rank 0 of

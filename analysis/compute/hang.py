@@ -200,15 +200,31 @@ def _group_views(dump: Mapping[str, Any]) -> dict[str, _GroupView] | None:
         view = by_id.setdefault(str(pg_id), _GroupView("", 0, 0, {}, {}))
         view.enqueued = int(status.get("last_enqueued_collective", -1))
         view.completed = int(status.get("last_completed_collective", -1))
-    if dump.get("timed_out"):
-        latest = max(
-            ((v.created.get(v.enqueued, 0), k) for k, v in by_id.items() if v.enqueued > 0),
+    if dump.get("timed_out") or _died_in_collective(dump):
+        # the Flight Recorder counts a collective that failed (timed out, or a peer vanished) as
+        # completed (gloo marks its work done on an error): the one this rank failed in is its
+        # newest, and it never completed
+        newest = max(
+            (v for v in by_id.values() if v.created),
+            key=lambda v: max(v.created.values()),
             default=None,
         )
-        if latest is not None:
-            view = by_id[latest[1]]
-            view.completed = min(view.completed, view.enqueued - 1)
+        if newest is not None:
+            newest.completed = min(newest.completed, max(newest.created) - 1)
     return {names.get(k, (k, ""))[0]: v for k, v in by_id.items()}
+
+
+#: torch.distributed's module whose functions are the collectives a user calls.
+COLLECTIVES_MODULE = "distributed_c10d.py"
+
+
+def _died_in_collective(dump: Mapping[str, Any]) -> bool:
+    """The answer a rank wrote as its own error ended it (``error`` set) says the error was
+    raised inside a collective call (a frame of :data:`COLLECTIVES_MODULE` below the user's):
+    a peer vanished while it waited there."""
+    if not dump.get("error"):
+        return False
+    return any(Path(str(f.get("file"))).name == COLLECTIVES_MODULE for f in _frames(dump))
 
 
 def diagnose(
@@ -254,6 +270,12 @@ def diagnose(
             continue
         frame, inside = place_in_code(dumps[rank])
         state, op = _state_of(views.get(rank), stuck, desync)
+        if rank in dead and state != RankState.WAITING:
+            # it died of its own error, and not while waiting for the others in the stuck
+            # collective (where a peer's death ends it): a dead rank, placed where it raised
+            error = str(dead[rank].get("error") or dead[rank].get("message") or "")
+            places.append(RankPlace(rank, RankState.DEAD, frame, steps=steps, error=error))
+            continue
         places.append(RankPlace(rank, state, frame, inside, op, steps, since))
     if stuck is None and (timed_out or any(d.get("timed_out") for d in dumps.values())):
         for p in places:

@@ -27,15 +27,16 @@ import os
 import socket
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 from rankscope.errors import RankscopeError, UsageError
 from rankscope.launchers import rundir
 from rankscope.launchers.base import JobOutcome, Launcher, RunHandle, create_run_dir
+from rankscope.launchers.hang_watch import EXIT_HUNG, RankProgress
 from rankscope.launchers.rundir import RunRecord, RunState, load_run, update_run, utc_now
 from rankscope.launchers.slurm.commands import (
+    MERGE_TIME_MIN,
     SlurmError,
     check_slurm,
     first_line,
@@ -46,11 +47,19 @@ from rankscope.launchers.slurm.commands import (
     submit_merge_job,
 )
 from rankscope.launchers.slurm.node import NodePlan, node_torchrun_args, run_node
+from rankscope.launchers.slurm.node_hang import (
+    ended_because_hung,
+    failing_nodes,
+    hang_rule,
+    request_stack_signal,
+)
 from rankscope.launchers.slurm.options import SlurmOptions, load_defaults
 from rankscope.launchers.slurm.records import (
     MergeState,
+    SlurmJobRef,
     merge_state,
     read_task_records,
+    root_cause_across_nodes,
     task_states,
     update_slurm,
 )
@@ -64,33 +73,6 @@ SUBMITIT_FOLDER = "slurm-%j"
 SETTLE_S = 120.0
 #: Seconds between two job-state queries while following a job.
 FOLLOW_POLL_S = 2.0
-
-
-@dataclass
-class SlurmJobRef:
-    """The backend handle: enough to find the job again from any process (``run.json``)."""
-
-    run_dir: Path
-    """The run directory."""
-    job_id: str
-    """Slurm id of the training job."""
-    merge_job_id: str | None
-    """Slurm id of the dependent merge job."""
-    nodes: int
-    """Nodes (= tasks) of the job."""
-    follow: bool = False
-    """``wait`` blocks until the job and its merge end; otherwise it returns at once."""
-    slurm_conf: str | None = None
-    """``SLURM_CONF`` at submission (used when the current shell has none)."""
-    torchrun_args: list[str] = field(default_factory=list)
-    """torchrun flags of every node besides the rendezvous ones rankscope adds."""
-    nproc_per_node: int = 1
-    """Ranks per node."""
-
-    @property
-    def env(self) -> dict[str, str]:
-        """Environment for Slurm commands about this job."""
-        return slurm_env(self.slurm_conf)
 
 
 class SlurmLauncher(Launcher):
@@ -175,6 +157,7 @@ class SlurmLauncher(Launcher):
             torchrun_args=tuple(torchrun_args),
             rank_argv=tuple(rank_argv(spec)),
             env=rank_settings_env(spec, run_dir),
+            hang_rule=None if spec.options.get("follow") else hang_rule(spec.options),
         )
         executor = submitit.SlurmExecutor(
             folder=run_dir / rundir.LOGS_DIR / SUBMITIT_FOLDER, max_num_timeout=0
@@ -269,6 +252,9 @@ class SlurmLauncher(Launcher):
                 slurm.update(state=str(info.state), nodelist=info.nodelist, reason=info.reason)
                 update_run(job.run_dir, state=str(state), slurm=slurm)
             return None
+        exit_code = info.exit_code
+        if state == RunState.CANCELLED and ended_because_hung(record):
+            state, exit_code = RunState.HUNG, EXIT_HUNG
         tasks = read_task_records(job.run_dir, job.job_id)
         failures: list[dict[str, Any]] = []
         if state == RunState.FAILED:
@@ -278,6 +264,7 @@ class SlurmLauncher(Launcher):
                     if f.get("rank") not in seen:
                         seen.add(f.get("rank"))
                         failures.append(f)
+            failures = root_cause_across_nodes(failures)
             if not failures:
                 failures.append(
                     {
@@ -293,16 +280,15 @@ class SlurmLauncher(Launcher):
             elapsed=info.elapsed,
         )
         outcome = JobOutcome(
-            state=state, exit_code=info.exit_code, failures=failures, fields={"slurm": slurm}
+            state=state, exit_code=exit_code, failures=failures, fields={"slurm": slurm}
         )
         slurm["tasks"] = task_states(job.run_dir, {**record, "state": str(state), "slurm": slurm})
         return outcome
 
     def _wait(self, job: SlurmJobRef, timeout: float | None) -> JobOutcome | None:
-        """Without ``follow``: return at once (a batch job). With it: poll until job and merge end.
-
-        Ctrl-C stops following, never the job (it keeps running; ``rankscope cancel`` stops it).
-        """
+        """Without ``follow``: return at once (a batch job). With it: poll until the job ends
+        (or ``timeout`` seconds pass), then until its merge job ends (Ctrl-C:
+        :meth:`_stop_following`)."""
         if not job.follow:
             print(
                 f"rankscope run: follow it with `rankscope status {job.run_dir}` "
@@ -311,30 +297,60 @@ class SlurmLauncher(Launcher):
             )
             return None
         deadline = None if timeout is None else time.monotonic() + timeout
-        try:
-            outcome = None
-            while outcome is None:
-                outcome = self._poll(job)
-                if outcome is None:
-                    if deadline is not None and time.monotonic() >= deadline:
-                        return None
-                    time.sleep(FOLLOW_POLL_S)
-            while job.merge_job_id:
-                info = query_job(job.merge_job_id, job.env)
-                if info is not None and run_state(info.state).finished:
-                    break
-                if deadline is not None and time.monotonic() >= deadline:
-                    break
-                time.sleep(FOLLOW_POLL_S)
-            outcome = self._poll(job) or outcome  # re-read: the merge job changed run.json
-        except KeyboardInterrupt:
-            print(
-                f"\nrankscope: stopped following; Slurm job {job.job_id} goes on "
-                f"(rankscope status {job.run_dir} / rankscope cancel {job.run_dir})",
-                file=sys.stderr,
-            )
-            return None
-        return outcome
+        outcome = self._until_ended(job, deadline)
+        return None if outcome is None else self._await_merge(job, outcome)
+
+    def _stop_following(self, job: SlurmJobRef) -> bool:
+        """Ctrl-C stops following, never the job (it keeps running; ``rankscope cancel``)."""
+        print(
+            f"\nrankscope: stopped following; Slurm job {job.job_id} goes on "
+            f"(rankscope status {job.run_dir} / rankscope cancel {job.run_dir})",
+            file=sys.stderr,
+        )
+        return True
+
+    def _until_ended(self, job: SlurmJobRef, deadline: float | None) -> JobOutcome | None:
+        """Poll until the job ends (its outcome) or ``deadline`` (monotonic s) passes (None)."""
+        while True:
+            outcome = self._poll(job)
+            if outcome is not None or (deadline is not None and time.monotonic() >= deadline):
+                return outcome
+            time.sleep(FOLLOW_POLL_S)
+
+    def _await_merge(self, job: SlurmJobRef, outcome: JobOutcome) -> JobOutcome:
+        """The job has ended: wait for its merge job (bounded by its time limit, not by the
+        caller's slice: the follower must never merge beside it), then re-read the outcome."""
+        deadline = time.monotonic() + MERGE_TIME_MIN * 60 + SETTLE_S
+        while job.merge_job_id and time.monotonic() < deadline:
+            info = query_job(job.merge_job_id, job.env)
+            if info is not None and run_state(info.state).finished:
+                break
+            time.sleep(FOLLOW_POLL_S)
+        return self._poll(job) or outcome  # re-read: the merge job changed run.json
+
+    # ---------------------------------------------------------------- hangs
+    def follows(self, job: SlurmJobRef) -> bool:
+        """Only with ``--follow`` (a batch job is watched by its first node: node_hang.py)."""
+        return job.follow
+
+    def _running(self, job: SlurmJobRef) -> bool:
+        """Slurm has started the job (``run.json``'s state, which the follow's polls update)."""
+        return load_run(job.run_dir).get("state") != str(RunState.QUEUED)
+
+    def _failing(self, job: SlurmJobRef) -> bool:
+        """A node's torchrun reported a failure (a dead rank): the job is failing, not hung."""
+        return failing_nodes(job.run_dir, job.job_id)
+
+    def _signal_ranks(self, job: SlurmJobRef, ranks: list[RankProgress]) -> list[int]:
+        """The ranks run on other nodes: their node tasks relay the signal (node_hang.py)."""
+        return request_stack_signal(job.run_dir, job.job_id, ranks)
+
+    def _end_hung(self, job: SlurmJobRef) -> JobOutcome:
+        """scancel, then follow the job to its end and its merge job (which records ``hung``
+        and merges the windows written before the hang)."""
+        cancelled = self._cancel(job, interrupt=False)
+        outcome = self._until_ended(job, time.monotonic() + SETTLE_S)
+        return cancelled if outcome is None else self._await_merge(job, outcome)
 
     def _finish(self, handle: RunHandle, outcome: JobOutcome) -> RunState:
         """Base behaviour, keeping what the merge job wrote meanwhile (``slurm.merge``)."""

@@ -34,8 +34,11 @@ from typing import Any
 
 from rankscope.errors import UsageError
 from rankscope.launchers import rundir
+from rankscope.launchers.hang_watch import HangRule
 from rankscope.launchers.output import tee
 from rankscope.launchers.rundir import RunState, utc_now
+from rankscope.launchers.slurm.commands import scancel
+from rankscope.launchers.slurm.node_hang import SignalRelay, watch_batch_job
 from rankscope.launchers.slurm.records import SLURM_DIR, TASK_FORMAT, read_task_records
 from rankscope.launchers.torchrun import (
     TORCHELASTIC_DIR,
@@ -105,7 +108,8 @@ def node_torchrun_args(torchrun_args: list[str], gpus_per_node: int = 0) -> tupl
 
 @dataclass(frozen=True)
 class NodePlan:
-    """What every node task runs (pickled by submitit, so plain data only)."""
+    """What every node task runs (pickled by submitit, so plain data only: strings, numbers and
+    the frozen :class:`HangRule`)."""
 
     run_dir: str
     """Run directory on the shared filesystem."""
@@ -119,6 +123,9 @@ class NodePlan:
     """``-m rankscope.launchers.rank [--module] SCRIPT ARGS…``."""
     env: dict[str, str] = field(default_factory=dict)
     """Environment added for the ranks (run directory, profiler settings, the spec's env)."""
+    hang_rule: HangRule | None = None
+    """The hang rule node 0 watches the ranks with, for a batch job nobody follows (None: the
+    submitting process follows the job and watches them itself; ``node_hang.py``)."""
 
 
 def _free_port() -> int:
@@ -218,7 +225,14 @@ def run_node(plan: NodePlan) -> dict[str, Any]:
         raise RuntimeError("torchrun started without an output pipe")
     pump = threading.Thread(target=tee, args=(proc.stdout, log, sys.stdout.buffer), daemon=True)
     pump.start()
+    relay = SignalRelay(run_dir, job_id, proc.pid).start()
+    running = threading.Event()
+    running.set()
+    if node == 0 and plan.hang_rule is not None:
+        watch_batch_job(run_dir, job_id, plan.hang_rule, running, lambda: scancel(job_id))
     code = proc.wait()
+    running.clear()
+    relay.stop()
     pump.join(timeout=10)
     prune_empty_dirs(elastic_dir)
     failures = torchrun_failures(log.read_text(errors="replace")) if code != 0 else []

@@ -5,18 +5,21 @@
 :class:`MergeState`. Per-task states come from the records each node task writes in
 ``RUN/slurm/`` (:data:`TASK_FORMAT`) when it starts and when its torchrun ends: written by the
 node body (``slurm_node.py``), read here for ``rankscope status`` and the launcher. All of it
-works from another shell after the submitting process has exited.
+works from another shell after the submitting process has exited: :class:`SlurmJobRef`, the
+launcher's handle on a job, is rebuilt from ``run.json`` alone.
 """
 
 from __future__ import annotations
 
 import enum
+import signal
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rankscope.launchers import rundir
 from rankscope.launchers.rundir import RunState, load_run, update_run
-from rankscope.launchers.slurm.commands import SlurmError, query_job, run_state
+from rankscope.launchers.slurm.commands import SlurmError, query_job, run_state, slurm_env
 
 #: Folder of the Slurm records inside the run directory (rendezvous and per-task files).
 SLURM_DIR = "slurm"
@@ -40,6 +43,33 @@ class MergeState(enum.StrEnum):
     def finished(self) -> bool:
         """True once the merge job can no longer change."""
         return self not in (MergeState.PENDING, MergeState.RUNNING)
+
+
+#: Signals with which a failing job's teardown ends the ranks still running (torchrun and srun
+#: send SIGTERM; Ctrl-C is SIGINT): a rank ended by one of them is a victim, not a cause.
+TEARDOWN_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
+
+
+def root_cause_across_nodes(failures: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The root cause among every node's failures (each node's torchrun names its own first
+    failure ``root_cause``, not the job's).
+
+    A rank that another signal ended (SIGKILL from the OOM killer or a user, SIGSEGV, SIGBUS…)
+    cannot be the consequence of another rank's error on another node: the teardown that follows
+    an error sends SIGTERM. The ranks that raised errors meanwhile are its victims (a collective
+    whose peer vanished: "Connection closed by peer"). So when some ranks died of such signals
+    and others of errors, only the former are root causes; otherwise the nodes' words stand."""
+    killed = [
+        f
+        for f in failures
+        if isinstance(f.get("exit_code"), int)
+        and f["exit_code"] < 0
+        and -f["exit_code"] not in TEARDOWN_SIGNALS
+    ]
+    if killed and len(killed) < len(failures):
+        for f in failures:
+            f["root_cause"] = any(f is k for k in killed)
+    return failures
 
 
 def read_task_records(run_dir: Path, job_id: str) -> dict[int, dict[str, Any]]:
@@ -128,3 +158,30 @@ def merge_state(record: dict[str, Any], env: dict[str, str] | None = None) -> Me
         )
         return again if again.finished else MergeState.COMPLETED
     return MergeState.CANCELLED if state == RunState.CANCELLED else MergeState.FAILED
+
+
+@dataclass
+class SlurmJobRef:
+    """The backend handle: enough to find the job again from any process (``run.json``)."""
+
+    run_dir: Path
+    """The run directory."""
+    job_id: str
+    """Slurm id of the training job."""
+    merge_job_id: str | None
+    """Slurm id of the dependent merge job."""
+    nodes: int
+    """Nodes (= tasks) of the job."""
+    follow: bool = False
+    """``wait`` blocks until the job and its merge end; otherwise it returns at once."""
+    slurm_conf: str | None = None
+    """``SLURM_CONF`` at submission (used when the current shell has none)."""
+    torchrun_args: list[str] = field(default_factory=list)
+    """torchrun flags of every node besides the rendezvous ones rankscope adds."""
+    nproc_per_node: int = 1
+    """Ranks per node."""
+
+    @property
+    def env(self) -> dict[str, str]:
+        """Environment for Slurm commands about this job."""
+        return slurm_env(self.slurm_conf)
