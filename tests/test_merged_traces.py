@@ -113,6 +113,11 @@ def test_analyze_says_how_the_ranks_were_told_apart(tmp_path: Path) -> None:
     assert "merged.json.gz holds 4 ranks (told apart by args.rank)" in res.stderr
     summary = json.loads((tmp_path / "s.json").read_text())
     assert [r["rank"] for r in summary["ranks"]] == [0, 1, 2, 3]
+    # several ranks: the sections comparing them are all there (tests/test_single_rank.py: one)
+    assert summary["sections"] == ["clock", "collectives", "rank_spread", "stragglers"]
+    assert [s["rank"] for s in summary["stragglers"]] == [2] and summary["collectives"][
+        "count"
+    ] == 3
 
 
 def test_several_ranks_nothing_tells_apart_are_refused_in_one_line(tmp_path: Path) -> None:

@@ -397,7 +397,11 @@ def findings(a: Analysis) -> list[Finding]:
     (``--profile-memory``; then "no memory events" is the finding). With a what-if table
     (``a.whatif``), each straggler and bottleneck is followed by what fixing it would save, and
     the job-wide scenarios follow the pipeline findings (kind ``what_if``)."""
-    linked = _with_what_if(_straggler_findings(a) + _link_findings(a) + _pipeline_findings(a), a)
+    from rankscope.analysis.conclude.sections import Section, applicable
+
+    # one rank: no rank to be late against, so no straggler finding, not even "no straggler"
+    strag = _straggler_findings(a) if Section.STRAGGLERS in applicable(a) else []
+    linked = _with_what_if(strag + _link_findings(a) + _pipeline_findings(a), a)
     return linked + _memory_findings(a) + _attention_findings(a) + _input_findings(a)
 
 

@@ -363,7 +363,8 @@ def _merge_locked(
         shutil.rmtree(workers_dir, ignore_errors=True)  # the runner removed it; in case
     if not quiet:
         n_coll = int(colls_aligned["coll"].nunique()) if not colls_aligned.empty else 0
-        print(clk.summary_line(clock_table))
+        if len(parked) > 1:  # one rank: no clock to align (conclude/sections.py)
+            print(clk.summary_line(clock_table))
         print(
             f"merged {len(parked)} of {world} rank(s), {n_coll} collective(s), "
             f"{len(problems)} problem(s) → {out}"

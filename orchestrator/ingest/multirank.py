@@ -43,6 +43,7 @@ from typing import Any
 import msgspec
 from rankscope.errors import InputFileError
 from rankscope.orchestrator.ingest.kineto_json import TraceReadError, decode_json, read_bytes
+from rankscope.orchestrator.ingest.rank_selection import MAX_RANKS
 
 #: Pid offset per rank in a merged file (TraceLens's merge tool: pid += rank × 10⁸). Above any
 #: OS pid (Linux's pid_max is at most 2²²), so a pid in block k ≥ 1 is not a process id.
@@ -85,7 +86,8 @@ class _Event(msgspec.Struct, gc=False):
     ph: str = ""
     name: str = ""
     cat: str = ""
-    pid: Any = None
+    pid: int | str | None = None
+    """typed as Kineto's: a file with other pids is not split (the parse reports it)"""
     args: _Args | None = None
 
 
@@ -98,12 +100,11 @@ Splitter = Callable[[list[_Event]], list[int | None] | None]
 
 
 def _as_rank(value: Any) -> int | None:
-    """A rank from a JSON value (int, or digits), else None."""
-    if type(value) is int and value >= 0:
-        return value
-    if isinstance(value, str) and value.isdigit():
-        return int(value)
-    return None
+    """A rank from a JSON value (int, or digits) in the merge's range (0..MAX_RANKS-1), else
+    None: a hostile 2**70 never becomes a rank, nor a part file."""
+    if isinstance(value, str) and value.isdigit() and len(value) < 10:
+        value = int(value)
+    return value if type(value) is int and 0 <= value < MAX_RANKS else None
 
 
 def _by_pid(events: list[_Event], pid_rank: dict[Any, int]) -> list[int | None] | None:
@@ -143,7 +144,7 @@ def by_process_name(events: list[_Event]) -> list[int | None] | None:
 
 def by_pid_block(events: list[_Event]) -> list[int | None] | None:
     """Integer pids in two or more blocks of :data:`PID_BLOCK` (block k = rank k)."""
-    ranks = [ev.pid // PID_BLOCK if type(ev.pid) is int and ev.pid >= 0 else None for ev in events]
+    ranks = [_as_rank(ev.pid // PID_BLOCK) if isinstance(ev.pid, int) else None for ev in events]
     return ranks if len({r for r in ranks if r is not None}) >= 2 else None
 
 
