@@ -57,6 +57,7 @@ from rankscope.analysis.compute.finding import (
 from rankscope.analysis.compute.finding import (
     Severity as Severity,
 )
+from rankscope.rank_ranges import rank_list
 
 # -- the sentences ---------------------------------------------------------------------------
 
@@ -411,7 +412,11 @@ def findings(a: Analysis) -> list[Finding]:
     (``--profile-memory``; then "no memory events" is the finding). With a what-if table
     (``a.whatif``), each straggler and bottleneck is followed by what fixing it would save, and
     the job-wide scenarios follow the pipeline findings (kind ``what_if``)."""
-    linked = _with_what_if(_straggler_findings(a) + _link_findings(a) + _pipeline_findings(a), a)
+    from rankscope.analysis.conclude.sections import Section, applicable
+
+    # one rank: no rank to be late against, so no straggler finding, not even "no straggler"
+    strag = _straggler_findings(a) if Section.STRAGGLERS in applicable(a) else []
+    linked = _with_what_if(strag + _link_findings(a) + _pipeline_findings(a), a)
     return (
         linked
         + _unmatched_comm_findings(a)
@@ -423,8 +428,6 @@ def findings(a: Analysis) -> list[Finding]:
 
 def unmatched_comm_evidence(ms: float, kernels: int, ranks: list[int], example: str) -> str:
     """The sentence of :data:`FindingKind.UNMATCHED_COMM` (``ms``: summed kernel time)."""
-    from rankscope.analysis.conclude.hang_findings import rank_list
-
     name = example.split("(", 1)[0].removeprefix("void ")
     return (
         f"{ms:.3f} ms of communication kernels on {rank_list(ranks)} ({kernels} kernels, summed "

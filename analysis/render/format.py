@@ -32,7 +32,7 @@ def _disagree_hint(doc: dict[str, Any]) -> str:
     either; where the clock cannot settle who arrived last, the analysis orders by durations.
     """
     clock = doc.get("clock") or []
-    if not doc["collectives"]["clock_disagreements"]:
+    if not doc.get("collectives", {}).get("clock_disagreements"):
         return ""
     if clock and all(int(c["uncertainty_ns"]) == 0 for c in clock):
         return (

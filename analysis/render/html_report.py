@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from rankscope.analysis.conclude.findings import PIPELINE_KINDS, Finding, FindingKind, findings
+from rankscope.analysis.conclude.sections import Section
 from rankscope.analysis.render.format import (
     MANY_RANKS,
     READING_DOC,
@@ -203,7 +204,7 @@ def _straggler_tables(
 ) -> tuple[dict[str, Any] | None, dict[str, Any]]:
     """The stragglers' figures (None without a straggler) and the lateness section's table of
     every rank's straggler test (``shown``: only these ranks)."""
-    strag = doc["stragglers"]
+    strag = doc.get("stragglers", [])
     figures = None
     if strag:
         figures = table(
@@ -260,21 +261,27 @@ def report_context(a: Analysis, *, all_ranks: bool = False) -> dict[str, Any]:
 
     found = findings(a)
     doc = summary(a, found)
-    strag = doc["stragglers"]
-    cards = [
-        {"key": "ranks", "value": f"{doc['ranks_present']} / {a.world_size}", "cls": ""},
-        {"key": "collectives", "value": str(doc["collectives"]["count"]), "cls": ""},
-        {
-            "key": "waiting, all ranks",
-            "value": f"{sum(r['comm_wait_s'] for r in doc['ranks']):.3f} s",
-            "cls": "",
-        },
-        {
-            "key": "straggler",
-            "value": ", ".join(f"rank {s['rank']}" for s in strag) if strag else "none",
-            "cls": "bad" if strag else "good",
-        },
-    ]
+    # what compares ranks is left out where it does not apply (one rank: conclude/sections.py)
+    sections = set(doc["sections"])
+    strag = doc.get("stragglers", [])
+    cards = [{"key": "ranks", "value": f"{doc['ranks_present']} / {a.world_size}", "cls": ""}]
+    if Section.COLLECTIVES in sections:
+        cards += [
+            {"key": "collectives", "value": str(doc["collectives"]["count"]), "cls": ""},
+            {
+                "key": "waiting, all ranks",
+                "value": f"{sum(r['comm_wait_s'] for r in doc['ranks']):.3f} s",
+                "cls": "",
+            },
+        ]
+    if Section.STRAGGLERS in sections:
+        cards.append(
+            {
+                "key": "straggler",
+                "value": ", ".join(f"rank {s['rank']}" for s in strag) if strag else "none",
+                "cls": "bad" if strag else "good",
+            }
+        )
     many = len(doc["ranks"]) > MANY_RANKS and not all_ranks
     labelled = (
         many_rank_rows(doc["ranks"], a.flagged_ranks())
@@ -306,10 +313,9 @@ def report_context(a: Analysis, *, all_ranks: bool = False) -> dict[str, Any]:
         for f in _with_their_what_if(found, set(PIPELINE_KINDS))
     ]
     strag_figures, strag_tests = _straggler_tables(a, doc, shown)
+    all_clock = doc.get("clock", [])
     clock = (
-        sorted(doc["clock"], key=lambda c: -c["uncertainty_ns"])[:MANY_RANKS]
-        if many
-        else doc["clock"]
+        sorted(all_clock, key=lambda c: -c["uncertainty_ns"])[:MANY_RANKS] if many else all_clock
     )
     clock_table = table(
         ["rank", "host", "offset ms", "± µs", "method"],
@@ -325,7 +331,7 @@ def report_context(a: Analysis, *, all_ranks: bool = False) -> dict[str, Any]:
         ],
         {1, 4},
     )
-    colls = doc["collectives"]
+    colls = doc.get("collectives", {"by_op": [], "clock_disagreements": 0})
     coll_rows = [
         [
             o["op"],
@@ -358,20 +364,22 @@ def report_context(a: Analysis, *, all_ranks: bool = False) -> dict[str, Any]:
         attention=_attention(doc, found),
         op_table=_op_table(doc),
         steps=steps_table(a, ranks=shown),
-        lateness=markup(_lateness_svg(a, summarise=many)),
+        lateness=markup(_lateness_svg(a, summarise=many))
+        if Section.STRAGGLERS in sections
+        else None,
         lateness_table=strag_tests,
         collectives=table(
             ["op", "count", "bytes", "rank-time s", "wait s", "transfer s"], coll_rows, {0}
-        ),
+        )
+        if Section.COLLECTIVES in sections
+        else None,
         disagreements=colls["clock_disagreements"],
         disagree_hint=_disagree_hint(doc),
         hta=_hta(doc),
         clock_summary=(
-            {"digest": clock_digest(doc["clock"]), "rows": MANY_RANKS}
-            if many and doc["clock"]
-            else None
+            {"digest": clock_digest(all_clock), "rows": MANY_RANKS} if many and all_clock else None
         ),
-        clock=clock_table,
+        clock=clock_table if Section.CLOCK in sections else None,
         ops=table(
             ["name", "kind", "ranks", "calls/rank", "mean ms", "min ms", "max ms", "spread",
              "fastest", "slowest"],

@@ -211,6 +211,14 @@ def summary(a: Analysis, found: list[Finding] | None = None) -> dict[str, Any]:
         ],
         "findings": [f.as_json() for f in (findings(a) if found is None else found)],
     }
+    from rankscope.analysis.conclude.sections import Section, applicable
+
+    sections = applicable(a)
+    # one rank: the sections comparing ranks are left out, and ``sections`` says which apply
+    doc["sections"] = sorted(sections)
+    for section in (Section.STRAGGLERS, Section.CLOCK, Section.COLLECTIVES):
+        if section not in sections:
+            del doc[section.value]
     memory = memory_summary(a.memory)
     if memory is not None:  # additive: absent without memory events (docs/summary.md)
         doc["memory"] = memory

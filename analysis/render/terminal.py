@@ -19,6 +19,7 @@ from rankscope.analysis.conclude.findings import (
     job_what_if,
     pipeline_findings,
 )
+from rankscope.analysis.conclude.sections import Section
 from rankscope.analysis.render.format import (
     MANY_RANKS,
     READING_DOC,
@@ -97,14 +98,15 @@ def print_summary(
     title = f"rankscope · {a.path} · {doc['ranks_present']} of {a.world_size} rank(s)"
     show_host = len({r["host"] for r in doc["ranks"]}) > 1
     show_mem = any(r["memory_s"] >= 0.01 * r["total_s"] for r in doc["ranks"])
+    show_waits = Section.COLLECTIVES.value in doc["sections"]  # one rank: no one to wait for
+    spread = Section.RANK_SPREAD.value in doc["sections"]
     cols = [
         "rank",
         *(["host"] if show_host else []),
         "total ms",
         "comp",
         "comm",
-        "wait ms",
-        "xfer ms",
+        *(["wait ms", "xfer ms"] if show_waits else []),
         *(["mem"] if show_mem else []),
         "input",
         "idle",
@@ -152,13 +154,17 @@ def print_summary(
             "ranks with the most total time and the most wait; --all-ranks lists every rank, "
             "summary.json holds them all.[/dim]"
         )
+    waits = (
+        "; wait/xfer ms: time in it with a collective in flight, waiting for a later rank / "
+        "moving data (each instant once)"
+        if show_waits
+        else ""
+    )
     console.print(
         "[dim]total: the rank's profiled steps; comp/comm/mem/input/idle: shares of it (comm = "
-        "exposed communication); wait/xfer ms: time in it with a collective in flight, waiting "
-        "for a later rank / moving data (each instant once). How to read this: "
-        f"{READING_DOC}[/dim]"
+        f"exposed communication){waits}. How to read this: {READING_DOC}[/dim]"
     )
-    if doc["stragglers"]:
+    if doc.get("stragglers"):
         st = Table(
             title="Stragglers (most significant first)",
             title_justify="left",
@@ -190,15 +196,16 @@ def print_summary(
     print_what_if(found, console)
     print_memory(a.memory, found, console, finding_markup)
     print_attention(getattr(a, "attention", None), console)
-    if doc["clock"] and len(doc["clock"]) > MANY_RANKS and not all_ranks:
-        console.print(clock_digest(doc["clock"]))
-    elif doc["clock"]:
+    clock = doc.get("clock")
+    if clock and len(clock) > MANY_RANKS and not all_ranks:
+        console.print(clock_digest(clock))
+    elif clock:
         ct = Table(
             title="Clock alignment", title_justify="left", header_style="bold", box=box.SIMPLE_HEAD
         )
         for col in ("rank", "host", "offset ms", "± µs", "method"):
             ct.add_column(col, justify="left" if col in ("host", "method") else "right")
-        for c in doc["clock"]:
+        for c in clock:
             ct.add_row(
                 str(c["rank"]),
                 c["host"],
@@ -207,8 +214,8 @@ def print_summary(
                 c["method"],
             )
         console.print(ct)
-    c = doc["collectives"]
-    if c["count"]:
+    c = doc.get("collectives")
+    if c and c["count"]:
         console.print(
             f"Collectives: {c['count']}; summed over their {c['rank_rows']} (collective, rank) "
             f"rows (rank-time, concurrent ones each count): {c['total_s']:.4f} s = wait "
@@ -216,14 +223,19 @@ def print_summary(
             f"{c['clock_disagreements']} of the rows fail the clock check{_disagree_hint(doc)}."
         )
     if len(a.ops) and top_ops:
+        # one rank: its own times (no spread across ranks, no slowest rank)
+        op_cols = ["name", "calls", "mean ms", "min ms", "max ms", "spread", "slowest"]
+        op_cols = op_cols if spread else ["name", "calls", "ms"]
+        across = " across ranks" if spread else ""
+        per_rank = " per rank" if spread else ""
         ot = Table(
-            title=f"Top {top_ops} ops across ranks (ms per rank while the op ran: its calls' "
+            title=f"Top {top_ops} ops{across} (ms{per_rank} while the op ran: its calls' "
             "union, children included)",
             title_justify="left",
             header_style="bold",
             box=box.SIMPLE_HEAD,
         )
-        for col in ("name", "calls", "mean ms", "min ms", "max ms", "spread", "slowest"):
+        for col in op_cols:
             ot.add_column(
                 col, justify="left" if col == "name" else "right", no_wrap=True, min_width=len(col)
             )
@@ -231,15 +243,15 @@ def print_summary(
         for name, o in zip(
             short_names([str(n) for n in top["name"]], 38), top.itertuples(index=False), strict=True
         ):
-            ot.add_row(
-                name,
-                f"{o.count_mean:.0f}",
-                f"{o.wall_mean_ns / 1e6:.3f}",
-                f"{o.wall_min_ns / 1e6:.3f}",
-                f"{o.wall_max_ns / 1e6:.3f}",
-                f"{o.spread:.0%}",
-                str(o.slowest_rank),
-            )
+            cells = [name, f"{o.count_mean:.0f}", f"{o.wall_mean_ns / 1e6:.3f}"]
+            if spread:
+                cells += [
+                    f"{o.wall_min_ns / 1e6:.3f}",
+                    f"{o.wall_max_ns / 1e6:.3f}",
+                    f"{o.spread:.0%}",
+                    str(o.slowest_rank),
+                ]
+            ot.add_row(*cells)
         console.print(ot)
     for f in found:
         if f.kind == FindingKind.INPUT_PROBLEMS:

@@ -35,6 +35,8 @@ TRACE_NAME_PATTERNS = (
 #: ``traceEvents`` after a small header (schemaVersion, deviceProperties, distributedInfo).
 SNIFF_BYTES = 1 << 18
 _TRACE_KEY = re.compile(rb'"traceEvents"\s*:')
+#: The trace event format's other form, a bare JSON array of events (Composer's merger writes it).
+_ARRAY_HEAD = re.compile(rb'^\s*\[\s*\{[^{}]*"ph"\s*:')
 #: rankscope's own Perfetto export: ``{"otherData": {"generator": "rankscope export …"`` first.
 _EXPORT_HEAD = re.compile(
     rb'^\s*\{\s*"otherData"\s*:\s*\{\s*"generator"\s*:\s*"' + re.escape(PERFETTO_GENERATOR.encode())
@@ -61,10 +63,15 @@ class RankSource:
     """True when the rank comes from ``ranks/NNNNN`` (authoritative)"""
     meta: dict[str, Any] = field(default_factory=dict)
     """the rank's meta.json (run directories), else empty"""
+    origin: str | None = None
+    """what to call the files when they are a part the merge cut out of a merged file
+    (``merged.json.gz [rank 3]``; ``multirank.py``), else None"""
 
     @property
     def label(self) -> str:
         """The file name to print (the first file, or the rank folder)."""
+        if self.origin is not None:
+            return self.origin
         if len(self.files) == 1:
             return str(self.files[0][1])
         return str(self.files[0][1].parent) if self.files else "?"
@@ -142,7 +149,7 @@ def sniff(path: Path, limit: int = SNIFF_BYTES) -> TraceHead:
     events = _TRACE_KEY.search(text)
     if _EXPORT_HEAD.match(text[: events.start()] if events else text):
         return TraceHead.EXPORT
-    if events:
+    if events or _ARRAY_HEAD.match(text):
         return TraceHead.TRACE
     return TraceHead.OTHER
 

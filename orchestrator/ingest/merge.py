@@ -86,6 +86,7 @@ from rankscope.orchestrator.ingest.rank_selection import rank_rankless as rank_r
 from rankscope.orchestrator.ingest.rank_selection import rankless_note as rankless_note
 from rankscope.orchestrator.ingest.staging import (
     SPILL_FORMAT,
+    SPLIT_FORMAT,
     TMP_FORMAT,
     WORKERS_FORMAT,
     Spill,
@@ -219,7 +220,6 @@ def _merge_locked(
         for src in sources:
             if not src.from_run_dir:
                 src.rank_hint = rank_in_name(rank_from, src.files[0][1])
-    order = {src.label: i for i, src in enumerate(sources)}
     rankless: list[RankResult] = []
     if not sources:
         # One line, not the problems and then an error: ``analyze`` relays it under its name.
@@ -234,6 +234,14 @@ def _merge_locked(
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    remove_stale(out)
+    split_dir = out.parent / SPLIT_FORMAT.format(name=out.name, pid=os.getpid())
+    try:
+        sources = _split_merged(sources, split_dir, quiet)
+    except BaseException:
+        shutil.rmtree(split_dir, ignore_errors=True)
+        raise
+    order = {src.label: i for i, src in enumerate(sources)}
     choice = choose(spec, len(sources), estimate_events(sources))
     workers_dir = out.parent / WORKERS_FORMAT.format(name=out.name, pid=os.getpid())
     spec = dataclasses.replace(
@@ -246,7 +254,6 @@ def _merge_locked(
     )
     if not quiet:
         print(f"merge: {choice.reason}", file=sys.stderr)  # the line analyze prints, for the merge
-    remove_stale(out)
     tmp = out.parent / TMP_FORMAT.format(name=out.name, pid=os.getpid())
     spill_dir = out.parent / SPILL_FORMAT.format(name=out.name, pid=os.getpid())
     total_bytes = sum(p.stat().st_size for s in sources for _, p in s.files if p.exists())
@@ -373,10 +380,12 @@ def _merge_locked(
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
         shutil.rmtree(spill_dir, ignore_errors=True)
+        shutil.rmtree(split_dir, ignore_errors=True)
         shutil.rmtree(workers_dir, ignore_errors=True)  # the runner removed it; in case
     if not quiet:
         n_coll = int(colls_aligned["coll"].nunique()) if not colls_aligned.empty else 0
-        print(clk.summary_line(clock_table))
+        if len(parked) > 1:  # one rank: no clock to align (conclude/sections.py)
+            print(clk.summary_line(clock_table))
         print(
             f"merged {len(parked)} of {world} rank(s), {n_coll} collective(s), "
             f"{len(problems)} problem(s) → {out}"
@@ -395,8 +404,9 @@ def _write_rank(writer: Any, rank: int, result: RankResult, events: dict[str, np
             events[col] = np.where(v >= 0, codes[np.maximum(v, 0)], -1).astype(np.int32)
     meta = dict(result.source.meta)
     meta.pop("clock", None)
+    src = result.source
     attrs = {
-        "files": [str(p) for _, p in result.source.files],
+        "files": [src.origin] if src.origin is not None else [str(p) for _, p in src.files],
         "world_size_claimed": result.world_size if result.world_size is not None else -1,
         "backend": result.backend or meta.get("backend") or "",
         "host": meta.get("host") or result.host or "",
@@ -422,6 +432,34 @@ def _write_memory(
     memory["op"] = codes[memory["op"]]
     memory["scope"] = codes[memory["scope"]]
     writer.write_memory(rank, memory)
+
+
+def _split_merged(sources: list[RankSource], folder: Path, quiet: bool) -> list[RankSource]:
+    """Each single trace file that holds several ranks, as one source per rank
+    (:mod:`~rankscope.orchestrator.ingest.multirank`; the parts are written into ``folder``),
+    saying in one line per file how its ranks were told apart. Run-directory windows are one
+    rank's by their folder and are left as they are."""
+    from rankscope.orchestrator.ingest.multirank import split_file
+
+    out: list[RankSource] = []
+    for i, src in enumerate(sources):
+        if src.from_run_dir or len(src.files) != 1:
+            out.append(src)
+            continue
+        path = src.files[0][1]
+        split = split_file(path, folder / f"{i:05d}")
+        if split is None:
+            out.append(src)
+            continue
+        if not quiet:
+            print(f"merge: {split.line()}", file=sys.stderr)
+        for rank, part in sorted(
+            split.parts.items(), key=lambda kv: -1 if kv[0] is None else kv[0]
+        ):
+            shown = str(path) if rank is None else f"{path} [rank {rank}]"
+            hint = src.rank_hint if rank is None else rank
+            out.append(RankSource([(0, part)], hint, origin=shown))
+    return out
 
 
 def _clock_input(rank: int, res: RankResult) -> Any:

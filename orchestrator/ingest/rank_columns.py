@@ -11,6 +11,7 @@ besides the columns (a few tens of bytes per event); all times are the rank's ra
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -71,9 +72,10 @@ def parse_source(source: RankSource, vocabulary: CommVocabulary = DEFAULT_VOCABU
     problems: list[Problem] = []
     hint = source.rank_hint if source.rank_hint is not None else -1
     strings: StringTable = {}  # one table for all windows: codes need no translation below
-    for window, path in source.files:
+    for window, file in source.files:
+        path = Path(source.origin) if source.origin is not None else file  # the name to print
         try:
-            ft = read_trace(path, strings=strings, sort=False, comm=vocabulary)
+            ft = read_trace(file, strings=strings, sort=False, comm=vocabulary)
         except TraceReadError as exc:
             problems.append(Problem(str(path), hint, str(exc)))
             continue

@@ -39,6 +39,8 @@ TMP_FORMAT = ".{name}.{pid}.tmp"
 SPILL_FORMAT = ".{name}.{pid}.ranks.tmp"
 #: One parked column of one rank inside the spill folder (``part``: "events", "memory").
 SPILL_COLUMN_FORMAT = "{rank:05d}.{part}.{column}.npy"
+#: Folder beside the output for the per-rank parts of merged trace files (``multirank.py``).
+SPLIT_FORMAT = ".{name}.{pid}.split.tmp"
 #: Folder beside the output for what Slurm workers write (job logs, Dask's scratch space),
 #: removed once their jobs are gone (``ClusterSpec.slurm_work_dir``).
 WORKERS_FORMAT = ".{name}.{pid}.workers.tmp"
