@@ -223,6 +223,11 @@ def test_every_report_starts_with_what_to_do(analyses: dict[str, Analysis]) -> N
     print_summary(a, Console(file=buf, width=200))
     text = buf.getvalue()
     assert text.lstrip().startswith("What to do")
+    # and the summary ends by pointing back at the first item
+    last = " ".join(text.strip().splitlines()[-1].split())
+    assert last.startswith("What to do first:") and items[0].headline in " ".join(
+        text.split()[-60:]
+    )
     for i in items:
         assert " ".join(i.fix.split())[:40] in " ".join(text.split())
     page = render_html(a)

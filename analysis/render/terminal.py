@@ -250,6 +250,22 @@ def print_summary(
     for f in found:
         if f.kind == FindingKind.INPUT_PROBLEMS:
             console.print(finding_markup(f))
+    print_advice_reminder(advised, console)
+
+
+def print_advice_reminder(items: list[Advice], console: Console) -> None:
+    """One closing line that points back to the advice at the top (the summary is long; a
+    reader who scrolled to its end should leave with the first thing to do)."""
+    from rich.markup import escape
+
+    if items:
+        first = items[0]
+        more = f" (+{len(items) - 1} more)" if len(items) > 1 else ""
+        console.print(
+            f"[bold]{ADVICE_TITLE} first[/bold]: "
+            + escape(f"[{first.bottleneck}] {first.headline}; {first.gain}{more}")
+            + " — details at the top."
+        )
 
 
 def print_attention(table: pd.DataFrame | None, console: Console) -> None:
