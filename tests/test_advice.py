@@ -91,6 +91,7 @@ def test_kernel_names_say_their_precision() -> None:
         precision("sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x32")
         is Precision.TENSOR_TF32
     )
+    assert precision("sm90_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize64x64x8") is Precision.FP32_SIMT
     assert precision("volta_h884gemm_64x64_ldg8_nn") is Precision.TENSOR_HALF
     assert precision("ampere_bf16_s16816gemm_bf16_128x64") is Precision.TENSOR_HALF
     # matrix-vector and elementwise kernels are no GEMM the rule could move to tensor cores

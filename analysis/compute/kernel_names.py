@@ -57,7 +57,12 @@ _HALF = re.compile(
 #: FP32 SIMT GEMMs and convolutions (cuBLAS ``*_sgemm_*``, ``gemmSN_*<float``; cuDNN
 #: ``implicit_convolve_sgemm``, ``*scudnn*``). Matrix-vector kernels (``gemv*``) are left out:
 #: they are bound by memory bandwidth, and tensor cores would not speed them up.
-_FP32 = re.compile(r"(?:^|[^a-z0-9])(?:[a-z]+_)?sgemm|gemmsn_\w+<float|scudnn", re.IGNORECASE)
+#: cuBLAS 12's ``sm<arch>_xmma_gemm_<A><B>_<compute><compute>_<accumulate>`` names say the
+#: compute type too: ``f32f32_tf32f32_f32`` is TF32 (the synth writes that one), so
+#: ``f32f32_f32f32_f32`` is FP32 without TF32 (from the naming scheme; no trace here has it).
+_FP32 = re.compile(
+    r"(?:^|[^a-z0-9])(?:[a-z]+_)?sgemm|gemmsn_\w+<float|scudnn|_f32f32_f32f32_f32_", re.IGNORECASE
+)
 
 #: The copy direction whose pageable form blocks the input path (HtoD).
 PAGEABLE_HTOD = "Memcpy HtoD (Pageable -> Device)"
