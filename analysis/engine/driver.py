@@ -107,6 +107,12 @@ class Analysis:
     """Per rank, its communication kernels in no collective (DeepEP, NVSHMEM, custom
     all-reduce, user patterns: communication time left out of the waiting / transfer split):
     unmatched_comm.UNMATCHED_COLUMNS."""
+    gc: pd.DataFrame = dataclasses.field(default_factory=lambda: _empty_frame())
+    """Python garbage collections per rank and profiled step: gc_pauses.GC_COLUMNS (empty when
+    the trace has no ``Python GC`` events)."""
+    capability: dict[int, tuple[int, int]] = dataclasses.field(default_factory=dict)
+    """Per GPU rank, the highest compute capability of its GPUs (the traces'
+    ``deviceProperties``); absent for CPU ranks and stores merged before it was kept."""
     rootcause: Any = None
     """For a layered job (collectives of sub-groups: tensor / data / pipeline parallel), the
     slow workers, stage and data imbalances judged against each rank's peers
@@ -333,10 +339,15 @@ def analyze(
     )
     from rankscope.analysis.compute.attention import attention_by_backend
     from rankscope.analysis.compute.ops import op_sort_of, op_table_across_ranks
+    from rankscope.analysis.store.devices import rank_capability
 
     out.op_table = cat("op_table")
     out.op_table_across = op_table_across_ranks(out.op_table, sort_by=op_sort_of(out.op_table))
     out.attention_calls = cat("attention")
+    out.gc = cat("gc")
+    out.capability = {
+        int(r): cc for r, m in rank_metas.items() if (cc := rank_capability(m)) is not None
+    }
     out.attention = attention_by_backend(out.attention_calls)
     clocks = {r.rank: r.whatif_clock for r in results if r.whatif_clock is not None}
     if grid is not None:
@@ -345,7 +356,7 @@ def analyze(
     layered = None
     if rootcause.applies(colls):
         groups = {int(r): m.get("process_groups") for r, m in rank_metas.items()}
-        gc = cat("gc")
+        gc = out.gc
 
         def layered(model: Any) -> Any:
             lay = rootcause.layout(ranks, groups, model)

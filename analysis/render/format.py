@@ -16,6 +16,8 @@ READING_DOC = "docs/reading-output.md"
 NAME_WIDTH = 60
 
 #: Title of the what-if block (terminal, HTML report, app).
+#: The title of the advice section, first in every report (docs/advice.md).
+ADVICE_TITLE = "What to do"
 WHAT_IF_TITLE = "What if (per step, mean over profiled steps)"
 
 #: Above this many ranks the terminal summarises per-rank tables (distribution, flagged ranks,

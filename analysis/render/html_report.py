@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from rankscope.analysis.conclude.findings import PIPELINE_KINDS, Finding, FindingKind, findings
 from rankscope.analysis.conclude.sections import Section
 from rankscope.analysis.render.format import (
+    ADVICE_TITLE,
     MANY_RANKS,
     READING_DOC,
     WHAT_IF_TITLE,
@@ -30,6 +31,7 @@ from rankscope.analysis.render.summary_json import summary
 from rankscope.analysis.render.templating import finding, markup, render, table
 
 if TYPE_CHECKING:
+    from rankscope.analysis.conclude.advice import Advice
     from rankscope.analysis.engine.driver import Analysis
 
 #: The report's page template (``templates/``).
@@ -134,6 +136,24 @@ def _op_table(doc: dict[str, Any]) -> dict[str, Any] | None:
         {0, 1},
         {1},
     )  # fmt: skip
+
+
+def _advice(items: list[Advice]) -> dict[str, Any]:
+    """The "What to do" section: each item's class, headline, evidence, fix and gain."""
+    return {
+        "title": ADVICE_TITLE,
+        "items": [
+            {
+                "bottleneck": str(i.bottleneck),
+                "headline": i.headline,
+                "seen": i.seen,
+                "fix": i.fix,
+                "gain": i.gain,
+            }
+            for i in items
+        ],
+        "empty": "Nothing a rule acts on in this trace (the rules: docs/advice.md).",
+    }
 
 
 def _what_if(found: list[Finding]) -> dict[str, Any] | None:
@@ -256,11 +276,13 @@ def render_html(a: Analysis, *, all_ranks: bool = False) -> str:
 def report_context(a: Analysis, *, all_ranks: bool = False) -> dict[str, Any]:
     """What :data:`TEMPLATE` takes: every section's rows, figures and words as plain values
     (the charts as ``Markup``); a section it leaves out is None. See :func:`render_html`."""
+    from rankscope.analysis.conclude.advice import advice
     from rankscope.analysis.render.memory_section import memory_view
     from rankscope.analysis.render.overview_section import overview_view
 
     found = findings(a)
-    doc = summary(a, found)
+    advised = advice(a, found)
+    doc = summary(a, found, advised)
     # what compares ranks is left out where it does not apply (one rank: conclude/sections.py)
     sections = set(doc["sections"])
     strag = doc.get("stragglers", [])
@@ -348,6 +370,7 @@ def report_context(a: Analysis, *, all_ranks: bool = False) -> dict[str, Any]:
         path=a.path,
         run_id=doc["run_id"] or "-",
         world_size=a.world_size,
+        advice=_advice(advised),
         cards=cards,
         input_findings=[finding(f, "note") for f in found if f.kind == FindingKind.INPUT_PROBLEMS],
         bars=markup(_bars_svg(a, by_host=many)),

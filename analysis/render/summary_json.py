@@ -17,6 +17,7 @@ from rankscope.analysis.conclude.findings import Finding, findings, point_to_poi
 
 if TYPE_CHECKING:
     import pandas as pd
+    from rankscope.analysis.conclude.advice import Advice
     from rankscope.analysis.engine.driver import Analysis
 
 #: ``schema`` field of summary.json.
@@ -66,12 +67,18 @@ def what_if_summary(table: Any) -> dict[str, Any] | None:
     }
 
 
-def summary(a: Analysis, found: list[Finding] | None = None) -> dict[str, Any]:
+def summary(
+    a: Analysis, found: list[Finding] | None = None, advised: list[Advice] | None = None
+) -> dict[str, Any]:
     """The summary.json document (contract: docs/summary.md).
 
     ``found``: :func:`findings` of ``a`` when the caller already has them (they are built once per
-    rendering, so that every part of it shows the same list).
+    rendering, so that every part of it shows the same list); ``advised``: likewise the advice
+    (``advice.advice``), most valuable first.
     """
+    from rankscope.analysis.conclude.advice import advice
+
+    found = findings(a) if found is None else found
     from rankscope.analysis.compute.collectives import collective_summary
 
     totals = a.comm_totals.set_index("rank") if len(a.comm_totals) else None
@@ -183,6 +190,8 @@ def summary(a: Analysis, found: list[Finding] | None = None) -> dict[str, Any]:
         "run_id": str(a.meta.get("run_id", "")),
         "world_size": int(a.world_size),
         "ranks_present": len(ranks),
+        # what to do first: the reader's first question (docs/advice.md)
+        "advice": [i.as_json() for i in (advice(a, found) if advised is None else advised)],
         "ranks": ranks,
         "steps": steps,
         "stragglers": stragglers,
@@ -209,7 +218,7 @@ def summary(a: Analysis, found: list[Finding] | None = None) -> dict[str, Any]:
             {"file": str(p.file), "rank": int(p.rank), "problem": str(p.problem)}
             for p in a.problems.itertuples(index=False)
         ],
-        "findings": [f.as_json() for f in (findings(a) if found is None else found)],
+        "findings": [f.as_json() for f in found],
     }
     from rankscope.analysis.conclude.sections import Section, applicable
 

@@ -21,6 +21,7 @@ from rankscope.analysis.conclude.findings import (
 )
 from rankscope.analysis.conclude.sections import Section
 from rankscope.analysis.render.format import (
+    ADVICE_TITLE,
     MANY_RANKS,
     READING_DOC,
     WHAT_IF_TITLE,
@@ -33,6 +34,7 @@ from rankscope.analysis.render.summary_json import summary
 
 if TYPE_CHECKING:
     import pandas as pd
+    from rankscope.analysis.conclude.advice import Advice
     from rankscope.analysis.engine.driver import Analysis
     from rich.console import Console
 
@@ -93,8 +95,12 @@ def print_summary(
     from rich.table import Table
 
     console = console or Console()
+    from rankscope.analysis.conclude.advice import advice
+
     found = findings(a)
-    doc = summary(a, found)
+    advised = advice(a, found)
+    doc = summary(a, found, advised)
+    print_advice(advised, console)
     title = f"rankscope · {a.path} · {doc['ranks_present']} of {a.world_size} rank(s)"
     show_host = len({r["host"] for r in doc["ranks"]}) > 1
     show_mem = any(r["memory_s"] >= 0.01 * r["total_s"] for r in doc["ranks"])
@@ -256,6 +262,22 @@ def print_summary(
     for f in found:
         if f.kind == FindingKind.INPUT_PROBLEMS:
             console.print(finding_markup(f))
+    print_advice_reminder(advised, console)
+
+
+def print_advice_reminder(items: list[Advice], console: Console) -> None:
+    """One closing line that points back to the advice at the top (the summary is long; a
+    reader who scrolled to its end should leave with the first thing to do)."""
+    from rich.markup import escape
+
+    if items:
+        first = items[0]
+        more = f" (+{len(items) - 1} more)" if len(items) > 1 else ""
+        console.print(
+            f"[bold]{ADVICE_TITLE} first[/bold]: "
+            + escape(f"[{first.bottleneck}] {first.headline}; {first.gain}{more}")
+            + " — details at the top."
+        )
 
 
 def print_attention(table: pd.DataFrame | None, console: Console) -> None:
@@ -285,6 +307,25 @@ def print_attention(table: pd.DataFrame | None, console: Console) -> None:
             style="red" if "math" in str(r.backend) else None,
         )
     console.print(t)
+
+
+def print_advice(items: list[Advice], console: Console) -> None:
+    """The advice, most valuable first: per item its class and what was seen, the change to
+    make and the gain; one line saying so when no rule fired."""
+    from rich.markup import escape
+
+    if not items:
+        console.print(
+            f"[bold]{ADVICE_TITLE}[/bold]: nothing a rule acts on in this trace "
+            "(the rules: docs/advice.md)"
+        )
+        return
+    console.print(f"[bold]{ADVICE_TITLE}[/bold] (most valuable first; docs/advice.md)")
+    for n, item in enumerate(items, 1):
+        seen, do, gain = item.lines()
+        console.print(f" {n}. {escape(seen)}")
+        console.print(f"    [bold]{escape(do)}[/bold]")
+        console.print(f"    {escape(gain)}")
 
 
 def print_what_if(found: list[Finding], console: Console) -> None:

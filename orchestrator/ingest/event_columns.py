@@ -85,6 +85,8 @@ class FileTrace:
     """memory events left out and why (``memory_events.skip_reason``)"""
     device_memory: dict[int, int] = field(default_factory=dict)
     """GPU index → total bytes (``deviceProperties``)"""
+    device_capability: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """GPU index → (computeMajor, computeMinor) (``deviceProperties``)"""
     process_groups: list[dict[str, Any]] = field(default_factory=list)
     """the groups the rank is in (``distributedInfo.pg_config``): ``name``, ``desc`` and global
     ``ranks`` of each, as :func:`process_groups` reads them"""
@@ -466,6 +468,7 @@ class EventColumns:
             dropped["events with negative, NaN or missing durations"] = self.dropped
         if self.out_of_range:
             dropped["events with timestamps out of range"] = self.out_of_range
+        from rankscope.analysis.store.devices import device_capability
         from rankscope.analysis.store.memory_table import device_total_memory
 
         return FileTrace(
@@ -484,6 +487,7 @@ class EventColumns:
             memory=memory,
             memory_skipped=dict(self.memory_skipped),
             device_memory=device_total_memory(top.deviceProperties),
+            device_capability=device_capability(top.deviceProperties),
             enqueue=enqueue,
             process_groups=process_groups(info.get("pg_config")),
         )

@@ -61,6 +61,7 @@ import pandas as pd
 from rankscope.analysis.engine.scheduler import (
     SYNCHRONOUS as SYNCHRONOUS,  # the one word, for callers
 )
+from rankscope.analysis.store.devices import CAPABILITY_ATTR, capability_attr
 from rankscope.atomic import translate_write_errors
 from rankscope.errors import InputFileError, UsageError
 from rankscope.launchers import rundir
@@ -421,6 +422,8 @@ def _write_rank(writer: Any, rank: int, result: RankResult, events: dict[str, np
         attrs["process_groups"] = result.process_groups
     if result.device_memory:
         attrs["device_memory"] = {str(k): v for k, v in sorted(result.device_memory.items())}
+    if result.device_capability:
+        attrs[CAPABILITY_ATTR] = capability_attr(result.device_capability)
     writer.write_rank(rank, events, result.lanes, attrs)
 
 

@@ -55,6 +55,8 @@ class RankResult:
     but rank, ts raw ns, op/scope codes into ``strings``, sorted by ts"""
     device_memory: dict[int, int] | None = None
     """GPU index → total bytes, from the traces' ``deviceProperties``"""
+    device_capability: dict[int, tuple[int, int]] | None = None
+    """GPU index → (computeMajor, computeMinor), from the traces' ``deviceProperties``"""
     process_groups: list[dict[str, Any]] | None = None
     """the groups the rank is in (``decode.FileTrace.process_groups``; the first window's that
     lists any), None when no trace lists them"""
@@ -111,8 +113,10 @@ def parse_source(source: RankSource, vocabulary: CommVocabulary = DEFAULT_VOCABU
     offset = 0
     mems: dict[str, list[np.ndarray]] = {}
     device_memory: dict[int, int] = {}
+    capability: dict[int, tuple[int, int]] = {}
     for window, ft in parts:
         device_memory.update(ft.device_memory)
+        capability.update(ft.device_capability)
         if ft.memory is not None:
             for k, v in ft.memory.items():
                 mems.setdefault(k, []).append(v)
@@ -184,6 +188,7 @@ def parse_source(source: RankSource, vocabulary: CommVocabulary = DEFAULT_VOCABU
         t_first=int(columns["ts"][0]),
         memory=memory,
         device_memory=device_memory,
+        device_capability=capability,
         process_groups=next((ft.process_groups for _, ft in parts if ft.process_groups), None),
     )
 
