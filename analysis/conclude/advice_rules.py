@@ -347,7 +347,8 @@ def exposed_communication(
     communication running) less the wall time the rank's collectives waited for a later rank
     (``comm_totals.comm_wait_ns``: waiting is no transfer, and overlap cannot remove it — the
     straggler's fix does), when material; its gain is the what-if "communication fully
-    overlapped" (an upper bound: the barriers stay, the transfers become free)."""
+    overlapped" (an upper bound: the barriers stay, the transfers become free), capped at the
+    largest exposed transfer time per step of a rank."""
     from rankscope.analysis.compute.whatif_scenarios import COMM_OVERLAPPED
 
     if not len(breakdown):
@@ -372,6 +373,17 @@ def exposed_communication(
         return []
     wait_ms, _ = _per_step(waits, steps)
     gain, gain_share = _what_if(whatif, COMM_OVERLAPPED)
+    # the replay also frees the transfers of the collectives that waited (their barrier stays,
+    # but waiting ranks' step ends move): hiding transfers saves at most the largest exposed
+    # transfer time of a rank per step (a part never exceeds its whole)
+    most_ms = max(
+        (v / float(steps.at[r, "steps"]) / 1e6 for r, v in by_rank.items() if r in steps.index),
+        default=0.0,
+    )
+    if gain is not None and gain > most_ms:
+        if gain_share is not None:
+            gain_share *= most_ms / gain
+        gain = most_ms
     ok = gain is not None and gain > 0
     return [
         Advice(
@@ -400,6 +412,7 @@ def exposed_communication(
                 "exposed_transfer_ms_per_step": round(ms, 6),
                 "exposed_transfer_share": round(share, 4),
                 "wait_ms_per_step": round(wait_ms, 6),
+                "exposed_transfer_ms_per_step_max": round(most_ms, 6),
             },
         )
     ]

@@ -138,11 +138,15 @@ def _op_table(doc: dict[str, Any]) -> dict[str, Any] | None:
     )  # fmt: skip
 
 
+#: The "What to do" section's line when no rule fires.
+ADVICE_NONE = "Nothing a rule acts on in this trace (the rules: docs/advice.md)."
+
+
 def _advice(items: list[Advice]) -> dict[str, Any]:
     """The "What to do" section: each item's class, headline, evidence, fix and gain."""
     return {
         "title": ADVICE_TITLE,
-        "items": [
+        "entries": [
             {
                 "bottleneck": str(i.bottleneck),
                 "headline": i.headline,
@@ -152,7 +156,8 @@ def _advice(items: list[Advice]) -> dict[str, Any]:
             }
             for i in items
         ],
-        "empty": "Nothing a rule acts on in this trace (the rules: docs/advice.md).",
+        # said only when there is nothing to do (each value passed is one the page prints)
+        **({} if items else {"empty": ADVICE_NONE}),
     }
 
 
