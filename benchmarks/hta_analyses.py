@@ -94,7 +94,7 @@ print(json.dumps(out))
 """
 
 
-def run_hta(name: str, python: Path) -> dict[str, object]:
+def run_hta(name: str, python: Path, operators: list[str]) -> dict[str, object]:
     """HTA's figures on one set (trace files copied alone into a temporary folder)."""
     src = DATA / name
     with tempfile.TemporaryDirectory(prefix="rankscope-hta-") as d:
@@ -102,7 +102,7 @@ def run_hta(name: str, python: Path) -> dict[str, object]:
             if f.name.endswith((".json", ".json.gz")):
                 shutil.copy2(f, Path(d) / f.name)
         proc = subprocess.run(
-            [str(python), "-c", HTA_SCRIPT, d, ",".join(SEQUENCE_OPERATORS), str(MIN_PATTERN_LEN)],
+            [str(python), "-c", HTA_SCRIPT, d, ",".join(operators), str(MIN_PATTERN_LEN)],
             capture_output=True,
             text=True,
             check=False,
@@ -110,7 +110,7 @@ def run_hta(name: str, python: Path) -> dict[str, object]:
     if proc.returncode != 0:
         return {"hta_failed": (proc.stderr.strip().splitlines() or ["?"])[-1]}
     return {
-        "operators": list(SEQUENCE_OPERATORS),
+        "operators": operators,
         "min_pattern_len": MIN_PATTERN_LEN,
         "ranks": json.loads(proc.stdout.strip().splitlines()[-1]),
     }
@@ -122,14 +122,20 @@ def main() -> None:
     )
     parser.add_argument("--hta-python", type=Path, default=HTA_PYTHON)
     parser.add_argument("--write", action="store_true", help=f"store the figures in {REFERENCE}")
+    parser.add_argument("--only", nargs="+", choices=SETS, help="these sets (default: all)")
+    parser.add_argument(
+        "--operators", nargs="+", default=list(SEQUENCE_OPERATORS), help="kernel-sequence operators"
+    )
     args = parser.parse_args()
     if not args.hta_python.exists():
         sys.exit(f"{args.hta_python}: no such interpreter (create the HTA venv first, see --help)")
-    ref = json.loads(REFERENCE.read_text())
-    for name in SETS:
-        figures = run_hta(name, args.hta_python)
-        print(name, json.dumps(figures)[:2000])
-        ref["sets"][name]["analyses"] = figures
+    figures = {}
+    for name in args.only or SETS:
+        figures[name] = run_hta(name, args.hta_python, args.operators)
+        print(name, json.dumps(figures[name])[:2000])
+    ref = json.loads(REFERENCE.read_text())  # read late: another run may have written meanwhile
+    for name, fig in figures.items():
+        ref["sets"][name]["analyses"] = fig
     if args.write:
         REFERENCE.write_text(json.dumps(ref, indent=1) + "\n")
         print(f"wrote {REFERENCE}")

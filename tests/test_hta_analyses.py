@@ -188,7 +188,7 @@ def _queue_start_first(store_path) -> pd.DataFrame:
     with open_store(store_path) as st:
         offsets = dict(zip(st.clock()["rank"], st.clock()["offset_ns"], strict=True))
         drop = bool(st.steps()["step"].nunique() >= 2)
-        for rank in st.ranks():
+        for rank in st.ranks:
             frames.append(
                 kl.queue_length(
                     st.events(rank), st.lanes(rank), rank=int(rank),

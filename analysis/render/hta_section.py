@@ -77,6 +77,7 @@ def hta_analyses_summary(h: HtaAnalyses | None) -> dict[str, Any] | None:
         "kernel_sequences": [
             {
                 "rank": int(r.rank),
+                "operator": str(r.operator),
                 "pattern": str(r.pattern),
                 "count": int(r.count),
                 "kernels": int(r.kernels),
