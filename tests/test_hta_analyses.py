@@ -116,6 +116,9 @@ TIME_TOLERANCE = 0.005
 #: Where HTA 0.5.0's get_frequent_cuda_kernel_sequences raises (its call stack's event sort:
 #: "ValueError: Unexpected case"), as the reference file records.
 HTA_SEQUENCES_FAIL = {"hta/nccl_parser_config"}
+#: Where HTA found kernel sequences (autograd backward functions; no set has an ``aten::`` op
+#: launching 3 kernels at the shallowest ATen depth).
+SEQUENCES_FOUND = {"hta/trace_filter_2rank", "param_dlrm_8rank"}
 
 
 def _time(got_ns: float, exp_us: float) -> bool:
@@ -228,7 +231,8 @@ def test_kernel_sequences_equal_hta(name: str, data_dir, analysed) -> None:
                 e["pattern"]: e["count"] for e in exp
             }, (rank, operator)
             compared += len(exp)
-    assert compared > 0 or name in HTA_SEQUENCES_FAIL
+    if name in SEQUENCES_FOUND:  # where HTA found sequences, so did the comparison
+        assert compared > 0
 
 
 def test_reports_show_idle_time_and_launch_delay(analysed) -> None:
