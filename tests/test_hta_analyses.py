@@ -269,3 +269,19 @@ def test_reports_show_idle_time_and_launch_delay(analysed) -> None:
     text = out.getvalue()
     assert "waiting for the host to launch" in text and "Kernel launch delay" in text
     assert "queue length" not in text.lower()
+
+
+def test_critical_path_runs_through_the_straggler(data_dir, tmp_path) -> None:
+    """cpu_gloo_4rank_straggler: rank 2 sleeps 20 ms after backward every step, so the steps'
+    critical paths run through its own work more than through any other rank's."""
+    from analysis_frames import merged
+    from rankscope.analysis.engine.driver import SYNCHRONOUS, ClusterSpec, analyze
+    from rankscope.analysis.render.hta_section import critical_path_summary
+
+    a = analyze(
+        merged(data_dir, "cpu_gloo_4rank_straggler", tmp_path), ClusterSpec(scheduler=SYNCHRONOUS)
+    )
+    c = critical_path_summary(a.critical_path)
+    assert c is not None and c["steps"] == 3
+    assert c["by_rank"][0]["rank"] == 2
+    assert 0 < c["by_rank"][0]["share"] <= 1
