@@ -501,6 +501,33 @@ def _hta_round(ts: np.ndarray, end: np.ndarray, phase_ns: int) -> tuple[np.ndarr
     return rs, re_
 
 
+def hta_view(
+    events: pd.DataFrame, lanes: pd.DataFrame, grid_phase_ns: int, drop_last_step: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The events as HTA 0.5.0 loads them: ``(ts, end, kept)``, ns on the aligned clock.
+
+    ``ts``/``end``: rounded to whole µs of the raw trace clock, start up and end down
+    (``grid_phase_ns``: where that µs grid falls on the aligned clock). ``kept``: HTA's
+    ``_filter_irrelevant_gpu_kernels`` when the trace holds two or more ``ProfilerStep`` numbers
+    (``drop_last_step``): host events that start before the last ``ProfilerStep`` starts, and the
+    GPU events one of them launched (same correlation id); every event otherwise."""
+    ts = events["ts"].to_numpy().astype(np.int64)
+    end = ts + events["dur"].to_numpy().astype(np.int64)
+    ts, end = _hta_round(ts, end, int(grid_phase_ns) % HTA_GRID_NS)
+    kept = np.ones(len(ts), bool)
+    if drop_last_step:
+        kinds = events["kind"].to_numpy()
+        is_step = kinds == int(EventKind.PROFILER_STEP)
+        if is_step.any():
+            last_start = ts[is_step].max()
+            gpu = gpu_event_mask(events, lanes)
+            corr = events["corr"].to_numpy()
+            host = ~gpu & (ts < last_start)
+            launched = np.unique(corr[host & (corr >= 0)])
+            kept = host | (gpu & np.isin(corr, launched))
+    return ts, end, kept
+
+
 def hta_temporal_breakdown(
     events: pd.DataFrame,
     lanes: pd.DataFrame,
@@ -525,18 +552,8 @@ def hta_temporal_breakdown(
       the other libraries' communication kernels, :func:`comm_kernel_mask`, which HTA counts as
       compute).
     """
-    gpu = gpu_event_mask(events, lanes)
-    ts = events["ts"].to_numpy().astype(np.int64)
-    end = ts + events["dur"].to_numpy().astype(np.int64)
-    ts, end = _hta_round(ts, end, int(grid_phase_ns) % HTA_GRID_NS)
-    kinds = events["kind"].to_numpy()
-    if drop_last_step:
-        is_step = kinds == int(EventKind.PROFILER_STEP)
-        if is_step.any():
-            last_start = ts[is_step].max()
-            corr = events["corr"].to_numpy()
-            launched = np.unique(corr[~gpu & (ts < last_start) & (corr >= 0)])
-            gpu = gpu & np.isin(corr, launched)
+    ts, end, kept = hta_view(events, lanes, grid_phase_ns, drop_last_step)
+    gpu = gpu_event_mask(events, lanes) & kept
     names = events["name"]
     comm = gpu & comm_kernel_mask(events)
     memory = gpu & ~comm & name_matches(names, MEMORY_KERNEL_RE)

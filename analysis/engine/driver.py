@@ -36,6 +36,7 @@ from rankscope.analysis.engine.scheduler import ClusterSpec as ClusterSpec
 from rankscope.analysis.engine.scheduler import choose as choose
 
 if TYPE_CHECKING:
+    from rankscope.analysis.compute.hta_across import HtaAnalyses
     from rankscope.analysis.compute.memory import MemoryAnalysis
     from rankscope.analysis.engine.overview import Overview
     from rankscope.analysis.store.reader import Store
@@ -113,6 +114,12 @@ class Analysis:
     capability: dict[int, tuple[int, int]] = dataclasses.field(default_factory=dict)
     """Per GPU rank, the highest compute capability of its GPUs (the traces'
     ``deviceProperties``); absent for CPU ranks and stores merged before it was kept."""
+    gpu_feed: HtaAnalyses = dataclasses.field(default_factory=lambda: _no_gpu_feed())
+    """HTA's idle-time breakdown, kernel launch statistics, queue length and kernel sequences of
+    every GPU rank, and which ranks differ (hta_across.HtaAnalyses; empty frames on CPU jobs)."""
+    critical_path: pd.DataFrame | None = None
+    """Each profiled step's critical path through the what-if graph, which spans every rank,
+    summed per rank and edge kind (critical_path.CRITICAL_COLUMNS); None without a graph."""
     rootcause: Any = None
     """For a layered job (collectives of sub-groups: tensor / data / pipeline parallel), the
     slow workers, stage and data imbalances judged against each rank's peers
@@ -152,6 +159,12 @@ def _no_memory() -> MemoryAnalysis:
     return MemoryAnalysis.empty()
 
 
+def _no_gpu_feed() -> HtaAnalyses:
+    from rankscope.analysis.compute.hta_across import HtaAnalyses
+
+    return HtaAnalyses()
+
+
 def _no_whatif() -> pd.DataFrame:
     from rankscope.analysis.compute.whatif_scenarios import SCENARIO_COLUMNS
 
@@ -177,20 +190,21 @@ def _whatif_and_root(
     bottlenecks: list[int],
     layered: Callable[[Any], Any] | None = None,
     extra: Sequence[Any] = (),
-) -> tuple[pd.DataFrame, Any]:
+) -> tuple[pd.DataFrame, Any, pd.DataFrame | None]:
     """The what-if table (whatif_scenarios.SCENARIO_COLUMNS) from the rank tasks' clocks, and for a
     layered job ``layered(model)`` (rootcause.RootCause: its slow workers are fixed like their
     peers, its job-wide scenarios close the table); the table is empty where the replay has
     nothing to replay across ranks (one rank, no steps, no collectives) or its graph cannot be
     built (analyze never fails for it: the block is then left out). ``extra``: more scenarios
-    (whatif_scenarios.Scenario: the slow links like the others), last."""
+    (whatif_scenarios.Scenario: the slow links like the others), last. Third: each step's
+    critical path through the graph (critical_path.CRITICAL_COLUMNS; None without a graph)."""
     import logging
 
     from rankscope.analysis.compute import whatif_graph, whatif_replay
 
     stepped = steps[steps["step"] >= 0] if len(steps) else steps
     if stepped["rank"].nunique() < 2 or not len(colls):
-        return _no_whatif(), None
+        return _no_whatif(), None, None
     try:
         model = whatif_graph.build(stepped, colls, clocks)
         root = layered(model) if layered is not None else None
@@ -205,10 +219,12 @@ def _whatif_and_root(
         if extra:
             last = whatif_replay.scenarios(model, custom=extra, only_custom=True)
             table = pd.concat([table, last], ignore_index=True)
-        return table, root
+        from rankscope.analysis.compute.critical_path import critical_path
+
+        return table, root, critical_path(model, whatif_replay.replay(model))
     except (ValueError, KeyError, IndexError) as exc:  # a graph the model cannot take
         logging.getLogger(__name__).warning("what-if left out: %s", exc)
-        return _no_whatif(), None
+        return _no_whatif(), None, None
 
 
 def analyze(
@@ -338,9 +354,11 @@ def analyze(
         unmatched_comm=cat("unmatched_comm"),
     )
     from rankscope.analysis.compute.attention import attention_by_backend
+    from rankscope.analysis.compute.hta_across import join
     from rankscope.analysis.compute.ops import op_sort_of, op_table_across_ranks
     from rankscope.analysis.store.devices import rank_capability
 
+    out.gpu_feed = join(results)
     out.op_table = cat("op_table")
     out.op_table_across = op_table_across_ranks(out.op_table, sort_by=op_sort_of(out.op_table))
     out.attention_calls = cat("attention")
@@ -367,7 +385,7 @@ def analyze(
     instances = lk.instance_transfers(colls, out.hosts)
     out.links = lk.link_table(instances)
     fix = lk.link_fix_factors(instances, out.links)
-    out.whatif, out.rootcause = _whatif_and_root(
+    out.whatif, out.rootcause, out.critical_path = _whatif_and_root(
         steps, colls, clocks, out.straggler_ranks(), out.bottleneck_ranks(), layered,
         [lk.link_scenario(fix)] if fix else [],
     )  # fmt: skip

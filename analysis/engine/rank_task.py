@@ -45,6 +45,16 @@ class RankResult:
     """Python GC pauses per step: gc_pauses.GC_COLUMNS."""
     hta: pd.DataFrame | None = None
     """HTA's temporal breakdown (GPU ranks); None on CPU ranks."""
+    idle_time: pd.DataFrame | None = None
+    """HTA's idle-time breakdown per stream (kernel_launches.IDLE_COLUMNS); None on CPU ranks."""
+    launches: pd.DataFrame | None = None
+    """HTA's launch statistics, one row per launch (kernel_launches.LAUNCH_COLUMNS)."""
+    launch_summary: pd.DataFrame | None = None
+    """Its launches summed (kernel_launches.LAUNCH_SUMMARY_COLUMNS)."""
+    queue: pd.DataFrame | None = None
+    """Queue length of each CUDA stream over time (kernel_launches.QUEUE_COLUMNS)."""
+    sequences: pd.DataFrame | None = None
+    """Frequent kernel sequences (kernel_sequences.SEQUENCE_COLUMNS)."""
     whatif_clock: pd.DataFrame | None = None
     """Its cumulative measures at its own points, for the what-if (whatif_graph.CLOCK_COLUMNS);
     None when not measured."""
@@ -116,4 +126,28 @@ def rank_task(
         out.hta = bd.hta_temporal_breakdown(
             events, lanes, rank=rank, grid_phase_ns=grid_phase_ns, drop_last_step=drop_last_step
         )
+        _hta_analyses(out, events, lanes, grid_phase_ns, drop_last_step)
     return out
+
+
+def _hta_analyses(
+    out: RankResult,
+    events: pd.DataFrame,
+    lanes: pd.DataFrame,
+    grid_phase_ns: int,
+    drop_last_step: bool,
+) -> None:
+    """HTA's idle time, launch statistics, queue length and kernel sequences of a GPU rank."""
+    from rankscope.analysis.compute import kernel_launches as kl
+    from rankscope.analysis.compute.kernel_sequences import kernel_sequences
+
+    kw: dict[str, Any] = {
+        "rank": out.rank,
+        "grid_phase_ns": grid_phase_ns,
+        "drop_last_step": drop_last_step,
+    }
+    out.idle_time = kl.idle_time(events, lanes, **kw)
+    out.launches = kl.launches(events, lanes, **kw)
+    out.launch_summary = kl.launch_summary(out.launches, out.rank)
+    out.queue = kl.queue_length(events, lanes, **kw)
+    out.sequences = kernel_sequences(events, lanes, **kw)

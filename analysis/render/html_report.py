@@ -26,6 +26,7 @@ from rankscope.analysis.render.format import (
     many_rank_rows,
     short_names,
 )
+from rankscope.analysis.render.hta_section import hta_tables
 from rankscope.analysis.render.html_charts import _bars_svg, _lateness_svg, steps_table
 from rankscope.analysis.render.summary_json import summary
 from rankscope.analysis.render.templating import finding, markup, render, table
@@ -404,6 +405,10 @@ def report_context(a: Analysis, *, all_ranks: bool = False) -> dict[str, Any]:
         disagreements=colls["clock_disagreements"],
         disagree_hint=_disagree_hint(doc),
         hta=_hta(doc),
+        hta_analyses=[
+            {"title": title, "table": table(header, rows, {len(header) - 1} if "sequence" in header else None)}
+            for title, header, rows in hta_tables(doc)
+        ],
         clock_summary=(
             {"digest": clock_digest(all_clock), "rows": MANY_RANKS} if many and all_clock else None
         ),

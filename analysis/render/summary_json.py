@@ -259,6 +259,14 @@ def summary(
     attention = attention_summary(getattr(a, "attention", None))
     if attention:  # additive: only when the run called scaled_dot_product_attention
         doc["attention"] = attention
+    from rankscope.analysis.render.hta_section import critical_path_summary, hta_analyses_summary
+
+    feed = hta_analyses_summary(getattr(a, "gpu_feed", None))
+    if feed is not None:  # additive: only with GPU ranks (docs/summary.md)
+        doc["hta_analyses"] = feed
+    path = critical_path_summary(getattr(a, "critical_path", None))
+    if path is not None:  # additive: only with a what-if graph (docs/summary.md)
+        doc["critical_path"] = path
     return doc
 
 

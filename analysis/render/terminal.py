@@ -30,6 +30,7 @@ from rankscope.analysis.render.format import (
     many_rank_rows,
     short_names,
 )
+from rankscope.analysis.render.hta_section import hta_terminal_lines
 from rankscope.analysis.render.summary_json import summary
 
 if TYPE_CHECKING:
@@ -202,6 +203,10 @@ def print_summary(
     print_what_if(found, console)
     print_memory(a.memory, found, console, finding_markup)
     print_attention(getattr(a, "attention", None), console)
+    from rich.markup import escape
+
+    for line in hta_terminal_lines(doc):
+        console.print(escape(line))
     clock = doc.get("clock")
     if clock and len(clock) > MANY_RANKS and not all_ranks:
         console.print(clock_digest(clock))

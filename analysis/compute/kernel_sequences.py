@@ -1,0 +1,138 @@
+"""Frequent CUDA kernel sequences — fusion candidates — of ONE rank, as Holistic Trace Analysis
+(HTA) 0.5.0's ``get_frequent_cuda_kernel_sequences`` counts them.
+
+A *sequence* is an operator's name followed by the names of the GPU events launched anywhere
+below it on its host thread, in GPU start order. The operators are those whose name contains
+``operator`` (HTA's ``operator_name``, a substring) at the shallowest call depth such an operator
+has on the rank (so an op nested in another match is not counted twice) and that launch at least
+``min_len`` GPU events. Identical sequences are counted; the most frequent first. A sequence seen
+many times is a fixed chain of small kernels one fused kernel (``torch.compile``, a fused
+implementation) could replace.
+
+Pure function of one rank's events and lanes, on the events as HTA loads them
+(:func:`breakdown.hta_view`); nesting is torch's rule (:func:`op_nesting.nest`), which for the
+properly nested ranges of one thread is HTA's call stack.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from rankscope.analysis.compute.breakdown import hta_view
+from rankscope.analysis.compute.kernel_launches import lane_streams
+from rankscope.analysis.compute.op_nesting import nest
+from rankscope.analysis.store.schema import text_values
+
+#: HTA's ``min_pattern_len`` default: an operator launching fewer GPU events is no candidate.
+MIN_PATTERN_LEN = 3
+#: The operators rankscope counts from, each on its own (HTA takes one per call): every ATen
+#: operator at the shallowest ATen depth (the ops the model called, not the ops they call), and
+#: every backward function autograd runs (``autograd::engine::evaluate_function: XBackward0``).
+DEFAULT_OPERATORS = ("aten::", "autograd::engine::evaluate_function")
+#: Separator of the names in a sequence (HTA's).
+SEPARATOR = "|"
+
+#: Columns of :func:`kernel_sequences` (one row per distinct sequence; ns summed over its counts).
+SEQUENCE_COLUMNS: dict[str, str] = {
+    "rank": "int32",
+    "operator": "str",  # the substring the sequence's operators were found by
+    "pattern": "str",  # operator|kernel|kernel|…
+    "count": "int64",
+    "kernels": "int64",  # GPU events in the sequence
+    "gpu_ns": "int64",  # the sequence's GPU events' durations, summed over its occurrences
+    "cpu_ns": "int64",  # the operators' durations, summed over its occurrences
+}
+
+
+def _depths(parent: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    depth = np.zeros(len(parent), np.int64)
+    up = parent[rows]
+    while True:
+        above = up >= 0
+        if not above.any():
+            return depth
+        depth[rows[above]] += 1
+        up = np.where(above, parent[np.maximum(up, 0)], -1)
+
+
+def kernel_sequences(
+    events: pd.DataFrame,
+    lanes: pd.DataFrame,
+    *,
+    rank: int = 0,
+    grid_phase_ns: int = 0,
+    drop_last_step: bool = True,
+    operators: tuple[str, ...] = DEFAULT_OPERATORS,
+    min_len: int = MIN_PATTERN_LEN,
+) -> pd.DataFrame:
+    """The rank's kernel sequences per operator, most frequent first (``SEQUENCE_COLUMNS``)."""
+    frames = [
+        _sequences(events, lanes, rank, grid_phase_ns, drop_last_step, op, min_len)
+        for op in operators
+    ]
+    return pd.concat(frames, ignore_index=True).astype(SEQUENCE_COLUMNS)
+
+
+def _sequences(
+    events: pd.DataFrame,
+    lanes: pd.DataFrame,
+    rank: int,
+    grid_phase_ns: int,
+    drop_last_step: bool,
+    operator: str,
+    min_len: int,
+) -> pd.DataFrame:
+    empty = pd.DataFrame(columns=list(SEQUENCE_COLUMNS)).astype(SEQUENCE_COLUMNS)
+    ts, end, kept = hta_view(events, lanes, grid_phase_ns, drop_last_step)
+    n = len(ts)
+    lane = events["lane"].to_numpy().astype(np.int64)
+    stream = lane_streams(lanes)[lane] if len(lanes) else np.full(n, -1)
+    host = kept & (stream < 0)
+    rows = np.flatnonzero(host)
+    order = rows[np.lexsort((-end[rows], ts[rows], lane[rows]))]
+    parent = nest(order, lane, ts, end, n)
+    names = text_values(events["name"])
+    cand = host & (np.char.find(names.astype(str), operator) >= 0)
+    if not cand.any():
+        return empty
+    depth = _depths(parent, rows)
+    min_depth = depth[cand].min()
+    # each GPU event's launching host event (same correlation id), then its ancestor at min_depth
+    corr = events["corr"].to_numpy()
+    gpu = np.flatnonzero(kept & (stream >= 0) & (corr >= 0))
+    launcher_rows = rows[corr[rows] >= 0]
+    lc, first = np.unique(corr[launcher_rows], return_index=True)
+    launcher_rows = launcher_rows[first]
+    pos = np.searchsorted(lc, corr[gpu])
+    ok = (pos < len(lc)) & (lc[np.minimum(pos, max(len(lc) - 1, 0))] == corr[gpu])
+    gpu, owner = gpu[ok], launcher_rows[pos[ok]]
+    while True:  # climb to the depth of the candidates
+        deeper = depth[owner] > min_depth
+        if not deeper.any():
+            break
+        owner = np.where(deeper, parent[owner], owner)
+    at_root = (depth[owner] == min_depth) & cand[owner]
+    gpu, owner = gpu[at_root], owner[at_root]
+    if not len(gpu):
+        return empty
+    k = pd.DataFrame({"owner": owner, "ts": ts[gpu], "name": names[gpu], "dur": end[gpu] - ts[gpu]})
+    k = k.sort_values(["owner", "ts"], kind="stable")
+    per = k.groupby("owner", sort=False).agg(
+        kernels=("name", "size"), seq=("name", SEPARATOR.join), gpu_ns=("dur", "sum")
+    )
+    per = per[per["kernels"] >= min_len]
+    if not len(per):
+        return empty
+    owners = per.index.to_numpy()
+    per["pattern"] = names[owners].astype(str) + SEPARATOR + per["seq"]
+    per["cpu_ns"] = end[owners] - ts[owners]
+    out = per.groupby("pattern", sort=False).agg(
+        count=("kernels", "size"),
+        kernels=("kernels", "first"),
+        gpu_ns=("gpu_ns", "sum"),
+        cpu_ns=("cpu_ns", "sum"),
+    )
+    out = out.reset_index().sort_values(["count", "pattern"], ascending=[False, True])
+    out["rank"] = rank
+    out["operator"] = operator
+    return out[list(SEQUENCE_COLUMNS)].reset_index(drop=True).astype(SEQUENCE_COLUMNS)
