@@ -15,6 +15,10 @@ turns the backend's answer into a final state. A backend (``local`` = torchrun c
 ``run.json`` itself (:class:`~rankscope.launchers.rundir.RunRecord`, ``load_run``,
 ``update_run``) belongs to the run directory's contract, ``rundir.py``. The launchers never import
 the analysis floor.
+
+Why one module of ~510 lines: the life of a run (launch, wait, watch for hangs, finish, record)
+is one sequence of states that every backend shares; split, its hooks would be read in several
+places for one question (what happens when the job ends).
 """
 
 from __future__ import annotations

@@ -36,8 +36,8 @@ where writing at once cost a compressed write, a read-back of ``ts`` and a compr
 Bad input never costs the other ranks: every problem is recorded in ``/problems`` and printed
 with its file; the exit status is non-zero only when no rank could be merged (or ``--strict``).
 
-The driver stays one module: the decisions between parsing and writing (keep, leave out, align,
-write once) read best in one place. Beside it: which ranks are kept and how rank-less traces are
+Why one module of ~510 lines: the decisions between parsing and writing (split a merged file,
+keep, leave out, align, write once) read best in one place. Beside it: which ranks are kept and how rank-less traces are
 ranked in ``rank_selection.py``, the problem lines and progress bar in ``merge_progress.py``, the
 command's arguments in ``merge_cli.py``, the files beside the output in ``staging.py``, the
 per-rank work in ``rank_columns.py``.
@@ -438,12 +438,16 @@ def _write_memory(
 
 
 def _split_merged(sources: list[RankSource], folder: Path, quiet: bool) -> list[RankSource]:
-    """Each single trace file that holds several ranks, as one source per rank
+    """The one trace file of a merge, when it holds several ranks, as one source per rank
     (:mod:`~rankscope.orchestrator.ingest.multirank`; the parts are written into ``folder``),
     saying in one line per file how its ranks were told apart. Run-directory windows are one
     rank's by their folder and are left as they are."""
     from rankscope.orchestrator.ingest.multirank import split_file
 
+    if len(sources) != 1:
+        # several files, each one rank's: never read twice (a file may be a named pipe only one
+        # reader can drain, and a large job's traces would each be decoded once more)
+        return sources
     out: list[RankSource] = []
     for i, src in enumerate(sources):
         if src.from_run_dir or len(src.files) != 1:
