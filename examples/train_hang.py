@@ -66,6 +66,10 @@ class Batches(IterableDataset):
             i += 1
 
 
+#: Seconds of work the dying rank does in its last step before SIGKILL (--hang kill).
+KILL_AFTER_S = 2.0
+
+
 def busy(seconds: float) -> None:
     """Compute for ``seconds`` (no sleep)."""
     end = time.perf_counter() + seconds
@@ -95,6 +99,9 @@ def main() -> None:
             while True:  # the endless loop
                 pass
         if me and step == args.after and args.hang == "kill":
+            # dies in the middle of a long piece of its step's work, while the others already
+            # wait in the step's all-reduce (they did their 0.05 s of work long before)
+            busy(KILL_AFTER_S)
             os.kill(os.getpid(), signal.SIGKILL)
         if me and step == args.after and args.hang == "desync":
             out = [torch.empty_like(grads) for _ in range(world)]
