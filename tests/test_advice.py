@@ -38,6 +38,8 @@ STORES = (
     "param_dlrm_8rank",
     "hta/nccl_parser_config",
     "advice/a100_fp32",
+    "advice/dlrm_pinned_sync",
+    "hta/trace_filter_2rank",
     "cpu_gloo_4rank_straggler",
 )
 
@@ -291,3 +293,179 @@ def test_waiting_for_a_rank_is_not_advised_as_communication_to_hide(
     exposed = a.breakdown[a.breakdown["step"] >= 0]["comm_exposed_ns"].sum()
     assert exposed > 0.01 * a.breakdown[a.breakdown["step"] >= 0]["total_ns"].sum()
     assert Rule.EXPOSED_COMM not in _rules(a)
+
+
+# -- how the host feeds the GPU: launch-bound ranks, blocking pinned copies ------------------
+
+US = 1000  # ns per µs
+
+
+def _fed_rank() -> tuple[object, object]:
+    """One rank, µs (stored in ns): five 2 µs kernels on stream 7, each launched by a 10 µs
+    cudaLaunchKernel starting 20 µs after the previous one (so each kernel waits for its launch);
+    a 30 µs NCCL kernel on stream 20 launched before the GPU ran dry; a DataLoader __next__ on the
+    loop's thread over the end of step 0; step 1's kernel launched after it.
+
+    GPU events: [12,14) [32,34) [40,70) [52,54) [72,74) [92,94) [212,214); the whole GPU's gaps:
+    [14,32) host wait (k1 launched at 20 > 14), [34,40) not (the NCCL kernel was launched at
+    30), [70,72) not (k3 at 60), [74,92) host wait (k4 at 80), [94,212) host wait (launched at
+    205), 105 µs of it inside the DataLoader [100,205). Step windows [12,212) and [212,214)."""
+    from analysis_frames import GPU_LANES, LOADER, events, lanes
+    from rankscope.analysis.store.schema import EventKind as K
+
+    rows: list[tuple[object, ...]] = [
+        (0, 200 * US, "ProfilerStep#0", K.PROFILER_STEP, 0, 0),
+        (200 * US, 100 * US, "ProfilerStep#1", K.PROFILER_STEP, 0, 1),
+        (100 * US, 105 * US, LOADER, K.USER_ANNOTATION, 0, 0),
+        (30 * US, 5 * US, "cudaLaunchKernel", K.RUNTIME, 0, 0, 100),
+        (40 * US, 30 * US, "ncclDevKernel_AllReduce_Sum_f32_RING_LL", K.KERNEL_COMM, 2, 0, 100),
+        (205 * US, 5 * US, "cudaLaunchKernel", K.RUNTIME, 0, 1, 50),
+        (212 * US, 2 * US, "void add_kernel<float>()", K.KERNEL_COMPUTE, 1, 1, 50),
+    ]
+    for i in range(5):
+        rows.append((20 * i * US, 10 * US, "cudaLaunchKernel", K.RUNTIME, 0, 0, i + 1))
+        rows.append(
+            ((20 * i + 12) * US, 2 * US, "void add_kernel<float>()", K.KERNEL_COMPUTE, 1, 0, i + 1)
+        )
+    return events(rows), lanes(GPU_LANES)
+
+
+def test_host_wait_is_the_whole_gpus_idle_time_the_host_had_not_launched_for() -> None:
+    from rankscope.analysis.compute.host_feed import host_wait
+
+    ev, ln = _fed_rank()
+    (row,) = host_wait(ev, ln, rank=3).to_dict("records")  # type: ignore[arg-type]
+    assert row["rank"] == 3 and row["steps"] == 2 and row["step_ns"] == 202 * US
+    assert row["gpu_idle_ns"] == (18 + 6 + 2 + 18 + 118) * US
+    assert row["host_wait_ns"] == (18 + 18 + 118) * US
+    assert row["input_wait_ns"] == 105 * US
+    assert row["host_wait_gaps"] == 3
+
+
+def _feed_tables(
+    wait_ms: dict[int, float], input_ms: float, short: int, launches: int
+) -> tuple[object, object, object]:
+    """host_wait, launch_summary and breakdown of ranks with 4 steps of 10 ms each."""
+    import pandas as pd
+
+    ms = 1_000_000
+    ranks = sorted(wait_ms)
+    host = pd.DataFrame(
+        {
+            "rank": ranks,
+            "host_wait_ns": [4 * wait_ms[r] * ms for r in ranks],
+            "input_wait_ns": [4 * input_ms * ms for _ in ranks],
+        }
+    )
+    summary = pd.DataFrame(
+        {"rank": ranks, "launches": launches, "short_kernels": short}, index=range(len(ranks))
+    )
+    breakdown = pd.DataFrame(
+        {
+            "rank": [r for r in ranks for _ in range(4)],
+            "step": list(range(4)) * len(ranks),
+            "total_ns": [10 * ms] * 4 * len(ranks),
+        }
+    )
+    return host, summary, breakdown
+
+
+def test_launch_bound_fires_on_host_wait_with_mostly_short_kernels() -> None:
+    """Truth by construction: rank 0 waits 3 ms per 10 ms step for the host, rank 1 1 ms; 80 %
+    of the launches are shorter than their launch call. The gain is at most the larger wait
+    per step (3 ms: a step waits for its slowest rank), 30 % of the step."""
+    from rankscope.analysis.conclude.advice_feed import LAUNCH_GAIN_SOURCE, launch_bound
+
+    (item,) = launch_bound(*_feed_tables({0: 3.0, 1: 1.0}, 0.0, 80, 100))  # type: ignore[arg-type]
+    assert item.rule is Rule.LAUNCH_BOUND and item.bottleneck is BottleneckClass.FRAMEWORK
+    assert "reduce-overhead" in item.fix and "CUDA graph" in item.fix and "batch" in item.fix
+    assert item.ranks == (0, 1)
+    assert item.figures["host_wait_ms_per_step"] == pytest.approx(2.0)
+    assert item.figures["host_wait_share"] == pytest.approx(0.2)
+    assert item.gain_ms == pytest.approx(3.0) and item.gain_share == pytest.approx(0.3)
+    assert item.gain_source == LAUNCH_GAIN_SOURCE
+
+
+def test_launch_bound_does_not_fire_on_long_kernels_input_or_immaterial_waits() -> None:
+    from rankscope.analysis.conclude.advice_feed import launch_bound
+
+    # the GPU waits as long, but most of its work outlasts the launch call: not the launches
+    assert launch_bound(*_feed_tables({0: 3.0}, 0.0, 40, 100)) == []  # type: ignore[arg-type]
+    # the host wait is all DataLoader (the input rule's)
+    assert launch_bound(*_feed_tables({0: 3.0}, 3.0, 80, 100)) == []  # type: ignore[arg-type]
+    # 0.05 ms of 10 ms: below the material share
+    assert launch_bound(*_feed_tables({0: 0.05}, 0.0, 80, 100)) == []  # type: ignore[arg-type]
+
+
+def test_launch_bound_on_real_gpu_traces(analyses: dict[str, Analysis]) -> None:
+    # the DLRM job on V100s: many small embedding/elementwise kernels, the GPU waiting for them
+    (item,) = [i for i in advice(analyses["param_dlrm_8rank"]) if i.rule is Rule.LAUNCH_BOUND]
+    assert item.ranks == tuple(range(8))
+    assert item.figures["short_launch_share"] > 0.5
+    assert (
+        item.gain_ms is not None
+        and 0 < item.gain_ms <= item.figures["host_wait_ms_per_step_max"] + 1e-9
+    )
+    # the 128-rank job's two ranks run long GEMMs behind a deep queue (HTA: 140 of 602 launches
+    # short, launch delays up to 104 ms): not launch-bound
+    assert Rule.LAUNCH_BOUND not in _rules(analyses["hta/trace_filter_2rank"])
+    assert Rule.LAUNCH_BOUND not in _rules(analyses["cpu_gloo_4rank_straggler"])
+
+
+def _copy_rank(second: str, other_thread: bool = False) -> tuple[object, object]:
+    """A pinned HtoD copy launched by cudaMemcpyAsync (corr 1) and then ``second`` on the same
+    thread (or on another one), inside step 0; a cudaMemcpy (corr 2) copy from pinned memory."""
+    from analysis_frames import events, lanes
+    from rankscope.analysis.store.schema import EventKind as K
+    from rankscope.analysis.store.schema import LaneKind
+
+    pinned = "Memcpy HtoD (Pinned -> Device)"
+    ev = events(
+        [
+            (0, 1000 * US, "ProfilerStep#0", K.PROFILER_STEP, 0, 0),
+            (10 * US, 5 * US, "cudaMemcpyAsync", K.RUNTIME, 0, 0, 1),
+            (16 * US, 40 * US, second, K.RUNTIME, 2 if other_thread else 0, 0),
+            (20 * US, 3 * US, pinned, K.MEMCPY, 1, 0, 1),
+            (100 * US, 30 * US, "cudaMemcpy", K.RUNTIME, 0, 0, 2),
+            (110 * US, 4 * US, pinned, K.MEMCPY, 1, 0, 2),
+        ]
+    )
+    spec = [
+        (LaneKind.THREAD, "python3"),
+        (LaneKind.GPU_STREAM, "stream 7"),
+        (LaneKind.THREAD, "thread 2"),
+    ]
+    return ev, lanes(spec)
+
+
+def test_blocking_copies_are_the_pinned_copies_the_host_waited_for() -> None:
+    from rankscope.analysis.compute.host_feed import blocking_copies
+
+    got = blocking_copies(*_copy_rank("cudaStreamSynchronize"), rank=1)  # type: ignore[arg-type]
+    assert got[["call", "sync", "copy_ns", "wait_ns"]].values.tolist() == [
+        ["cudaMemcpyAsync", "cudaStreamSynchronize", 3 * US, 40 * US],
+        ["cudaMemcpy", "", 4 * US, 30 * US],
+    ]
+    assert set(got["rank"]) == {1} and set(got["step"]) == {0}
+    # a launch after the copy, or a sync on another thread: the copy ran on, not waited for
+    for ev_ln in (_copy_rank("cudaLaunchKernel"), _copy_rank("cudaStreamSynchronize", True)):
+        assert blocking_copies(*ev_ln)["call"].tolist() == ["cudaMemcpy"]  # type: ignore[arg-type]
+
+
+def test_blocking_pinned_copies_fire_on_synchronised_copies_only(
+    analyses: dict[str, Analysis],
+) -> None:
+    # the DLRM rank whose pageable copies (each cudaMemcpyAsync + cudaStreamSynchronize, as
+    # recorded) read pinned memory: what .to(device) without non_blocking does (tests/data/advice)
+    (item,) = [
+        i
+        for i in advice(analyses["advice/dlrm_pinned_sync"])
+        if i.rule is Rule.BLOCKING_PINNED_COPY
+    ]
+    assert item.bottleneck is BottleneckClass.INPUT and "non_blocking=True" in item.fix
+    assert item.figures["blocking_pinned_copies"] == 8 and item.ranks == (0,)
+    assert "cudaStreamSynchronize" in item.seen and item.gain == NOT_ESTIMATED
+    assert Rule.PAGEABLE_COPY not in _rules(analyses["advice/dlrm_pinned_sync"])
+    # the real jobs copy from pinned memory with non_blocking=True: nothing synchronises
+    for name in ("param_dlrm_8rank", "hta/trace_filter_2rank", "cpu_gloo_4rank_straggler"):
+        assert Rule.BLOCKING_PINNED_COPY not in _rules(analyses[name]), name

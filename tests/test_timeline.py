@@ -284,9 +284,31 @@ def test_app_controls_drive_the_timeline(cpu: Store, cpu_analysis: Analysis) -> 
     ranks_w.value = []
     assert isinstance(plot._pane, pn.pane.Markdown)
     assert "Select at least one rank" in plot._pane.object
-    html = findings[1].object
+    html = findings[2].object
     assert 'class="straggler"' in html and html.count("<tr") == len(cpu.ranks) + 1
-    assert "rank 2" in findings[3].object
+    assert "rank 2" in findings[4].object
+
+
+def test_app_says_what_to_do_first(cpu: Store, cpu_analysis: Analysis) -> None:
+    """The app's findings column starts with the report's "What to do": the same items, in the
+    same order, each with its evidence, fix and gain (docs/advice.md)."""
+    from rankscope.analysis.conclude.advice import advice
+    from rankscope.analysis.views.app import advice_markdown, build_app
+
+    items = advice(cpu_analysis)
+    assert items, "the straggler job has something to do"
+    first = build_app(cpu, cpu_analysis)[1][2][0].object
+    assert first.startswith("### What to do\n")
+    flat = " ".join(first.replace("\\", "").split())
+    at = [flat.index(" ".join(i.headline.split())) for i in items]
+    assert at == sorted(at), "most valuable first, as in the report"
+    for n, i in enumerate(items, 1):
+        assert f"{n}. **" in first
+        assert " ".join(i.fix.split())[:40].replace("_", "") in flat.replace("_", "")
+        assert i.gain.split(",")[0] in flat
+    assert advice_markdown([]).endswith(
+        "Nothing a rule acts on in this trace (the rules: docs/advice.md)."
+    )
 
 
 def test_app_without_analysis(cpu: Store) -> None:

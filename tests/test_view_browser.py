@@ -83,6 +83,8 @@ def test_view_renders_in_chromium(server: tuple[str, Any], tmp_path: Path) -> No
     text = found.get("text", "")
     assert "rankscope timeline — cpu_gloo_4rank_straggler" in text
     assert "Stragglers" in text and "rank 2" in text, "the findings column names the straggler"
+    assert "What to do" in text and "bucket_cap_mb" in text, "the advice, with its fix"
+    assert text.index("What to do") < text.index("Stragglers"), "what to do first"
     assert "Zoom to step" in text and "Event kinds" in text, "the controls are present"
     from PIL import Image
 

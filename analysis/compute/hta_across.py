@@ -14,6 +14,7 @@ from typing import Any
 
 import pandas as pd
 from rankscope.analysis.compute import kernel_launches as kl
+from rankscope.analysis.compute.host_feed import BLOCKING_COPY_COLUMNS, HOST_WAIT_COLUMNS
 from rankscope.analysis.compute.kernel_sequences import SEQUENCE_COLUMNS
 
 #: How many sequences per rank the summaries keep (the most frequent).
@@ -44,6 +45,13 @@ class HtaAnalyses:
     """Per rank and stream: kernel_launches.QUEUE_SUMMARY_COLUMNS."""
     sequences: pd.DataFrame = dataclasses.field(default_factory=lambda: _empty(SEQUENCE_COLUMNS))
     """Per rank and kernel sequence: kernel_sequences.SEQUENCE_COLUMNS."""
+    host_wait: pd.DataFrame = dataclasses.field(default_factory=lambda: _empty(HOST_WAIT_COLUMNS))
+    """Per rank, the whole GPU idle waiting for the host in the profiled steps (rankscope's
+    own, not HTA's: host_feed.HOST_WAIT_COLUMNS)."""
+    blocking_copies: pd.DataFrame = dataclasses.field(
+        default_factory=lambda: _empty(BLOCKING_COPY_COLUMNS)
+    )
+    """Pinned host-to-device copies the host waited for: host_feed.BLOCKING_COPY_COLUMNS."""
 
     def idle_per_rank(self) -> pd.DataFrame:
         """Idle time per rank summed over its streams (host wait, kernel wait, other, idle; ns)."""
@@ -84,4 +92,6 @@ def join(results: list[Any]) -> HtaAnalyses:
         queue=queue,
         queue_summary=kl.queue_summary(queue) if len(queue) else _empty(kl.QUEUE_SUMMARY_COLUMNS),
         sequences=cat("sequences", SEQUENCE_COLUMNS),
+        host_wait=cat("host_wait", HOST_WAIT_COLUMNS),
+        blocking_copies=cat("blocking_copies", BLOCKING_COPY_COLUMNS),
     )

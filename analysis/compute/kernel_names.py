@@ -30,7 +30,9 @@ driver and synchronises the host: "for transfers from pageable host memory to de
 stream sync is performed before the copy is initiated" (CUDA Runtime API, "API synchronization
 behavior") — the host waits for the GPU's queue to drain, and ``non_blocking=True`` cannot
 help. Pinned memory (``DataLoader(pin_memory=True)``, ``tensor.pin_memory()``) makes the copy
-asynchronous.
+asynchronous — if it is asked for: ``tensor.to(device)`` without ``non_blocking=True`` copies a
+pinned tensor with ``cudaMemcpyAsync`` and then synchronises the stream (the host waits again;
+``analysis/compute/host_feed.py`` finds those).
 """
 
 from __future__ import annotations
@@ -64,8 +66,20 @@ _FP32 = re.compile(
     r"(?:^|[^a-z0-9])(?:[a-z]+_)?sgemm|gemmsn_\w+<float|scudnn|_f32f32_f32f32_f32_", re.IGNORECASE
 )
 
-#: The copy direction whose pageable form blocks the input path (HtoD).
+#: The copy direction whose pageable form blocks the input path (HtoD): Kineto's names, by the
+#: host memory the copy reads.
 PAGEABLE_HTOD = "Memcpy HtoD (Pageable -> Device)"
+PINNED_HTOD = "Memcpy HtoD (Pinned -> Device)"
+
+
+class HostMemory(enum.StrEnum):
+    """The host memory a host-to-device copy reads (Kineto's ``Memcpy HtoD (<kind> -> Device)``)."""
+
+    PAGEABLE = "Pageable"
+    """Ordinary memory: the driver stages it through a pinned buffer and the host waits."""
+    PINNED = "Pinned"
+    """Page-locked memory: the GPU reads it directly; asynchronous when asked to be."""
+
 
 #: Compute capability (major) from which tensor cores take FP16 (Volta) and TF32/BF16 (Ampere).
 TENSOR_CORES_FP16_MAJOR = 7
@@ -83,6 +97,16 @@ def precision(name: str) -> Precision:
     return Precision.UNKNOWN
 
 
+def htod_source(name: str) -> HostMemory | None:
+    """The host memory a host-to-device copy reads, from Kineto's memcpy name; None for any
+    other event (another direction, or a kind of memory not named here)."""
+    if name.startswith(PAGEABLE_HTOD):
+        return HostMemory.PAGEABLE
+    if name.startswith(PINNED_HTOD):
+        return HostMemory.PINNED
+    return None
+
+
 def is_pageable_htod(name: str) -> bool:
     """A host-to-device copy from pageable memory (Kineto's memcpy name)."""
-    return name.startswith(PAGEABLE_HTOD)
+    return htod_source(name) is HostMemory.PAGEABLE

@@ -34,6 +34,7 @@ __all__ = [
 def advice(a: Analysis, found: list[Finding] | None = None) -> list[Advice]:
     """Every advice item for ``a``, most valuable first (:func:`ranked`). ``found``: the
     analysis' findings (``findings.findings(a)``), computed when None. Pure."""
+    from rankscope.analysis.conclude import advice_feed as feed
     from rankscope.analysis.conclude import advice_rules as r
     from rankscope.analysis.conclude.findings import findings
 
@@ -42,6 +43,8 @@ def advice(a: Analysis, found: list[Finding] | None = None) -> list[Advice]:
     out += r.fp32_matmul(a.op_stats, a.capability, a.breakdown)
     out += r.dataloader_stall(a.breakdown, a.whatif)
     out += r.pageable_copies(a.op_stats, a.breakdown)
+    out += feed.blocking_pinned_copies(a.gpu_feed.blocking_copies, a.breakdown)
+    out += feed.launch_bound(a.gpu_feed.host_wait, a.gpu_feed.launch_summary, a.breakdown)
     out += r.gc_pauses(a.gc, a.breakdown)
     out += r.low_headroom(items)
     out += r.exposed_communication(a.breakdown, a.comm_totals, a.whatif)

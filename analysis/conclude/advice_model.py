@@ -62,6 +62,8 @@ class Rule(enum.StrEnum):
     EXPOSED_COMM = "exposed_communication"
     SDPA_MATH = "sdpa_math_fallback"
     STRAGGLER = "straggler"
+    LAUNCH_BOUND = "launch_bound"
+    BLOCKING_PINNED_COPY = "blocking_pinned_copy"
 
 
 @dataclasses.dataclass(frozen=True)

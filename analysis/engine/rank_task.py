@@ -55,6 +55,10 @@ class RankResult:
     """Queue length of each CUDA stream over time (kernel_launches.QUEUE_COLUMNS)."""
     sequences: pd.DataFrame | None = None
     """Frequent kernel sequences (kernel_sequences.SEQUENCE_COLUMNS)."""
+    host_wait: pd.DataFrame | None = None
+    """The whole GPU idle waiting for the host in its profiled steps (host_feed.HOST_WAIT_COLUMNS)."""
+    blocking_copies: pd.DataFrame | None = None
+    """Its pinned host-to-device copies the host waited for (host_feed.BLOCKING_COPY_COLUMNS)."""
     whatif_clock: pd.DataFrame | None = None
     """Its cumulative measures at its own points, for the what-if (whatif_graph.CLOCK_COLUMNS);
     None when not measured."""
@@ -127,6 +131,10 @@ def rank_task(
             events, lanes, rank=rank, grid_phase_ns=grid_phase_ns, drop_last_step=drop_last_step
         )
         _hta_analyses(out, events, lanes, grid_phase_ns, drop_last_step)
+        from rankscope.analysis.compute import host_feed
+
+        out.host_wait = host_feed.host_wait(events, lanes, rank=rank, windows=steps, sets=sets)
+        out.blocking_copies = host_feed.blocking_copies(events, lanes, rank=rank)
     return out
 
 

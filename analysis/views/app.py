@@ -5,7 +5,8 @@ that ProfilerStep on every rank), event-kind filter. Middle, on top: the rank ×
 (:mod:`rankscope.analysis.views.overview_plot`: every rank, every pixel an aggregate); box-select ranks
 and a time span on it to open their per-lane timeline below, click a pixel for its shares. Below:
 the timeline (:func:`rankscope.analysis.views.timeline.timeline`) of the chosen ranks, re-read from the
-store on every zoom. Right: the per-rank summary (verdict and where the time went, % of profiled time)
+store on every zoom. Right: "What to do" first (the advice, as in every report: docs/advice.md),
+then the per-rank summary (verdict and where the time went, % of profiled time)
 and the findings (stragglers with their evidence and what fixing them would save, the pipeline
 finding, the what-if scenarios), from
 :func:`rankscope.analysis.conclude.findings.findings` — the same sentences as the terminal and the report.
@@ -19,6 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from rankscope.analysis.conclude.advice import Advice
     from rankscope.analysis.conclude.findings import Finding
     from rankscope.analysis.engine.driver import Analysis
     from rankscope.analysis.engine.overview import Overview
@@ -132,6 +134,24 @@ def finding_markdown(f: Finding) -> str:
 def findings_markdown(items: list[Finding]) -> str:
     """The findings column's text: one bullet per finding, in the order they were found."""
     return "\n".join(finding_markdown(f) for f in items)
+
+
+def advice_markdown(items: list[Advice]) -> str:
+    """The "What to do" section's text (docs/advice.md): the same items, in the same order, as
+    the terminal and the report — per item its class, headline and evidence, the fix and the
+    gain; one line saying so when no rule fired."""
+    from rankscope.analysis.render.format import ADVICE_TITLE
+    from rankscope.analysis.render.html_report import ADVICE_NONE
+
+    head = f"### {ADVICE_TITLE}\n"
+    if not items:
+        return head + _md(ADVICE_NONE)
+    return head + "\n".join(
+        f"{n}. **{_md(i.headline)}** \\[{_md(str(i.bottleneck))}\\]: {_md(i.seen)}  \n"
+        f"   *do:* {_md(i.fix)}  \n"
+        f"   *gain:* {_md(i.gain)}"
+        for n, i in enumerate(items, 1)
+    )
 
 
 def pipeline_markdown(analysis: Analysis) -> str:
@@ -310,6 +330,7 @@ def build_app(
     )
     column: list[Any] = []
     if analysis is not None:
+        from rankscope.analysis.conclude.advice import advice
         from rankscope.analysis.conclude.findings import findings, job_what_if
         from rankscope.analysis.render.report import WHAT_IF_TITLE
 
@@ -320,6 +341,8 @@ def build_app(
             summary_html(analysis, only=only), width=FINDINGS_WIDTH, stylesheets=[TABLE_CSS]
         )
         column = [
+            # what to do first, as in every report (docs/advice.md)
+            pn.pane.Markdown(advice_markdown(advice(analysis, found)), width=FINDINGS_WIDTH),
             pn.pane.Markdown("### Per rank (% of profiled time)", margin=(0, 10)),
             table,
             pn.pane.Markdown("### Stragglers", margin=(10, 10, 0, 10)),
