@@ -39,6 +39,7 @@ def advice(a: Analysis, found: list[Finding] | None = None) -> list[Advice]:
     from rankscope.analysis.conclude.findings import findings
 
     items = findings(a) if found is None else found
+    gpu = bool(a.capability)  # a GPU rank's trace names its devices' compute capability
     out: list[Advice] = []
     out += r.fp32_matmul(a.op_stats, a.capability, a.breakdown)
     out += r.dataloader_stall(a.breakdown, a.whatif)
@@ -47,7 +48,7 @@ def advice(a: Analysis, found: list[Finding] | None = None) -> list[Advice]:
     out += feed.launch_bound(a.gpu_feed.host_wait, a.gpu_feed.launch_summary, a.breakdown)
     out += r.gc_pauses(a.gc, a.breakdown)
     out += r.low_headroom(items)
-    out += r.exposed_communication(a.breakdown, a.comm_totals, a.whatif)
+    out += r.exposed_communication(a.breakdown, a.comm_totals, a.whatif, gpu)
     out += r.sdpa_math(items, a.breakdown)
-    out += r.stragglers(items)
+    out += r.stragglers(items, gpu)
     return ranked(out)

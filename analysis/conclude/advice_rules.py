@@ -341,14 +341,18 @@ def low_headroom(items: list[Finding]) -> list[Advice]:
 
 
 def exposed_communication(
-    breakdown: pd.DataFrame, comm_totals: pd.DataFrame | None, whatif: pd.DataFrame | None
+    breakdown: pd.DataFrame,
+    comm_totals: pd.DataFrame | None,
+    whatif: pd.DataFrame | None,
+    gpu: bool = True,
 ) -> list[Advice]:
     """Transfers that no computation hides: the breakdown's ``comm_exposed_ns`` (only
     communication running) less the wall time the rank's collectives waited for a later rank
     (``comm_totals.comm_wait_ns``: waiting is no transfer, and overlap cannot remove it — the
     straggler's fix does), when material; its gain is the what-if "communication fully
     overlapped" (an upper bound: the barriers stay, the transfers become free), capped at the
-    largest exposed transfer time per step of a rank."""
+    largest exposed transfer time per step of a rank. ``gpu``: the job ran on GPUs (the fix
+    names CUDA calls only then)."""
     from rankscope.analysis.compute.whatif_scenarios import COMM_OVERLAPPED
 
     if not len(breakdown):
@@ -400,8 +404,9 @@ def exposed_communication(
                 "let it overlap the backward pass: DDP(..., bucket_cap_mb=…) (smaller buckets "
                 "start reducing earlier; larger ones cost fewer launches), "
                 "gradient_as_bucket_view=True; FSDP(..., backward_prefetch=BackwardPrefetch."
-                "BACKWARD_PRE, forward_prefetch=True); no synchronising call (loss.item(), "
-                "torch.cuda.synchronize()) between backward and optimizer.step()"
+                "BACKWARD_PRE, forward_prefetch=True); no synchronising call (loss.item()"
+                + (", torch.cuda.synchronize()" if gpu else "")
+                + ") between backward and optimizer.step()"
             ),
             ranks=tuple(sorted(by_rank)),
             size_ms=ms,
@@ -426,7 +431,7 @@ _STRAGGLER_FIX: dict[str, tuple[BottleneckClass, str]] = {
         BottleneckClass.COMPUTE,
         "find what that rank computes more than the others: rank-specific code (logging, "
         "metrics or checkpointing under `if rank == 0`), larger batches or longer sequences on "
-        "it (balance the sampler), a slower or throttled GPU (nvidia-smi -q -d CLOCK)",
+        "it (balance the sampler), {device}",
     ),
     Cause.INPUT: (
         BottleneckClass.INPUT,
@@ -452,9 +457,17 @@ _STRAGGLER_FIX: dict[str, tuple[BottleneckClass, str]] = {
 }
 
 
-def stragglers(items: list[Finding]) -> list[Advice]:
+#: What a slower device looks like, per kind of job (the ``{device}`` of a straggler's fix).
+_SLOW_DEVICE = {
+    True: "a slower or throttled GPU (nvidia-smi -q -d CLOCK)",
+    False: "slower or busier CPU cores on its node (lscpu, top)",
+}
+
+
+def stragglers(items: list[Finding], gpu: bool = True) -> list[Advice]:
     """Each straggler finding (stragglers.py, or a layered job's slow worker) whose cause has a
-    fix, with the gain of its what-if ("if rank N ran like the median rank / its peers")."""
+    fix, with the gain of its what-if ("if rank N ran like the median rank / its peers").
+    ``gpu``: the job ran on GPUs (the fix names a throttled GPU only then)."""
     out = []
     for f in items:
         if f.kind != FindingKind.STRAGGLER or f.rank is None or f.cause not in _STRAGGLER_FIX:
@@ -465,6 +478,7 @@ def stragglers(items: list[Finding]) -> list[Advice]:
         saving = what_if.figures.get("saving_s") if what_if is not None else None
         ok = saving is not None and saving > 0
         bottleneck, fix = _STRAGGLER_FIX[f.cause]
+        fix = fix.replace("{device}", _SLOW_DEVICE[gpu])
         late_ms = 1e3 * float(f.figures.get("late_s", f.figures.get("typical_s", 0.0)))
         out.append(
             Advice(
