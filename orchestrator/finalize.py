@@ -32,11 +32,35 @@ LOG_PREFIX = "rankscope finalize"
 def configure(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``rankscope finalize`` (import-light)."""
     parser.add_argument("run_dir", type=Path, metavar="RUN", help="run directory of a Slurm run")
+    parser.add_argument(
+        "--hang-only",
+        action="store_true",
+        help="only diagnose the hang the job's first node recorded, and leave the job running "
+        "(--on-hang wait; run by that node)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
     """Entry point of ``rankscope finalize`` (run by the merge job, not by people)."""
+    if args.hang_only:
+        return diagnose_running_hang(args.run_dir)
     return finalize(args.run_dir)
+
+
+def diagnose_running_hang(run_dir: Path | str) -> int:
+    """A batch job that hung and is left running (``--on-hang wait``): its first node recorded
+    the notice and asked the ranks; say who and where now (the paragraph on the node's output,
+    ``report/hang.json``, ``run.json``'s ``hang``), as ``rankscope run`` does for a job it
+    follows — nothing ends the job soon, and ``rankscope status`` shows the hang meanwhile. The
+    job stays ``running`` until it ends; ended then (``scancel``), it is ``hung``. 0 when
+    diagnosed, 1 when there was no hang to diagnose."""
+    from rankscope.orchestrator.hang import diagnose_recorded
+
+    run_dir = Path(run_dir).resolve()
+    if not diagnose_recorded(run_dir):
+        print(f"{LOG_PREFIX}: no hang to diagnose in {run_dir}", file=sys.stderr, flush=True)
+        return 1
+    return 0
 
 
 def finalize(run_dir: Path | str, settle_s: float | None = None) -> int:

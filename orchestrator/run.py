@@ -301,9 +301,9 @@ def hang_options(args: argparse.Namespace) -> dict[str, Any]:
     """The hang rule, for the spec (a Slurm batch job's first node watches with it)."""
     from rankscope.config_flags import Flags
     from rankscope.launchers.hang_watch import HangRule
+    from rankscope.launchers.slurm.node_hang import rule_options
 
-    rule = Flags(HangRule).build(args)
-    return {"hang_after_s": rule.hang_after_s, "on_hang": str(rule.on_hang)}
+    return rule_options(Flags(HangRule).build(args))
 
 
 def backend_options(args: argparse.Namespace) -> dict[str, Any]:
