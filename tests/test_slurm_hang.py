@@ -140,10 +140,11 @@ def jobs(
     report = run / rundir.REPORT_DIR / rundir.HANG_REPORT
     # (not there in time: the test says so; the job is cancelled all the same)
     _until("diagnosis while it runs", report.exists, DIAGNOSIS_TIMEOUT_S, must=False)
+    status = rankscope("status", str(run), env=slurm_cluster.env())  # refreshes run.json
     results["batch"]["running"] = {
         "diagnosed": report.exists(),
+        "status": status,
         "record": json.loads((run / rundir.RUN_JSON).read_text()),
-        "status": rankscope("status", str(run), env=slurm_cluster.env()),
     }
     cancel = rankscope("cancel", str(run), env=slurm_cluster.env())
     assert cancel.returncode == 0, cancel.stderr

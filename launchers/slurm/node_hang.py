@@ -193,9 +193,8 @@ def watch_batch_job(
 
 def diagnose_now(run_dir: Path) -> bool:
     """Have the hang that node 0 recorded diagnosed now (the paragraph on this task's output,
-    ``report/hang.json``, ``run.json``'s ``hang`` and state ``hung``) by :data:`DIAGNOSE_NOW`;
-    False when that command failed or did not finish in time (the merge job diagnoses it when
-    the job ends)."""
+    ``report/hang.json``, ``run.json``'s ``hang``) by :data:`DIAGNOSE_NOW`; False when that
+    command failed or did not finish in time (the merge job diagnoses it when the job ends)."""
     try:
         done = subprocess.run(
             [sys.executable, *DIAGNOSE_NOW, str(run_dir)],
