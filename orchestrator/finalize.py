@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 
 #: Prefix of the lines this command writes to the merge log.
 LOG_PREFIX = "rankscope finalize"
+#: The spec option (``run.json``'s ``options``) that says whether the run is analysed after the
+#: merge: False for ``rankscope run --no-analyze`` (the merge job then only merges).
+ANALYZE_OPTION = "analyze"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -95,8 +98,10 @@ def finalize(run_dir: Path | str, settle_s: float | None = None) -> int:
         return 0
     status = _step("merge", lambda: _merge(run_dir))
     merge["merge_exit_code"] = status
-    if status == 0:
+    if status == 0 and _analysis_wanted(run_dir):
         merge["analyze_exit_code"] = _step("analyze", lambda: _analyze(run_dir))
+    elif status == 0:
+        print(f"{LOG_PREFIX}: not analysed (rankscope run --no-analyze)", flush=True)
     store = run_dir / rundir.STORE_NAME
     merge.update(
         state=str(MergeState.COMPLETED if status == 0 else MergeState.FAILED),
@@ -105,6 +110,19 @@ def finalize(run_dir: Path | str, settle_s: float | None = None) -> int:
     )
     update_slurm(run_dir, merge=merge)
     return status
+
+
+def _analysis_wanted(run_dir: Path) -> bool:
+    """The run was not started with ``--no-analyze`` (:data:`ANALYZE_OPTION`; runs recorded
+    before the option existed, and the sbatch template's, are analysed)."""
+    from rankscope.errors import RankscopeError
+    from rankscope.launchers import rundir
+
+    try:
+        options = rundir.load_run(run_dir).get("options") or {}
+    except (RankscopeError, OSError, ValueError):
+        return True
+    return options.get(ANALYZE_OPTION) is not False
 
 
 def _merge(run_dir: Path) -> int:

@@ -196,6 +196,11 @@ def test_a_followed_endless_loop_is_named_and_ended(jobs: dict[str, dict[str, An
     result = jobs["loop"]
     assert result["code"] == EXIT_HUNG, result["terminal"][-3000:]
     hang = _check_loop(result)
+    # --no-analyze: its merge job only merged (the windows written before the hang)
+    merge = result["record"]["slurm"]["merge"]
+    assert merge["state"] == "completed" and merge["merge_exit_code"] == 0, merge
+    assert "analyze_exit_code" not in merge
+    assert not (result["run"] / rundir.REPORT_DIR / rundir.SUMMARY_JSON).exists()
     # the terminal: our paragraph, no traceback
     assert "the job looks hung" in result["stderr"]
     assert hang["headline"] in result["stderr"]
@@ -217,6 +222,7 @@ def test_a_batch_job_left_hung_is_diagnosed_while_it_runs(
     assert headline and headline in running["status"].stdout.replace("\n", " ")
     hang = _check_loop(result)
     assert hang["headline"] == headline
+    assert result["record"]["slurm"]["merge"]["analyze_exit_code"] == 0  # analysed by default
 
 
 def test_a_job_of_the_sbatch_template_is_watched_on_its_first_node(
