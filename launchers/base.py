@@ -418,7 +418,8 @@ class Launcher(ABC):
         if handle.job is None:
             raise UsageError(f"run {handle.run_dir} cannot be reached from this process")
         outcome = self._cancel(handle.job, interrupt=False)
-        outcome.state = RunState.CANCELLED
+        if outcome.state != RunState.HUNG:  # a job ended while it hung stays hung
+            outcome.state = RunState.CANCELLED
         return self._finish(handle, outcome)
 
     def _finish(self, handle: RunHandle, outcome: JobOutcome) -> RunState:

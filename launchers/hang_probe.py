@@ -203,6 +203,20 @@ TERMINATED_TOKEN = "terminated"
 #: main thread is blocked in C code, a collective, where the handler cannot run: its stack
 #: stays where it is meanwhile).
 TERMINATED_ANSWER_WAIT_S = 1.0
+#: Seconds after that answer that a main thread still blocked in the same collective call may
+#: keep the rank alive. SIGTERM's own action ends a process at once; the runtime's handler, which
+#: flushes the profiler, holds it back, and cannot run while the main thread waits in C code.
+#: In a collective that can no longer complete (every rank of a desync waits in one) it would
+#: never run: the rank would live on until torchrun's SIGKILL, 30 s later. So the probe ends it
+#: then, with SIGTERM's status (128 + 15), as SIGTERM would have.
+BLOCKED_EXIT_S = 5.0
+#: torch.distributed's module whose functions are the collectives a user calls.
+COLLECTIVES_MODULE = "distributed_c10d.py"
+#: What the rank's log says when the probe ends it so.
+BLOCKED_EXIT_LINE = (
+    "rankscope: rank {rank} got SIGTERM while blocked in {where}, which cannot end: "
+    "ending it (its profiler window in progress is not written)"
+)
 
 #: Tries of the SIGTERM handler's answer (another signal's handler may raise while it writes).
 ANSWER_TRIES = 3
@@ -326,6 +340,7 @@ class HangProbe:
         while not self._stop.is_set():
             if self._terminated() and not self._ended.wait(TERMINATED_ANSWER_WAIT_S):
                 self.answer_once(None)  # the main thread is blocked in C: where it is now
+                self._end_if_blocked_in_collective()
             if self._stop.is_set():
                 break
             if self._written_steps != self.steps:
@@ -337,6 +352,27 @@ class HangProbe:
             if token and token != self._answered:
                 self._answered = token
                 self.answer(token)
+
+    def _end_if_blocked_in_collective(self) -> None:
+        """After SIGTERM: end the process when its main thread stays in the same collective
+        call for BLOCKED_EXIT_S (its SIGTERM handler cannot run; see BLOCKED_EXIT_S)."""
+        ident = threading.main_thread().ident
+        if ident is None:
+            return
+        frame = sys._current_frames().get(ident)
+        if frame is None or Path(frame.f_code.co_filename).name != COLLECTIVES_MODULE:
+            return
+        lasti = frame.f_lasti
+        deadline = time.monotonic() + BLOCKED_EXIT_S
+        while time.monotonic() < deadline:
+            if self._stop.wait(REQUEST_POLL_S):
+                return
+            now = sys._current_frames().get(ident)
+            if now is not frame or now.f_lasti != lasti:
+                return  # it moved: the collective ended, the handler runs
+        where = f"{Path(frame.f_code.co_filename).name}:{frame.f_code.co_name}"
+        print(BLOCKED_EXIT_LINE.format(rank=self.rank, where=where), file=sys.stderr, flush=True)
+        os._exit(128 + signal.SIGTERM)
 
     def _terminated(self) -> bool:
         """Wait up to REQUEST_POLL_S; True when SIGTERM arrived meanwhile (the wakeup pipe)."""

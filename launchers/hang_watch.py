@@ -331,7 +331,8 @@ def _native_stacks(pid: int, run_dir: Path, rank: int) -> bool:
         return False
     try:
         done = subprocess.run(
-            [program, "dump", "--native", "--pid", str(pid)],
+            # full paths: the analysis tells the user's files from libraries' by them
+            [program, "dump", "--native", "--full-filenames", "--pid", str(pid)],
             capture_output=True,
             text=True,
             timeout=PY_SPY_TIMEOUT_S,

@@ -27,16 +27,43 @@ if TYPE_CHECKING:
 
 #: Prefix of the lines this command writes to the merge log.
 LOG_PREFIX = "rankscope finalize"
+#: The spec option (``run.json``'s ``options``) that says whether the run is analysed after the
+#: merge: False for ``rankscope run --no-analyze`` (the merge job then only merges).
+ANALYZE_OPTION = "analyze"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``rankscope finalize`` (import-light)."""
     parser.add_argument("run_dir", type=Path, metavar="RUN", help="run directory of a Slurm run")
+    parser.add_argument(
+        "--hang-only",
+        action="store_true",
+        help="only diagnose the hang the job's first node recorded, and leave the job running "
+        "(--on-hang wait; run by that node)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
     """Entry point of ``rankscope finalize`` (run by the merge job, not by people)."""
+    if args.hang_only:
+        return diagnose_running_hang(args.run_dir)
     return finalize(args.run_dir)
+
+
+def diagnose_running_hang(run_dir: Path | str) -> int:
+    """A batch job that hung and is left running (``--on-hang wait``): its first node recorded
+    the notice and asked the ranks; say who and where now (the paragraph on the node's output,
+    ``report/hang.json``, ``run.json``'s ``hang``), as ``rankscope run`` does for a job it
+    follows — nothing ends the job soon, and ``rankscope status`` shows the hang meanwhile. The
+    job stays ``running`` until it ends; ended then (``scancel``), it is ``hung``. 0 when
+    diagnosed, 1 when there was no hang to diagnose."""
+    from rankscope.orchestrator.hang import diagnose_recorded
+
+    run_dir = Path(run_dir).resolve()
+    if not diagnose_recorded(run_dir):
+        print(f"{LOG_PREFIX}: no hang to diagnose in {run_dir}", file=sys.stderr, flush=True)
+        return 1
+    return 0
 
 
 def finalize(run_dir: Path | str, settle_s: float | None = None) -> int:
@@ -71,8 +98,10 @@ def finalize(run_dir: Path | str, settle_s: float | None = None) -> int:
         return 0
     status = _step("merge", lambda: _merge(run_dir))
     merge["merge_exit_code"] = status
-    if status == 0:
+    if status == 0 and _analysis_wanted(run_dir):
         merge["analyze_exit_code"] = _step("analyze", lambda: _analyze(run_dir))
+    elif status == 0:
+        print(f"{LOG_PREFIX}: not analysed (rankscope run --no-analyze)", flush=True)
     store = run_dir / rundir.STORE_NAME
     merge.update(
         state=str(MergeState.COMPLETED if status == 0 else MergeState.FAILED),
@@ -81,6 +110,19 @@ def finalize(run_dir: Path | str, settle_s: float | None = None) -> int:
     )
     update_slurm(run_dir, merge=merge)
     return status
+
+
+def _analysis_wanted(run_dir: Path) -> bool:
+    """The run was not started with ``--no-analyze`` (:data:`ANALYZE_OPTION`; runs recorded
+    before the option existed, and the sbatch template's, are analysed)."""
+    from rankscope.errors import RankscopeError
+    from rankscope.launchers import rundir
+
+    try:
+        options = rundir.load_run(run_dir).get("options") or {}
+    except (RankscopeError, OSError, ValueError):
+        return True
+    return options.get(ANALYZE_OPTION) is not False
 
 
 def _merge(run_dir: Path) -> int:

@@ -35,6 +35,43 @@ def read_answers(
     return out
 
 
+def text_stacks(run_dir: Path, ranks: list[int], since_ns: int) -> dict[int, dict[str, Any]]:
+    """rank → the threads of the stacks ``ranks`` (that did not answer) wrote as text since
+    ``since_ns`` (ns since the epoch: this hang's, not an earlier one's): py-spy's
+    (``native-stacks.txt``: thread names and native frames) before faulthandler's
+    (``stacks.txt``), each frame marked as the user's by the rank's own rule, with
+    ``stacks_from`` saying which (docs/hangs.md)."""
+    from rankscope.analysis.compute.stack_text import parse_faulthandler, parse_py_spy
+    from rankscope.launchers.hang_probe import is_user_file
+
+    sources = (
+        (rundir.NATIVE_STACKS_FILE, parse_py_spy, "py-spy"),
+        (rundir.STACKS_FILE, parse_faulthandler, "faulthandler"),
+    )
+    out: dict[int, dict[str, Any]] = {}
+    for rank in ranks:
+        for name, parse, source in sources:
+            path = rundir.rank_dir(run_dir, rank) / name
+            try:
+                if path.stat().st_mtime_ns < since_ns:
+                    continue  # an earlier hang's
+                threads = parse(path.read_text(errors="replace"))
+            except OSError:
+                continue
+            if not threads or not threads[0]["frames"]:
+                continue
+            for thread in threads:
+                for f in thread["frames"]:
+                    f["user"] = not f["native"] and is_user_file(str(f["file"]))
+            out[rank] = {
+                "rank": rank,
+                "threads": threads,
+                "stacks_from": f"{source} stacks, {name}",
+            }
+            break
+    return out
+
+
 def dead_ranks(run_dir: Path) -> dict[int, dict[str, Any]]:
     """rank → the error its runtime recorded (meta.json), for ranks that died of one."""
     out: dict[int, dict[str, Any]] = {}
@@ -66,7 +103,10 @@ def say_who_and_where(run_dir: Path, notice: HangNotice) -> None:
         last = doc.get("last_step_ns")
         since = None if last is None else (notice.noticed_ns - int(last)) / 1e9
         progress[rank] = (int(doc.get("steps") or 0), since)
-    diag = diagnose(answers, world, dead_ranks(run_dir), progress)
+    dead = dead_ranks(run_dir)
+    silent = [r for r in range(world) if r not in answers and r not in dead]
+    stacks = text_stacks(run_dir, silent, notice.noticed_ns)
+    diag = diagnose(answers, world, dead, progress, stacks=stacks)
     print(paragraph(diag), file=sys.stderr, flush=True)
     report = run_dir / rundir.REPORT_DIR / rundir.HANG_REPORT
     try:

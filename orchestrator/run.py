@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from rankscope.errors import UsageError
+from rankscope.orchestrator.finalize import ANALYZE_OPTION
 
 if TYPE_CHECKING:
     from rankscope.config_flags import Flags
@@ -113,7 +114,9 @@ def add_output_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--name", default=None, help="run name, part of the folder name (script name)")
     g.add_argument("--no-merge", action="store_true", help="do not merge the traces after the run")
     g.add_argument(
-        "--no-analyze", action="store_true", help="do not print the analysis after the run"
+        "--no-analyze",
+        action="store_true",
+        help="do not analyse the run after it (on Slurm: its merge job only merges)",
     )
 
 
@@ -283,7 +286,11 @@ def build_spec(
             command=["rankscope", "run", *argv],
             nnodes=nnodes,
             nproc_per_node=_count(tr.nproc_per_node, "--nproc-per-node"),
-            options={**backend_options(args), "hang": hang_options(args)},
+            options={
+                **backend_options(args),
+                "hang": hang_options(args),
+                ANALYZE_OPTION: not args.no_analyze,
+            },
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
@@ -301,9 +308,9 @@ def hang_options(args: argparse.Namespace) -> dict[str, Any]:
     """The hang rule, for the spec (a Slurm batch job's first node watches with it)."""
     from rankscope.config_flags import Flags
     from rankscope.launchers.hang_watch import HangRule
+    from rankscope.launchers.slurm.node_hang import rule_options
 
-    rule = Flags(HangRule).build(args)
-    return {"hang_after_s": rule.hang_after_s, "on_hang": str(rule.on_hang)}
+    return rule_options(Flags(HangRule).build(args))
 
 
 def backend_options(args: argparse.Namespace) -> dict[str, Any]:

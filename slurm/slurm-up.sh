@@ -143,6 +143,11 @@ else
   NODE_LINE+=" Port=$((PORT + 11))-$((PORT + 10 + NODES))"
 fi
 NODE_LINE+=" CPUs=$CPUS $TOPOLOGY RealMemory=$MEMORY State=UNKNOWN"
+# More CPUs than the host has (RANKSCOPE_SLURM_CPUS): slurmd would report the real count and
+# slurmctld would mark the node invalid; config_overrides makes Slurm take the configured one
+# (jobs then share the cores: more of them run at once, each slower).
+OVERRIDES=""
+[ "$CPUS" -gt "$(field CPUs)" ] && OVERRIDES="SlurmdParameters=config_overrides"
 for n in "${NAMES[@]}"; do mkdir -p "$STATE/slurmd-$n"; done
 
 if [ "$ACCOUNTING" = 1 ]; then
@@ -200,6 +205,7 @@ OverTimeLimit=0
 KillWait=5
 # Finished jobs stay visible to squeue/scontrol for 5 minutes; sacct keeps them for good.
 MinJobAge=300
+$OVERRIDES
 $NODE_LINE
 PartitionName=$PARTITION Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF

@@ -32,6 +32,11 @@ ROOT = Path(os.environ.get("RANKSCOPE_TEST_SLURM_ROOT", "/tmp/rankscope-slurm-te
 PORT = os.environ.get("RANKSCOPE_TEST_SLURM_PORT", "7817")
 #: Emulated nodes of the test cluster.
 NODES = 2
+#: CPUs each emulated node advertises, whatever the host has (``RANKSCOPE_SLURM_CPUS``): a test
+#: module runs several 2-node jobs (one CPU per node each) and their one-CPU merge jobs at once;
+#: with the host's 2 CPUs per node the third job would wait in the queue for the first to end.
+#: The jobs share the host's cores either way.
+CPUS_PER_NODE = 8
 #: Seconds slurm-up.sh may take (a first start installs packages with apt-get).
 UP_TIMEOUT_S = 900
 DOWN_TIMEOUT_S = 300
@@ -78,7 +83,12 @@ def slurm_cluster() -> Iterator[LocalSlurm]:
         _unavailable("the local Slurm cluster needs root (slurm/slurm-up.sh)")
     if shutil.which("slurmctld") is None and shutil.which("apt-get") is None:
         _unavailable("no Slurm and no apt-get to install it")
-    env = {**os.environ, "RANKSCOPE_SLURM_ROOT": str(ROOT), "RANKSCOPE_SLURM_PORT": PORT}
+    env = {
+        **os.environ,
+        "RANKSCOPE_SLURM_ROOT": str(ROOT),
+        "RANKSCOPE_SLURM_PORT": PORT,
+        "RANKSCOPE_SLURM_CPUS": str(CPUS_PER_NODE),
+    }
     env.pop("SLURM_CONF", None)
     # dask's LocalCluster sets OMP_NUM_THREADS=1 in its parent process (an earlier test);
     # the daemons and the jobs they run must not inherit it.

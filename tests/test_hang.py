@@ -2,12 +2,13 @@
 ways real jobs do, each checked against what the example did (which rank, which collective,
 which line).
 
-The six jobs run at once (module fixture) to keep the suite short: an endless loop, a
-data-loader worker that never yields, a desync (all_gather against all_reduce), a rank killed
-with SIGKILL mid-step (a failure, not a hang), steps that grow from 0.2 to 3 s (slow, not
-hung), and a data-loader that never yields under a short collective timeout (gloo's timeout
-error in the waiting rank: a hang, named as one).
-"""
+The five jobs run at once (module fixture) to keep the suite short: an endless loop and a desync
+(all_gather against all_reduce), noticed by the watch; a data-loader worker that never yields
+under a short collective timeout (gloo's timeout error in the waiting rank: a hang, named as
+one, with the loader's line); a rank killed with SIGKILL mid-step (a failure, not a hang); and
+steps that grow from 0.2 to 3 s (slow, not hung). Each job costs three torch imports (torchrun
+and two ranks) on 2 shared cores: there is no job per notice path and placement, but one per
+story."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rankscope.launchers.hang_probe import BLOCKED_EXIT_LINE
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "train_hang.py"
@@ -33,11 +35,10 @@ TIMEOUT_HANG_AFTER_S = 200
 #: scenario -> the example's arguments (and rankscope run's extra flags)
 SCENARIOS: dict[str, tuple[list[str], list[str]]] = {
     "loop": (["--hang", "loop", "--rank", "1", "--after", "4"], []),
-    "loader": (["--hang", "loader", "--rank", "1", "--after", "4"], ["--no-analyze"]),
-    "desync": (["--hang", "desync", "--rank", "1", "--after", "4"], ["--no-analyze"]),
+    "desync": (["--hang", "desync", "--rank", "1", "--after", "4"], ["--no-merge", "--no-analyze"]),
     "kill": (["--hang", "kill", "--rank", "1", "--after", "4"], ["--no-merge", "--no-analyze"]),
     "grow": (
-        ["--grow", "0.2:3", "--steps", "7"],
+        ["--grow", "0.2:3", "--steps", "4"],
         ["--no-merge", "--no-analyze", "--hang-after", str(GROW_HANG_AFTER_S)],
     ),
     # rank 1's loader stops; rank 0's all_reduce times out after PG_TIMEOUT_S, long before
@@ -142,8 +143,12 @@ def test_an_endless_loop_is_named_with_its_line(runs: dict[str, dict[str, Any]])
 def test_a_stuck_data_loader_is_named_where_the_loop_asks_for_a_batch(
     runs: dict[str, dict[str, Any]],
 ) -> None:
-    hang = _hung(runs["loader"])
-    assert hang["culprits"] == [1]
+    """Rank 1's DataLoader worker never yields: the timeout scenario's job (its collective
+    timeout notices the hang; the watch's notice is the endless loop's and the desync's)."""
+    result = runs["timeout"]
+    assert result["code"] == EXIT_HUNG and result["record"]["state"] == "hung"
+    hang = result["hang"]
+    assert hang is not None and hang["culprits"] == [1]
     rank1 = _ranks(hang)[1]
     assert rank1["state"] == "missing"
     assert rank1["line"] == _line("for step, batch in enumerate(loader):")
@@ -159,6 +164,11 @@ def test_a_desync_is_named_with_both_call_sites(runs: dict[str, dict[str, Any]])
         "all_gather",
         _line("dist.all_gather(out, grads)"),
     )
+    # both ranks wait in collectives that can never complete, where their SIGTERM handler cannot
+    # run: each ends itself once torchrun's SIGTERM came (not torchrun's SIGKILL, 30 s later)
+    log = (runs["desync"]["run"] / "logs" / "torchrun.log").read_text()
+    for rank, op in ((0, "all_reduce"), (1, "all_gather")):
+        assert BLOCKED_EXIT_LINE.format(rank=rank, where=f"distributed_c10d.py:{op}") in log
 
 
 def test_a_killed_rank_is_a_failure_not_a_hang(runs: dict[str, dict[str, Any]]) -> None:

@@ -469,6 +469,7 @@ def test_a_rank_that_does_not_answer_gets_its_native_stacks_from_py_spy(tmp_path
     py-spy (the dev extra) writes its native and Python frames to native-stacks.txt."""
     import subprocess
     import sys
+    import threading
 
     from rankscope.launchers.hang_watch import py_spy
 
@@ -483,7 +484,9 @@ def test_a_rank_that_does_not_answer_gets_its_native_stacks_from_py_spy(tmp_path
         watch.ask_ranks(notice)
         assert notice.answered == [] and notice.native == [0]
         text = (rundir.rank_dir(tmp_path, 0) / rundir.NATIVE_STACKS_FILE).read_text()
-        assert "Event.wait (threading.py" in text and "libc" in text
+        assert "Event.wait (" in text and "libc" in text
+        # full paths (--full-filenames): the analysis tells the user's files by them
+        assert f"{Path(threading.__file__)}:" in text
         assert notice.record()["native_stacks"] == [0]
     finally:
         proc.kill()

@@ -1,12 +1,14 @@
 """Hung and killed ranks of REAL 2-node Slurm jobs (tests/slurm_cluster.py's local cluster):
 examples/train_hang.py, one gloo rank per emulated node, rank 1 the odd one out.
 
-Three jobs at once (module fixture) to keep the suite short: an endless loop on rank 1 followed
-by ``rankscope run --slurm --follow`` (the terminal's paragraph, exit 124, ``hung``), the same
-loop as a batch job nobody follows (noticed by the first node's task, ended with scancel,
-diagnosed by the merge job), and rank 1 SIGKILLed mid-step (a failure, not a hang, with what the
-survivor was waiting in). Each node gets one CPU per job, so the third job waits in the queue for
-the first to end.
+Four jobs at once (module fixture; the test cluster's nodes advertise enough CPUs for all of
+them and their merge jobs) to keep the suite short: an endless loop on rank 1 followed by
+``rankscope run --slurm --follow`` (the terminal's paragraph, exit 124, ``hung``); the same loop
+as a batch job nobody follows, with ``--on-hang wait`` (noticed by the first node's task and
+diagnosed while it is left running; cancelled afterwards, it is ``hung``); the same loop
+submitted by hand with ``slurm/rankscope.sbatch`` (noticed by its first node, ended with
+scancel, diagnosed by the merge job); and rank 1 SIGKILLed mid-step (a failure, not a hang,
+with what the survivor was waiting in).
 """
 
 from __future__ import annotations
@@ -28,12 +30,19 @@ HANG_AFTER_S = 10
 EXIT_HUNG = 124
 #: Seconds a job (and its merge job) may take at most here: 2 loaded cores, torch imports.
 JOB_TIMEOUT_S = 480
+#: Seconds the diagnosis of a hang left running may take after node 0 recorded the notice (a
+#: process that imports the analysis and reads two answers, on 2 loaded cores).
+DIAGNOSIS_TIMEOUT_S = 180
+LOOP = ["--hang", "loop", "--rank", "1", "--after", "4"]
 #: scenario -> (rankscope run's extra flags, the example's arguments)
 SCENARIOS: dict[str, tuple[list[str], list[str]]] = {
-    "loop": (["--follow", "--no-analyze"], ["--hang", "loop", "--rank", "1", "--after", "4"]),
+    "loop": (["--follow", "--no-analyze"], LOOP),
     "kill": (["--follow", "--no-analyze"], ["--hang", "kill", "--rank", "1", "--after", "4"]),
-    "batch": ([], ["--hang", "loop", "--rank", "1", "--after", "4"]),
+    "batch": (["--on-hang", "wait"], LOOP),
 }
+#: The sbatch template's job: its time limit (minutes) bounds it should nothing watch it.
+TEMPLATE = REPO / "slurm" / "rankscope.sbatch"
+TEMPLATE_TIME_MIN = 6
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -51,6 +60,42 @@ def _merged(run: Path) -> bool:
     except (OSError, ValueError, KeyError):
         return False
     return merge.get("state") in ("completed", "failed", "skipped")
+
+
+def _notice(run: Path) -> dict[str, Any]:
+    """run.json's hang notice ({} before there is one)."""
+    try:
+        return json.loads((run / rundir.RUN_JSON).read_text()).get("hang") or {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _until(what: str, check: Any, timeout: float = JOB_TIMEOUT_S, must: bool = True) -> Any:
+    """Poll ``check()`` every second until it returns something true; after ``timeout`` s, fail
+    (``must``) or return what it returns then."""
+    deadline = time.monotonic() + timeout
+    while not (found := check()):
+        if time.monotonic() >= deadline:
+            assert not must, f"no {what} in {timeout:.0f} s"
+            return found
+        time.sleep(1.0)
+    return found
+
+
+def _submit_template(cluster: LocalSlurm, out: Path) -> subprocess.CompletedProcess[str]:
+    """The loop, submitted by hand with the sbatch template (its hang rule in its environment)."""
+    env = cluster.env(
+        NPROC_PER_NODE="1",
+        RANKSCOPE_OUT=str(out),
+        RANKSCOPE_PYTHON=sys.executable,
+        RANKSCOPE_HANG_AFTER=str(HANG_AFTER_S),
+    )
+    out.mkdir(parents=True)
+    return subprocess.run(
+        ["sbatch", "--parsable", "--nodes=2", f"--time={TEMPLATE_TIME_MIN}", str(TEMPLATE),
+         str(EXAMPLE), *LOOP],
+        capture_output=True, text=True, env=env, cwd=out, timeout=120, check=False,
+    )  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -80,28 +125,44 @@ def jobs(
                 cwd=base,
             ),
         )
-    results = {}
+    template = _submit_template(slurm_cluster, base / "template")
+    assert template.returncode == 0, template.stderr
+    results: dict[str, dict[str, Any]] = {}
     for name, (out, proc) in procs.items():
         stdout, stderr = proc.communicate(timeout=JOB_TIMEOUT_S)
         runs = list(out.iterdir()) if out.is_dir() else []
         assert len(runs) == 1, f"{name}: {(stdout + stderr)[-3000:]}"
-        (run,) = runs
-        deadline = time.monotonic() + JOB_TIMEOUT_S
-        while not _merged(run):  # a batch job: its submission returned at once
-            assert time.monotonic() < deadline, f"{name}: no merge job end in {run}"
-            time.sleep(1.0)
+        results[name] = {"code": proc.returncode, "terminal": stdout + stderr, "stderr": stderr}
+        results[name]["run"] = runs[0]
+    # the batch job left running: diagnosed while it runs, then cancelled by hand
+    run = results["batch"]["run"]
+    _until("hang notice", lambda: _notice(run))
+    report = run / rundir.REPORT_DIR / rundir.HANG_REPORT
+    # (not there in time: the test says so; the job is cancelled all the same)
+    _until("diagnosis while it runs", report.exists, DIAGNOSIS_TIMEOUT_S, must=False)
+    status = rankscope("status", str(run), env=slurm_cluster.env())  # refreshes run.json
+    results["batch"]["running"] = {
+        "diagnosed": report.exists(),
+        "status": status,
+        "record": json.loads((run / rundir.RUN_JSON).read_text()),
+    }
+    cancel = rankscope("cancel", str(run), env=slurm_cluster.env())
+    assert cancel.returncode == 0, cancel.stderr
+    out = base / "template"
+    results["template"] = {"code": 0, "terminal": template.stdout, "stderr": template.stderr}
+    results["template"]["run"] = _until(
+        "template run folder", lambda: next((p for p in out.iterdir() if p.is_dir()), None)
+    )
+    for name, result in results.items():
+        run = result["run"]
+        _until(f"{name}: merge job end in {run}", lambda run=run: _merged(run))
         report = run / rundir.REPORT_DIR / rundir.HANG_REPORT
-        status = rankscope("status", str(run), env=slurm_cluster.env())
-        results[name] = {
-            "code": proc.returncode,
-            "terminal": stdout + stderr,
-            "stderr": stderr,
-            "run": run,
-            "record": json.loads((run / rundir.RUN_JSON).read_text()),
-            "hang": json.loads(report.read_text()) if report.exists() else None,
-            "status": status,
-        }
-    print(f"\nslurm hang jobs: {time.monotonic() - started:.0f} s for all three")
+        result.update(
+            record=json.loads((run / rundir.RUN_JSON).read_text()),
+            hang=json.loads(report.read_text()) if report.exists() else None,
+            status=rankscope("status", str(run), env=slurm_cluster.env()),
+        )
+    print(f"\nslurm hang jobs: {time.monotonic() - started:.0f} s for all four")
     return results
 
 
@@ -135,19 +196,44 @@ def test_a_followed_endless_loop_is_named_and_ended(jobs: dict[str, dict[str, An
     result = jobs["loop"]
     assert result["code"] == EXIT_HUNG, result["terminal"][-3000:]
     hang = _check_loop(result)
+    # --no-analyze: its merge job only merged (the windows written before the hang)
+    merge = result["record"]["slurm"]["merge"]
+    assert merge["state"] == "completed" and merge["merge_exit_code"] == 0, merge
+    assert "analyze_exit_code" not in merge
+    assert not (result["run"] / rundir.REPORT_DIR / rundir.SUMMARY_JSON).exists()
     # the terminal: our paragraph, no traceback
     assert "the job looks hung" in result["stderr"]
     assert hang["headline"] in result["stderr"]
     assert "Traceback" not in result["terminal"]
 
 
-def test_a_batch_job_that_hangs_is_noticed_on_its_first_node(
+def test_a_batch_job_left_hung_is_diagnosed_while_it_runs(
     jobs: dict[str, dict[str, Any]],
 ) -> None:
+    """``--on-hang wait`` on a batch job: node 0 notices, asks, and has it diagnosed at once
+    (the job is not ended); cancelled afterwards, the run is ``hung``."""
     result = jobs["batch"]
     assert result["code"] == 0, result["terminal"][-3000:]  # the submission itself
-    _check_loop(result)
+    running = result["running"]
+    assert running["diagnosed"], running["record"]
+    assert running["record"]["state"] == "running"  # left running
+    assert running["record"]["hang"]["on_hang"] == "wait"
+    headline = running["record"]["hang"]["headline"]
+    assert headline and headline in running["status"].stdout.replace("\n", " ")
+    hang = _check_loop(result)
+    assert hang["headline"] == headline
+    assert result["record"]["slurm"]["merge"]["analyze_exit_code"] == 0  # analysed by default
+
+
+def test_a_job_of_the_sbatch_template_is_watched_on_its_first_node(
+    jobs: dict[str, dict[str, Any]],
+) -> None:
+    """Submitted by hand with slurm/rankscope.sbatch (RANKSCOPE_HANG_AFTER): node 0's watch
+    notices, asks, ends it with scancel; the merge job diagnoses it."""
+    result = jobs["template"]
+    assert result["record"]["slurm"]["submitted_by"] == "sbatch template"
     assert result["record"]["hang"]["on_hang"] == "report"
+    _check_loop(result)
 
 
 def test_a_killed_rank_on_slurm_is_a_failure_not_a_hang(jobs: dict[str, dict[str, Any]]) -> None:

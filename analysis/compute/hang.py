@@ -102,6 +102,9 @@ class RankPlace:
     """Seconds since its last step when the hang was noticed."""
     error: str = ""
     """How it died (dead ranks)."""
+    stacks_from: str = ""
+    """What placed a rank that did not answer: the text its faulthandler or py-spy wrote
+    (``"py-spy stacks, native-stacks.txt"``); "" otherwise."""
 
 
 @dataclass
@@ -233,12 +236,15 @@ def diagnose(
     dead: Mapping[int, Mapping[str, Any]] | None = None,
     progress: Mapping[int, tuple[int | None, float | None]] | None = None,
     timed_out: Mapping[int, Mapping[str, Any]] | None = None,
+    stacks: Mapping[int, Mapping[str, Any]] | None = None,
 ) -> HangDiagnosis:
     """The diagnosis of a hang from every rank's answer (``dumps``: rank → hang.json), the
     ranks that died (``dead``: rank → their failure record, with ``user_frame`` and ``error``),
     each rank's (steps, seconds since its last step) when it was noticed, and the ranks whose
     collective timed out without answering (``timed_out``: rank → failure record; NCCL's
-    watchdog ends them).
+    watchdog ends them), and the stacks of ranks that did not answer (``stacks``: rank → the
+    threads read from the text their faulthandler or py-spy wrote, as an answer holds them, with
+    ``stacks_from`` saying which: ``rankscope.analysis.compute.stack_text``).
 
     A collective times out only in the ranks that entered it: when some timed out and no
     Flight Recorder names the collective, the ranks that answered without a timeout never
@@ -246,6 +252,7 @@ def diagnose(
     dead = dead or {}
     progress = progress or {}
     timed_out = timed_out or {}
+    stacks = stacks or {}
     views = {r: _group_views(d) for r, d in dumps.items()}
     stuck, desync = _stuck_collective({r: v for r, v in views.items() if v is not None}, world_size)
     places = []
@@ -266,7 +273,15 @@ def diagnose(
             places.append(RankPlace(rank, RankState.DEAD, frame, steps=steps, error=error))
             continue
         if rank not in dumps:
-            places.append(RankPlace(rank, RankState.SILENT, steps=steps, since_s=since))
+            # silent: its Python threads could not answer; where its text stacks put it
+            frame, inside = place_in_code(stacks[rank]) if rank in stacks else (None, "")
+            source = str(stacks[rank].get("stacks_from") or "") if rank in stacks else ""
+            places.append(
+                RankPlace(
+                    rank, RankState.SILENT, frame, inside, steps=steps, since_s=since,
+                    stacks_from=source,
+                )
+            )  # fmt: skip
             continue
         frame, inside = place_in_code(dumps[rank])
         state, op = _state_of(views.get(rank), stuck, desync)

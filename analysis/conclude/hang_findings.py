@@ -37,6 +37,8 @@ def _what(p: RankPlace, diag: HangDiagnosis) -> str:
         )
     if p.state == RankState.DEAD:
         return f"had died ({p.error})" if p.error else "had died"
+    if p.state == RankState.SILENT and p.stacks_from:
+        return f"did not answer (placed by its {p.stacks_from})"
     if p.state == RankState.SILENT:
         return "did not answer (its stacks, if any: ranks/NNNNN/stacks.txt, native-stacks.txt)"
     return "running"
@@ -60,7 +62,8 @@ def groups(diag: HangDiagnosis) -> list[tuple[list[int], RankPlace]]:
     }
     found: dict[tuple[Any, ...], list[RankPlace]] = {}
     for p in diag.places:
-        found.setdefault((p.state, p.user_frame, p.inside, p.op, p.error), []).append(p)
+        key = (p.state, p.user_frame, p.inside, p.op, p.error, p.stacks_from)
+        found.setdefault(key, []).append(p)
     out = [([p.rank for p in ps], ps[0]) for ps in found.values()]
     out.sort(key=lambda g: (order[g[1].state], g[0][0]))
     return out
@@ -124,6 +127,7 @@ def hang_json(diag: HangDiagnosis, notice: dict[str, Any]) -> dict[str, Any]:
                 "steps": p.steps,
                 "since_last_step_s": None if p.since_s is None else round(p.since_s, 3),
                 "error": p.error,
+                "stacks_from": p.stacks_from,
             }
             for p in diag.places
         ],

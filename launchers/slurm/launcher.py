@@ -30,10 +30,11 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar
 
+from rankscope.config_flags import Flags
 from rankscope.errors import RankscopeError, UsageError
 from rankscope.launchers import rundir
 from rankscope.launchers.base import JobOutcome, Launcher, RunHandle, create_run_dir
-from rankscope.launchers.hang_watch import EXIT_HUNG, RankProgress
+from rankscope.launchers.hang_watch import EXIT_HUNG, HangRule, RankProgress
 from rankscope.launchers.rundir import RunRecord, RunState, load_run, update_run, utc_now
 from rankscope.launchers.slurm.commands import (
     MERGE_TIME_MIN,
@@ -52,6 +53,8 @@ from rankscope.launchers.slurm.node_hang import (
     failing_nodes,
     hang_rule,
     request_stack_signal,
+    rule_options,
+    run_watched,
 )
 from rankscope.launchers.slurm.options import SlurmOptions, load_defaults
 from rankscope.launchers.slurm.records import (
@@ -130,7 +133,8 @@ class SlurmLauncher(Launcher):
         slurm = handle.record().get("slurm") or {}
         merge = slurm.get("merge_job_id")
         then = f"; merge job {merge} merges the windows already written" if merge else ""
-        return f"Slurm job {slurm.get('job_id')} {state}{then}"
+        hung = " (the run hung: report/hang.json)" if state == RunState.HUNG else ""
+        return f"Slurm job {slurm.get('job_id')} cancelled{hung}{then}"
 
     # ---------------------------------------------------------------- hooks
     def _start(self, spec: RunSpec, run_dir: Path) -> SlurmJobRef:
@@ -363,11 +367,15 @@ class SlurmLauncher(Launcher):
         return super()._finish(handle, outcome)
 
     def _cancel(self, job: SlurmJobRef, *, interrupt: bool) -> JobOutcome:
-        """scancel: Slurm sends SIGTERM (ranks flush), then SIGKILL; the merge job still runs."""
+        """scancel: Slurm sends SIGTERM (ranks flush), then SIGKILL; the merge job still runs.
+        A job ended while it hung (its hang recorded: ended by the watch, or diagnosed and left
+        running with ``--on-hang wait`` until now) is ``hung``, not ``cancelled``."""
         scancel(job.job_id, job.env)
         record = load_run(job.run_dir)
         slurm = dict(record.get("slurm") or {})
         slurm.update(state=str(SlurmJobState.CANCELLED), cancelled_at=utc_now())
+        if not interrupt and ended_because_hung(record):
+            return JobOutcome(state=RunState.HUNG, exit_code=EXIT_HUNG, fields={"slurm": slurm})
         return JobOutcome(state=RunState.CANCELLED, exit_code=None, fields={"slurm": slurm})
 
 
@@ -402,6 +410,7 @@ def prepare_run(argv: list[str]) -> Path:
     parser.add_argument("--out", type=Path, default=Path("rankscope-runs"))
     parser.add_argument("--name", default="")
     parser.add_argument("--nproc-per-node", type=int, required=True)
+    Flags(HangRule).add(parser)  # the rule the first node watches with (node_hang.run_watched)
     parser.add_argument("script")
     parser.add_argument("script_args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
@@ -424,6 +433,7 @@ def prepare_run(argv: list[str]) -> Path:
         command=["sbatch", "slurm/rankscope.sbatch", args.script, *args.script_args],
         nnodes=nodes,
         nproc_per_node=args.nproc_per_node,
+        options={"hang": rule_options(Flags(HangRule).build(args))},
     )
     run_dir = create_run_dir(spec.out, spec.name)
     partition = os.environ.get("SLURM_JOB_PARTITION")
@@ -467,7 +477,11 @@ def main(argv: list[str] | None = None) -> int:
     and analyses, which this floor may not import.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    usage = "usage: python -m rankscope.launchers.slurm prepare ARGS"
+    usage = (
+        "usage: python -m rankscope.launchers.slurm prepare ARGS | watch RUN -- TORCHRUN_COMMAND..."
+    )
+    if len(argv) > 3 and argv[0] == "watch" and argv[2] == "--":
+        return run_watched(Path(argv[1]), argv[3:])
     if not argv or argv[0] != "prepare":
         print(usage, file=sys.stderr)
         return 2

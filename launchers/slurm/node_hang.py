@@ -14,8 +14,16 @@ descendants (a pid means something on one node only).
 submitting process has gone, so the first node's task watches the ranks' progress with the same
 :class:`~rankscope.launchers.hang_watch.HangWatch` and rule (:func:`watch_batch_job`): on a hang
 it asks every rank, records the notice in ``run.json`` (``hang``, with ``on_hang``) and ends the
-job with ``scancel`` (unless ``--on-hang wait``). The merge job then records the state ``hung``
-and writes the diagnosis (``rankscope finalize``: the analysis is the orchestrator's).
+job with ``scancel``. The merge job then records the state ``hung`` and writes the diagnosis
+(``rankscope finalize``: the analysis is the orchestrator's). With ``--on-hang wait`` the job is
+left running and nothing ends it soon, so node 0 has the diagnosis written at once by
+``rankscope finalize --hang-only`` (:data:`DIAGNOSE_NOW`, a command: this floor may not import
+the analysis); cancelled later, the job is ``hung`` (:func:`ended_because_hung`).
+
+**The sbatch template** runs torchrun under ``srun`` itself, with no submitit task around it:
+each node's task is :func:`run_watched` (``python -m rankscope.launchers.slurm watch RUN --
+TORCHRUN…``), which starts torchrun, relays the stack signal and, on the first node, watches
+with the rule ``prepare`` recorded in ``run.json`` (``options.hang``).
 Seconds unless a name says ``_ns``.
 """
 
@@ -24,6 +32,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -49,6 +59,11 @@ STACK_SIGNAL_FORMAT = "stack-signal-{job_id}.json"
 NODE_POLL_S = 0.5
 #: How many parents up a rank may sit below its node's torchrun (torchrun → rank is 1).
 MAX_DEPTH = 4
+#: The command node 0 runs to diagnose a hang it leaves running (``--on-hang wait``), after the
+#: run folder: the orchestrator's ``rankscope finalize --hang-only RUN``.
+DIAGNOSE_NOW = ("-m", "rankscope", "finalize", "--hang-only")
+#: Seconds that command may take (it imports the analysis and reads every rank's answer).
+DIAGNOSE_TIMEOUT_S = 300.0
 
 
 def request_stack_signal(run_dir: Path, job_id: str, ranks: list[RankProgress]) -> list[int]:
@@ -162,6 +177,7 @@ def watch_batch_job(
                 who="rankscope (node 0)",
             )
             if rule.on_hang == OnHang.WAIT:
+                diagnose_now(run_dir)
                 continue
             print(
                 f"rankscope: ending hung Slurm job {job_id} (--on-hang {rule.on_hang})", flush=True
@@ -173,6 +189,49 @@ def watch_batch_job(
     thread = threading.Thread(target=body, name="rankscope-hang-watch", daemon=True)
     thread.start()
     return thread
+
+
+def diagnose_now(run_dir: Path) -> bool:
+    """Have the hang that node 0 recorded diagnosed now (the paragraph on this task's output,
+    ``report/hang.json``, ``run.json``'s ``hang``) by :data:`DIAGNOSE_NOW`; False when that
+    command failed or did not finish in time (the merge job diagnoses it when the job ends)."""
+    try:
+        done = subprocess.run(
+            [sys.executable, *DIAGNOSE_NOW, str(run_dir)],
+            stdin=subprocess.DEVNULL,
+            timeout=DIAGNOSE_TIMEOUT_S,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.returncode == 0
+
+
+def run_watched(run_dir: Path, command: list[str]) -> int:
+    """The sbatch template's node task (module docstring): run ``command`` (torchrun) with this
+    process's output, relay the stack signal to its ranks and, on the job's first node, watch
+    them with the rule recorded in ``run.json``; torchrun's exit status."""
+    from rankscope.launchers.slurm.commands import scancel
+
+    job_id = os.environ.get("SLURM_JOB_ID", "")
+    first = os.environ.get("SLURM_NODEID", "0") == "0"
+    options = rundir.load_run(run_dir).get("options") or {}
+    proc = subprocess.Popen(command, stdin=subprocess.DEVNULL)
+    relay = SignalRelay(run_dir, job_id, proc.pid).start()
+    running = threading.Event()
+    running.set()
+    if first and job_id:
+        watch_batch_job(run_dir, job_id, hang_rule(options), running, lambda: scancel(job_id))
+    try:
+        return proc.wait()
+    finally:
+        running.clear()
+        relay.stop()
+
+
+def rule_options(rule: HangRule) -> dict[str, Any]:
+    """The hang rule as a spec's ``options["hang"]`` (read back by :func:`hang_rule`)."""
+    return {"hang_after_s": rule.hang_after_s, "on_hang": str(rule.on_hang)}
 
 
 def hang_rule(options: dict[str, Any]) -> HangRule:
@@ -187,6 +246,11 @@ def hang_rule(options: dict[str, Any]) -> HangRule:
 
 def ended_because_hung(record: dict[str, Any]) -> bool:
     """``run.json`` says the job was ended because it hung (the watch records its notice, with
-    ``on_hang``, before it cancels the job): its ``CANCELLED`` means ``hung``."""
+    ``on_hang``, before it cancels the job), or was ended while it hung (``--on-hang wait``: the
+    hang diagnosed, the job left running until someone cancelled it): its ``CANCELLED`` means
+    ``hung``."""
     hang = record.get("hang") or {}
-    return bool(hang) and hang.get("on_hang") in (str(OnHang.REPORT), str(OnHang.KILL))
+    if not hang:
+        return False
+    ends = hang.get("on_hang") in (str(OnHang.REPORT), str(OnHang.KILL))
+    return ends or bool(hang.get("on_hang") == str(OnHang.WAIT) and hang.get("headline"))
