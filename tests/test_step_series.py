@@ -309,3 +309,19 @@ def test_what_changed_in_a_triggered_window(tmp_path: Path) -> None:
     print_summary(a, console)
     text = console.export_text()
     assert "whole run: 19 steps on 4 rank(s)" in text and GROWN_OP in text
+
+
+def test_a_long_run_is_drawn_in_bins() -> None:
+    """100,000 steps of 2 ranks: each line of the plot has one point per bin, not per step."""
+    from rankscope.analysis.render.run_steps_section import run_steps_svg
+
+    rng = np.random.default_rng(7)
+    n = 100_000
+    ends = {r: T0_NS + np.cumsum(rng.uniform(90, 110, n) * 1e6).astype(np.int64) for r in (0, 1)}
+    rs = ss.run_steps([0, 1], _logs(ends).__getitem__)
+    assert len(rs.bins) == ss.PLOT_BINS
+    svg = run_steps_svg(rs)
+    lines = svg.split("<polyline points='")[1:]
+    assert len(lines) == 2  # the median rank and the job
+    assert all(len(line.split("'")[0].split()) == ss.PLOT_BINS for line in lines)
+    assert rs.bins["job_steps"].sum() == n - 1

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -135,13 +136,33 @@ def window_ops(a: Analysis, windows: list[int]) -> dict[int, pd.DataFrame]:
     }
 
 
+#: Stores whose "what changed" is kept in this process (the terminal, summary.json and the HTML
+#: report each ask for it; it reads the triggered windows' events again).
+CACHED_CHANGES = 4
+_CHANGED: dict[tuple[str, int, int, int], list[WindowChange]] = {}
+
+
 def what_changed(a: Analysis) -> list[WindowChange]:
     """For every triggered window with a window before it: what changed (module docstring)."""
-    from rankscope.analysis.conclude.compare import compare
-
     wins = a.run_steps.windows
     if not len(wins) or not wins["triggered"].any():
         return []
+    try:
+        stat = Path(a.path).stat()
+        key = (str(a.path), stat.st_mtime_ns, stat.st_size, id(a))
+    except OSError:
+        return _what_changed(a)
+    if key not in _CHANGED:
+        while len(_CHANGED) >= CACHED_CHANGES:
+            del _CHANGED[next(iter(_CHANGED))]
+        _CHANGED[key] = _what_changed(a)
+    return _CHANGED[key]
+
+
+def _what_changed(a: Analysis) -> list[WindowChange]:
+    from rankscope.analysis.conclude.compare import compare
+
+    wins = a.run_steps.windows
     order = wins.reset_index(drop=True)
     pairs = [
         (order.iloc[i - 1], order.iloc[i]) for i in range(1, len(order)) if order["triggered"][i]
