@@ -239,6 +239,8 @@ def test_gate_uses_every_step_of_the_run(analysed: Analysis) -> None:
     old = compare(analysed, with_series(analysed, seed=2, scale=1.10))
     kpis = {ch.kpi for ch in gate_checks(old, gate)}
     assert str(Kpi.STEP_TIME) in kpis and str(Kpi.RUN_STEP_TIME) not in kpis
+    assert any(n.startswith("only NEW kept step logs") for n in old.notes)
+    assert not any("step logs" in n for n in slower.notes)
 
 
 # -- what changed in a triggered window -----------------------------------------------------------
