@@ -273,7 +273,14 @@ def triggered_run(tmp: Path) -> Path:
         ]  # fmt: skip
         rundir.write_json_atomic(meta_path, meta)
         write_log(run, rank, np.arange(1, 21), true_ends(rank, 20))
+    change = {"step": 3, "kind": "rank", "before_ms": 34.0, "after_ms": 54.0, "rank": 1,
+              "behind_ms": 20.0, "sentence": CHANGE_SENTENCE, "noticed_ns": T0_NS, "trigger": 1}  # fmt: skip
+    (run / rundir.CHANGES_FILE).write_text(json.dumps(change) + "\n")
     return run
+
+
+#: What the live monitor printed in :func:`triggered_run`.
+CHANGE_SENTENCE = "step 3: rank 1 is 20 ms behind the median"
 
 
 def test_what_changed_in_a_triggered_window(tmp_path: Path) -> None:
@@ -307,10 +314,15 @@ def test_what_changed_in_a_triggered_window(tmp_path: Path) -> None:
     page = render_html(a)
     assert "What changed in the triggered windows" in page and GROWN_OP in page
     assert "step time over the whole run" in page  # the plot
+    assert "<title>triggered window 1: rank 1 is 20 ms behind, steps 4-5</title>" in page
+    assert "<title>window 0, steps 3-3</title>" in page
+    assert f"<title>{CHANGE_SENTENCE}</title></line>" in page  # the change, marked
+    assert doc["run_steps"]["changes"][0]["sentence"] == CHANGE_SENTENCE
     console = Console(record=True, width=400)
     print_summary(a, console)
     text = console.export_text()
     assert "whole run: 19 steps on 4 rank(s)" in text and GROWN_OP in text
+    assert "1 change(s) noticed while it ran; 2 profiler window(s), 1 triggered" in text
 
 
 def test_a_long_run_is_drawn_in_bins() -> None:
