@@ -321,7 +321,7 @@ def test_what_changed_in_a_triggered_window(tmp_path: Path) -> None:
     console = Console(record=True, width=400)
     print_summary(a, console)
     text = console.export_text()
-    assert "whole run: 19 steps on 4 rank(s)" in text and GROWN_OP in text
+    assert "whole run: 19 steps timed on 4 rank(s)" in text and GROWN_OP in text
     assert "1 change(s) noticed while it ran; 2 profiler window(s), 1 triggered" in text
 
 

@@ -312,7 +312,7 @@ def terminal_lines(summary: dict[str, Any] | None) -> list[str]:
     rate = f", {summary['steps_per_s']:g} steps/s" if summary["steps_per_s"] else ""
     thr = f", {summary['samples_per_s']:g} samples/s" if summary["samples_per_s"] else ""
     lines = [
-        f"whole run: {summary['steps']} steps on {summary['ranks']} rank(s): step time p50 "
+        f"whole run: {summary['steps']} steps timed on {summary['ranks']} rank(s): step time p50 "
         f"{t['p50']:g} ms, p90 {t['p90']:g} ms, p99 {t['p99']:g} ms{rate}{thr}",
     ]
     if summary["changes"] or wins:
