@@ -15,6 +15,11 @@ worker). So every rank runs, beside the training, one daemon thread of this modu
   the GIL, as collectives do), each frame marked as user code or not, and PyTorch's Flight
   Recorder as JSON (``_dump_fr_trace_json``: the collectives of every process group with their
   sequence numbers, whatever the backend; never its pickle form: docs/security.md).
+* **Every step.** :meth:`HangProbe.beat` also keeps the step's record (steps done, end time,
+  collective wait) in memory; the thread appends them in blocks to ``ranks/NNNNN/steps.bin``
+  (:mod:`rankscope.launchers.step_log`) at every look (:data:`REQUEST_POLL_S`), as the rank
+  ends, and in its answers (SIGTERM, its own error): the whole run's step times, read live by
+  ``rankscope run``'s monitor and merged into the store after the run (docs/live.md).
 * **Last resort.** ``faulthandler`` on :data:`STACK_SIGNAL` writes every thread's stack to
   ``ranks/NNNNN/stacks.txt`` from C, for a rank whose Python threads cannot run at all (a C
   extension holding the GIL); the launcher sends that signal to ranks that do not answer.
@@ -33,15 +38,17 @@ import sys
 import sysconfig
 import threading
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
-from rankscope.launchers import rundir
+from rankscope.launchers import rundir, step_log
 
 #: Seconds between two progress.json writes at most (a step ends far more often in small jobs).
 BEAT_INTERVAL_S = 0.5
-#: Seconds between two looks for the launcher's request.
-REQUEST_POLL_S = 0.25
+#: Seconds between two looks for the launcher's request (and for a triggered window's request,
+#: and between two appends to the step log): the live monitor's trigger lead time allows for it.
+REQUEST_POLL_S = 0.05
 #: Signal on which faulthandler writes every thread's stack (C level, no GIL needed).
 STACK_SIGNAL = signal.SIGUSR2
 #: Frames kept per thread (innermost last), like faulthandler's own limit.
@@ -254,6 +261,11 @@ class HangProbe:
         self.dir = rundir.rank_dir(run_dir, rank)
         self.steps = 0
         self.last_step_ns: int | None = None
+        self.records: deque[tuple[int, int, int]] = deque()
+        """Step records not yet in the step log (appended by the training thread, taken by
+        whoever flushes: a deque's ``append`` / ``popleft`` are atomic, no lock on the step)."""
+        self._flush_lock = threading.RLock()
+        self.step_log = self.dir / step_log.STEP_LOG_FILE
         self._written_ns = 0
         self._written_steps = -1
         self._answered: str | None = None
@@ -284,11 +296,13 @@ class HangProbe:
         self._thread.start()
         _ACTIVE[:] = [self]
 
-    def beat(self, steps: int) -> None:
-        """A step ended (``steps`` done in all): written now when BEAT_INTERVAL_S passed since
-        the last write, else by the probe's thread within that time (so the last step before a
-        hang is always on disk)."""
-        now = time.time_ns()
+    def beat(self, steps: int, end_ns: int | None = None, wait_ns: int = step_log.UNKNOWN) -> None:
+        """A step ended (``steps`` done in all, at ``end_ns``, ns since the epoch; now when
+        None; ``wait_ns`` of it in collectives): kept for the step log, and progress.json
+        written now when BEAT_INTERVAL_S passed since the last write, else by the probe's
+        thread within that time (so the last step before a hang is always on disk)."""
+        now = time.time_ns() if end_ns is None else end_ns
+        self.records.append((steps, now, wait_ns))
         self.steps = steps
         self.last_step_ns = now
         if now - self._written_ns >= BEAT_INTERVAL_S * 1e9 or steps == 1:
@@ -303,9 +317,21 @@ class HangProbe:
         self.answer_once(traceback_frames(exc), timed_out, error)
 
     def stop(self) -> None:
-        """The rank ends: a last progress record, the thread stopped."""
+        """The rank ends: the step log completed, a last progress record, the thread stopped."""
         self._stop.set()
+        self.flush_steps()
         self._write_progress()
+
+    def flush_steps(self) -> None:
+        """Append the step records kept so far to the step log (one write; a failed write
+        drops them: the training never waits or fails for it)."""
+        with self._flush_lock:
+            n = len(self.records)
+            if n == 0:
+                return
+            block = [self.records.popleft() for _ in range(n)]
+            with contextlib.suppress(OSError):
+                step_log.append(self.step_log, block)
 
     def _write_progress(self) -> None:
         self._written_ns = time.time_ns()
@@ -328,7 +354,11 @@ class HangProbe:
                 self.answer_once(None)  # the main thread is blocked in C: where it is now
             if self._stop.is_set():
                 break
-            if self._written_steps != self.steps:
+            self.flush_steps()
+            if (
+                self._written_steps != self.steps
+                and time.time_ns() - self._written_ns >= BEAT_INTERVAL_S * 1e9
+            ):
                 self._write_progress()  # steps the main thread did not write (throttled)
             try:
                 token = request.read_text().strip()
@@ -384,6 +414,7 @@ class HangProbe:
         ``main_frames``: the main thread's stack to write instead of its current one (where it
         was when SIGTERM interrupted it, or where its own ``error`` was raised); ``timed_out``:
         that error was its collective timing out (the analysis counts it as not completed)."""
+        self.flush_steps()
         self._write_progress()
         threads = thread_stacks()
         if main_frames is not None:

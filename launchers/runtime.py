@@ -47,7 +47,7 @@ from typing import Any
 
 from rankscope import __version__
 from rankscope.atomic import output_error
-from rankscope.launchers import clocksync, p2p, rundir
+from rankscope.launchers import clocksync, collective_wait, p2p, rundir
 from rankscope.launchers.hang_probe import (
     HangProbe,
     innermost_user_frame,
@@ -216,6 +216,10 @@ class RankRuntime(RankStepping, RankWindows):
             p2p.install()
         except Exception as exc:  # a torch without the hooks it needs: profile without peers
             self.meta["p2p_error"] = f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
+        try:
+            collective_wait.install()
+        except Exception as exc:  # a torch without them: the step log says UNKNOWN waits
+            self.meta["wait_error"] = f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
         self.prof.start()
         try:  # the thread that starts the profiler is the one that trains and steps
             self._schedstat = os.open(THREAD_SCHEDSTAT, os.O_RDONLY | os.O_CLOEXEC)
