@@ -84,11 +84,14 @@ def test_merge_aligns_step_logs_with_the_traces_clock_and_ignores_a_cut_record(
         assert s.changes().empty  # no changes.jsonl: an empty table with its columns
 
 
-def test_a_bad_step_log_and_bad_change_lines_are_one_problem_line_each(tmp_path: Path) -> None:
+def test_a_bad_step_log_a_restarted_rank_and_bad_change_lines(tmp_path: Path) -> None:
     run = make_run_dir(tmp_path, DATA / "cpu_gloo_4rank_skew", samples_for={2: -SKEW_NS})
     ends = true_ends(0, 10)
     ends[6] = ends[5] - 1  # the 7th record goes back in time: it and those after are ignored
     write_log(run, 0, np.arange(1, 11), ends)
+    # rank 3 was restarted after 5 steps: its second attempt counts from 1 again, later
+    write_log(run, 3, np.arange(1, 6), true_ends(3, 5))
+    write_log(run, 3, np.arange(1, 9), true_ends(3, 8) + 10**9)
     change = {"step": 40, "kind": "rank", "before_ms": 100.0, "after_ms": 130.0, "rank": 2,
               "behind_ms": 30.0, "sentence": "step 40: rank 2 is 30 ms behind",
               "noticed_ns": T0_NS, "trigger": 1}  # fmt: skip
@@ -97,9 +100,13 @@ def test_a_bad_step_log_and_bad_change_lines_are_one_problem_line_each(tmp_path:
     with open_store(out) as s:
         assert s.step_log(0)["steps"].tolist() == list(range(1, 7))
         problems = s.problems()["problem"].tolist()
-        assert sum("step log" in p for p in problems) == 1
+        assert sum("does not follow" in p for p in problems) == 1
         assert any("record 7 of 10" in p for p in problems)
         assert sum("not understood" in p for p in problems) == 1
+        log3 = s.step_log(3)
+        assert log3["steps"].tolist() == list(range(1, 9))  # the last attempt
+        assert (log3["end"].to_numpy() == true_ends(3, 8) + 10**9).all()
+        assert sum("restarted 1 time(s); the 5 record(s)" in p for p in problems) == 1
         ch = s.changes()
         assert len(ch) == 1
         row = ch.iloc[0]

@@ -12,9 +12,11 @@ samples are taken with) and written once per rank as ``/ranks/NNNNN/step_log``
 
 What is not there is no error: runs made before the step log, folders of other tools' traces
 and ranks that recorded no step have no table. A record cut by a crash is ignored by the reader;
-a file whose records stop making sense (a step count that does not rise, an end time that goes
-back) keeps its records up to the first such one and says so in ONE problem line, never a
-traceback; an unreadable file is one problem line too.
+a rank that restarted (torchrun ``--max-restarts``: its new attempt counts its steps again,
+appended to the same log, later) keeps its last attempt, said in one problem line; a file whose
+records stop making sense otherwise (an end time that goes back, a step count below 1) keeps its
+records up to the first such one and says so in ONE problem line, never a traceback; an
+unreadable file is one problem line too.
 
 Why apart from ``rank_columns.py`` and ``merge.py``: the step log is a second input of the rank
 with its own checks; both callers stay one line each.
@@ -62,10 +64,23 @@ def read_rank_step_log(
         return None, None
     steps = records["steps"]
     end = records["end_ns"]
+    # A restarted rank (torchrun --max-restarts) appends its new attempt's steps, counted again
+    # from its start: the step count falls, time goes on. Its last attempt is the run's.
+    restart = np.flatnonzero((np.diff(steps) <= 0) & (np.diff(end) >= 0) & (steps[1:] >= 1))
+    problem = None
+    if len(restart):
+        first = int(restart[-1]) + 1
+        problem = Problem(
+            str(path),
+            rank,
+            f"step log: the rank restarted {len(restart)} time(s); the {first} record(s) before "
+            "its last attempt left out",
+        )
+        records = records[first:]
+        steps, end = records["steps"], records["end_ns"]
     ok = (steps >= 1) & (end > 0)
     ok[1:] &= (np.diff(steps) > 0) & (np.diff(end) >= 0)
     bad = np.flatnonzero(~ok)
-    problem = None
     if len(bad):
         first = int(bad[0])
         problem = Problem(
