@@ -39,6 +39,7 @@ import sysconfig
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -255,8 +256,16 @@ def _sigterm_wakeup() -> int | None:
 class HangProbe:
     """The rank side of hang diagnosis (see the module docstring): one per rank process."""
 
-    def __init__(self, run_dir: Path, rank: int) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        rank: int,
+        on_trigger: Callable[[Any], None] | None = None,
+    ) -> None:
         self.run_dir = run_dir
+        self.on_trigger = on_trigger
+        """Called (in the probe's thread) with each new ``RUN/trigger.json`` document."""
+        self._trigger_text: str | None = None
         self.rank = rank
         self.dir = rundir.rank_dir(run_dir, rank)
         self.steps = 0
@@ -355,6 +364,7 @@ class HangProbe:
             if self._stop.is_set():
                 break
             self.flush_steps()
+            self._look_for_trigger()
             if (
                 self._written_steps != self.steps
                 and time.time_ns() - self._written_ns >= BEAT_INTERVAL_S * 1e9
@@ -367,6 +377,25 @@ class HangProbe:
             if token and token != self._answered:
                 self._answered = token
                 self.answer(token)
+
+    def _look_for_trigger(self) -> None:
+        """Hand a new ``RUN/trigger.json`` to ``on_trigger`` (its text changed since the last
+        look; unreadable or half-written JSON waits for the next look)."""
+        if self.on_trigger is None:
+            return
+        try:
+            text = (self.run_dir / rundir.TRIGGER_FILE).read_text()
+        except OSError:
+            return
+        if text == self._trigger_text:
+            return
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            return
+        self._trigger_text = text
+        with contextlib.suppress(Exception):  # never break the job for it
+            self.on_trigger(doc)
 
     def _terminated(self) -> bool:
         """Wait up to REQUEST_POLL_S; True when SIGTERM arrived meanwhile (the wakeup pipe)."""

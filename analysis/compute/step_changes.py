@@ -15,19 +15,21 @@ Pure functions of the step log's series (numpy only; the live monitor of ``ranks
   wander, and the bar rises with them). The recent median must clear the median of those
   rolling medians by :attr:`ChangeRule.z` of their robust spread (MAD-based, and never less than
   the spread independent noise of the baseline's size would give), must clear the highest of
-  them (a level the steady run already reached is no change), must be at least
+  them (a level the steady run already reached is no change: bimodal steps and bursts of slow
+  ones reach high rolling medians that a robust spread alone calls rare), must be at least
   :attr:`ChangeRule.min_rise` above the baseline (a change worth a profile), and the newest half
   of the window must agree (the rise lasts: a burst that already ended is none).
 * :func:`detect_job_change` — the rule on log step times (a rise is a ratio).
 * :func:`rank_behind_ms` / :func:`detect_rank_drift` — which rank the others wait for. In a
   synchronous job every rank's step ENDS at about the same time (the collectives wait for the
   slowest), so the drifting rank is the one that waits LEAST: with the step log's ``wait_ns``
-  known, rank r is behind by ``median over ranks of wait − wait_r``. Without it (DDP and FSDP
-  wait in C++: docs/live.md), the only cheap per-rank signal left is how late a rank's step ends
-  against the median rank's — it moves only when the slow part of the rank's step comes after
-  its last collective, and each rank is compared with its own baseline (a constant clock offset
-  between hosts cancels). A rank whose lateness rises lastingly (:func:`lasting_rise`, the bar
-  in ms set from the job's step time) is drifting; the one that rose most is named.
+  known, rank r is behind by ``median over ranks of wait − wait_r``; a rank whose lateness rises
+  lastingly (:func:`lasting_rise`, the smallest rise in ms set from the job's step time) is
+  drifting, and the one that rose most is named. Without the waits (DDP and FSDP wait in C++:
+  docs/live.md) no cheap per-rank signal is left: the step ends line up, and how late a rank's
+  end is against the others' is the scheduler's noise after the last collective (a real run on
+  a loaded machine "drifted" 5–11 ms that way twice in 300 steps with no slow rank). Then no
+  rank is named live; the profile of the change names it.
 * :func:`live_figures` — what the live line shows: steps done, the job's p50 step time over the
   last N steps, throughput, the slowest rank and by how much.
 
@@ -44,20 +46,19 @@ import numpy as np
 
 #: Scale of the MAD to a normal distribution's standard deviation.
 MAD_TO_SD = 1.4826
-#: Standard error of a median of n independent normal values is this × sd / √n.
-MEDIAN_SE = 1.2533
 
 
 @dataclass(frozen=True)
 class ChangeRule:
     """How :func:`lasting_rise` decides that a series rose for good."""
 
-    window: int = field(default=8)
+    window: int = field(default=10)
     """Steps the new level must hold (the recent window): the detection's delay in steps, and
-    its guard against a few slow steps."""
-    baseline_min: int = field(default=32)
-    """Steps of baseline needed before anything is judged (4 windows: a spread from fewer
-    rolling medians is no estimate)."""
+    its guard against a few slow steps (all but one of them must be above the bar: bimodal
+    steps with 30 % slow ones fill 9 of 10 by chance once in ~7,000 windows)."""
+    baseline_min: int = field(default=64)
+    """Steps of baseline needed before anything is judged (8 windows: from fewer rolling
+    medians, noise that drifts slowly looks steady and its next swing like a change)."""
     baseline_max: int = field(default=512)
     """Most steps of baseline kept (the newest before the window): old enough to hold the
     noise's bursts, recent enough to follow slow drifts."""
@@ -119,9 +120,11 @@ class RankDrift:
     """Its lateness (ms) in the recent window."""
 
 
-def _sliding_medians(x: np.ndarray, width: int) -> np.ndarray:
-    """Medians of every ``width`` consecutive values of ``x``."""
-    return np.median(np.lib.stride_tricks.sliding_window_view(x, width), axis=1)
+def _floor(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    """The statistic of a window of steps: its second-lowest value. A window's floor rises only
+    when (all but one of) its steps are slower: a rise that lasts the whole window, not a few
+    slow steps (bimodal steps, a burst); one fast step of noise does not hide a real rise."""
+    return np.partition(x, 1, axis=axis).take(1, axis=axis)
 
 
 def lasting_rise(x: np.ndarray, rule: ChangeRule, min_effect: float) -> Rise | None:
@@ -136,18 +139,22 @@ def lasting_rise(x: np.ndarray, rule: ChangeRule, min_effect: float) -> Rise | N
         return None
     base = x[max(0, n - w - rule.baseline_max) : n - w]
     recent = x[n - w :]
-    rolling = _sliding_medians(base, w)
+    rolling = _floor(np.lib.stride_tricks.sliding_window_view(base, w), axis=1)
     center = float(np.median(rolling))
     spread = MAD_TO_SD * float(np.median(np.abs(rolling - center)))
     base_sd = MAD_TO_SD * float(np.median(np.abs(base - np.median(base))))
-    spread = max(spread, MEDIAN_SE * base_sd / math.sqrt(w))
+    spread = max(spread, base_sd / math.sqrt(w))
     bar = max(center + rule.z * spread, float(rolling.max()), center + min_effect)
-    level = float(np.median(recent))
-    newest = float(np.median(recent[w // 2 :]))
-    if level <= bar or newest <= bar:
+    level = float(_floor(recent))
+    if level <= bar:
         return None
     above = np.flatnonzero(recent > bar)
-    return Rise(before=center, after=level, bar=bar, start=n - w + int(above[0]))
+    return Rise(
+        before=float(np.median(base)),
+        after=float(np.median(recent)),
+        bar=bar,
+        start=n - w + int(above[0]),
+    )
 
 
 def job_step_ms(end_ns: np.ndarray) -> np.ndarray:
@@ -172,18 +179,14 @@ def detect_job_change(step_ms: np.ndarray, rule: ChangeRule) -> JobChange | None
     )
 
 
-def rank_behind_ms(end_ns: np.ndarray, wait_ns: np.ndarray) -> tuple[np.ndarray, bool]:
-    """Each rank's lateness per step (ranks × steps, ms) and whether it is from waits.
-
-    With every rank's ``wait_ns`` known (>= 0) at every step: ``median wait − the rank's wait``
-    (the others wait that much longer than it: it is that much behind). Otherwise how much
-    later than the median rank its step ended (only changes of it mean anything: a host's
-    clock offset is in it)."""
-    if wait_ns.size and (wait_ns >= 0).all():
-        w = wait_ns.astype(np.float64) / 1e6
-        return np.median(w, axis=0) - w, True
-    e = end_ns.astype(np.float64)
-    return (e - np.median(e, axis=0)) / 1e6, False
+def rank_behind_ms(wait_ns: np.ndarray) -> np.ndarray | None:
+    """Each rank's lateness per step (ranks × steps, ms): ``median wait − the rank's wait`` (the
+    others wait that much longer than it: it is that much behind). None unless every rank's
+    ``wait_ns`` is known (>= 0) at every step."""
+    if not wait_ns.size or not (wait_ns >= 0).all():
+        return None
+    w = wait_ns.astype(np.float64) / 1e6
+    return np.asarray(np.median(w, axis=0) - w)
 
 
 def detect_rank_drift(behind_ms: np.ndarray, job_ms: float, rule: ChangeRule) -> RankDrift | None:
@@ -241,12 +244,11 @@ def live_figures(
     if p50 is not None and p50 > 0 and samples_per_step:
         rate = end_ns.shape[0] * samples_per_step / (p50 / 1e3)
     slowest = by = None
-    if end_ns.shape[0] > 1 and wait_ns.size:
-        behind, from_waits = rank_behind_ms(end_ns, wait_ns)
-        if from_waits:
-            typical = np.median(behind, axis=1)
-            slowest = int(np.argmax(typical))
-            by = float(typical[slowest])
+    behind = rank_behind_ms(wait_ns) if end_ns.shape[0] > 1 else None
+    if behind is not None:
+        typical = np.median(behind, axis=1)
+        slowest = int(np.argmax(typical))
+        by = float(typical[slowest])
     return LiveFigures(
         steps=steps, p50_ms=p50, samples_per_s=rate, slowest_rank=slowest, slowest_by_ms=by
     )
