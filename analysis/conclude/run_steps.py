@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 from rankscope.analysis.compute.ops import op_stats
 from rankscope.analysis.compute.step_series import RunKpis, no_steps, run_kpis
+from rankscope.analysis.conclude.compare_model import CompareConfig, OpChange
 from rankscope.analysis.conclude.kpis import JOB_RANK, Kpi, _number, _recorded, rank_facts
 
 if TYPE_CHECKING:
@@ -69,10 +70,12 @@ class WindowChange:
     after_ms: float
     """The same in the triggered window, ms."""
     ranks: list[tuple[int, float, float]]
-    """(rank, before ms, after ms) of the ranks whose step time rose most, largest rise first."""
+    """(rank, before ms, after ms) of the ranks whose own time per step (step time minus waiting
+    for other ranks in collectives) rose most, largest rise first."""
     ops: list[tuple[str, str, float, float, int]]
     """(name, kind, before ms per step, after ms per step, the rank it changed most on) of the
-    ops whose time per step grew most (or appeared), largest first."""
+    ops the comparison calls slower or new (moving the step by ``min_change`` or more), largest
+    growth first."""
     comparison: Comparison | None = dataclasses.field(default=None, repr=False, compare=False)
     """The comparison behind it (``rankscope compare``'s model)."""
 
@@ -86,8 +89,16 @@ class WindowChange:
         ]
         if self.ranks:
             r, b, n = self.ranks[0]
-            parts.append(f"rank {r} slowed most ({b:.1f} → {n:.1f} ms per step)")
-        if self.ops:
+            parts.append(
+                f"rank {r}'s own time (its step minus waiting for other ranks) rose most: "
+                f"{b:.1f} → {n:.1f} ms per step"
+            )
+        if not self.ops:
+            least = (
+                self.comparison.config.min_change if self.comparison else CompareConfig.min_change
+            )
+            parts.append(f"no op grew by {100 * least:g} % of the step or more")
+        else:
             parts.append(
                 "grown: "
                 + ", ".join(
@@ -199,13 +210,21 @@ def _mean_ms(values: Any) -> float:
     return float(v.mean()) * 1e3 if len(v) else math.nan
 
 
+def _own_ms(k: Any, rank: int) -> float:
+    """A rank's own time per step in one window, ms: its step time minus its waiting for other
+    ranks in collectives (mean over the window's steps). In a synchronous job every rank's step
+    time rises with the slowest rank's; only the slow rank's own time does."""
+    step = _mean_ms(k.values(Kpi.STEP_TIME, rank))
+    wait = _mean_ms(k.values(Kpi.WAIT, rank))
+    return step - (wait if math.isfinite(wait) else 0.0)
+
+
 def _slower_ranks(c: Comparison) -> list[tuple[int, float, float]]:
     rows = []
     for rank in sorted(set(c.base.ranks) & set(c.new.ranks)):
         if rank == JOB_RANK:
             continue
-        b = _mean_ms(c.base.values(Kpi.STEP_TIME, rank))
-        n = _mean_ms(c.new.values(Kpi.STEP_TIME, rank))
+        b, n = _own_ms(c.base, rank), _own_ms(c.new, rank)
         if math.isfinite(b) and math.isfinite(n) and n > b:
             rows.append((rank, b, n))
     rows.sort(key=lambda r: -(r[2] - r[1]))
@@ -213,10 +232,14 @@ def _slower_ranks(c: Comparison) -> list[tuple[int, float, float]]:
 
 
 def _grown_ops(c: Comparison) -> list[tuple[str, str, float, float, int]]:
+    """The ops the comparison calls slower or new (their time per step moved the step by at
+    least ``min_change``), largest growth first."""
     ops = c.ops
     if not len(ops):
         return []
-    grown = ops[ops["delta_s"] > 0].sort_values("delta_s", ascending=False, kind="mergesort")
+    grown = ops[
+        ops["change"].isin([str(OpChange.SLOWER), str(OpChange.APPEARED)]) & (ops["delta_s"] > 0)
+    ].sort_values("delta_s", ascending=False, kind="mergesort")
     return [
         (str(r.name), str(r.kind), float(r.base_s) * 1e3, float(r.new_s) * 1e3, int(r.top_rank))
         for r in grown.head(TOP_CHANGES).itertuples(index=False)
