@@ -346,3 +346,26 @@ def test_a_long_run_is_drawn_in_bins() -> None:
     assert len(lines) == 2  # the median rank and the job
     assert all(len(line.split("'")[0].split()) == ss.PLOT_BINS for line in lines)
     assert rs.bins["job_steps"].sum() == n - 1
+
+
+def test_the_rank_named_is_the_one_whose_own_time_rose() -> None:
+    """Rank 2 does 30 ms more work a step: every rank's step time rises by 30 ms (they wait
+    for it), only rank 2's own time (step minus waiting) does; the others' waits rise."""
+    from types import SimpleNamespace
+
+    from rankscope.analysis.conclude.kpis import Kpis
+    from rankscope.analysis.conclude.run_steps import _slower_ranks
+
+    def kpis(extra_ms: float) -> Kpis:
+        rows = []
+        for rank in range(3):
+            for step in range(5):
+                own = 0.050 + (extra_ms / 1e3 if rank == 2 else 0.0)
+                wait = 0.005 + (extra_ms / 1e3 if rank != 2 else 0.0)
+                rows += [("step_time", rank, step, own + wait), ("wait", rank, step, wait)]
+        samples = pd.DataFrame(rows, columns=["kpi", "rank", "step", "value"])
+        return Kpis(pd.DataFrame(), samples, "run", 3, [0, 1, 2], list(range(5)), "cpu")
+
+    named = _slower_ranks(SimpleNamespace(base=kpis(0.0), new=kpis(30.0)))  # type: ignore[arg-type]
+    assert [r for r, _, _ in named] == [2]
+    assert np.isclose(named[0][1], 50.0) and np.isclose(named[0][2], 80.0)
