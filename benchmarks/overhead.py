@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "train_ddp.py"
@@ -36,6 +37,20 @@ PHASES = ("outside", "inside", "window end")
 #: metric -> key in the example's --step-times file: wall time, and the main thread's CPU time
 #: (immune to other processes taking the CPU; the profiler's own work is on that thread).
 METRICS = {"wall": "step_s", "cpu": "step_cpu_s"}
+#: Variants of the per-step probe: rankscope's hook path as it runs (the step log's record
+#: included), the same with the record thrown away (what the step log costs is the difference),
+#: and the bare profiler loop.
+MICRO_VARIANTS = ("rankscope", "rankscope-no-step-log", "bare")
+
+
+class _Discarded:
+    """Stands in for the probe's record queue in ``rankscope-no-step-log``: appends vanish."""
+
+    def append(self, record: object) -> None:
+        pass
+
+    def __len__(self) -> int:
+        return 0
 
 
 def parse_args() -> argparse.Namespace:
@@ -61,7 +76,13 @@ def parse_args() -> argparse.Namespace:
         help="record allocations in both profiled runs (rankscope run --profile-memory; the "
         "bare profiler with profile_memory=True): the overhead of memory profiling",
     )
-    p.add_argument("--micro-child", choices=("rankscope", "bare"), help=argparse.SUPPRESS)
+    p.add_argument(
+        "--micro-only",
+        action="store_true",
+        help="run only the per-step probe (rankscope's hook path with and without the step "
+        "log's record, and bare), not the three-way runs",
+    )
+    p.add_argument("--micro-child", choices=MICRO_VARIANTS, help=argparse.SUPPRESS)
     return p.parse_args()
 
 
@@ -78,16 +99,19 @@ def micro_child(variant: str, steps: int) -> None:
     import torch
 
     wait = steps * 10
+    started: Any = None
     param = torch.nn.Parameter(torch.zeros(1))
     opt = torch.optim.SGD([param], lr=0.0)
-    if variant == "rankscope":
+    if variant.startswith("rankscope"):
         from rankscope.launchers import runtime
         from rankscope.launchers.rundir import ENV_PROFILER, ENV_RUN_DIR
         from rankscope.launchers.spec import ProfilerSettings
 
         os.environ[ENV_RUN_DIR] = tempfile.mkdtemp(prefix="rankscope-micro-")
         os.environ[ENV_PROFILER] = ProfilerSettings(wait=wait, warmup=0, active=1).to_json()
-        runtime.start()
+        started = runtime.start()
+        if variant == "rankscope-no-step-log" and started is not None:
+            started.probe.records = _Discarded()  # type: ignore[assignment]
         bare = None
     else:
         bare = torch.profiler.profile(
@@ -104,14 +128,39 @@ def micro_child(variant: str, steps: int) -> None:
         if bare is not None:
             bare.step()
     elapsed_us = (time.perf_counter_ns() - t0) / 1000
-    print(json.dumps({"variant": variant, "us_per_step": elapsed_us / steps}))
+    record_us = None
+    if variant == "rankscope" and started is not None:
+        record_us = step_record_us(started, steps)
+    print(
+        json.dumps({"variant": variant, "us_per_step": elapsed_us / steps, "record_us": record_us})
+    )
+
+
+def step_record_us(started: Any, steps: int) -> float:
+    """What the step log adds to a step, timed alone (best of 5 × ``steps``, µs): the lines
+    ``_advance`` runs for it (the end time, the wait taken from the collective clock) and the
+    record's append in ``beat``; the probe's thread writes the records meanwhile, as in a run."""
+    import time
+
+    from rankscope.launchers.collective_wait import CLOCK
+
+    records = started.probe.records
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter_ns()
+        for i in range(steps):
+            end_ns = time.time_ns()
+            wait_ns = CLOCK.take()
+            records.append((i, end_ns, wait_ns))
+        best = min(best, (time.perf_counter_ns() - t0) / 1000 / steps)
+    return best
 
 
 def micro(args: argparse.Namespace) -> dict[str, float]:
     """Best of 5 per-step probe timings (µs) for each variant (min: least disturbed)."""
     best: dict[str, float] = {}
     for _ in range(5):
-        for variant in ("rankscope", "bare"):
+        for variant in MICRO_VARIANTS:
             out = subprocess.run(
                 [
                     sys.executable,
@@ -126,8 +175,11 @@ def micro(args: argparse.Namespace) -> dict[str, float]:
                 text=True,
                 check=True,
             ).stdout
-            us = json.loads(out.strip().splitlines()[-1])["us_per_step"]
+            doc = json.loads(out.strip().splitlines()[-1])
+            us = doc["us_per_step"]
             best[variant] = min(best.get(variant, us), us)
+            if doc.get("record_us") is not None:
+                best["record"] = min(best.get("record", doc["record_us"]), doc["record_us"])
     return best
 
 
@@ -189,6 +241,16 @@ def main() -> None:
         micro_child(args.micro_child, args.micro_steps)
         return
     probe = micro(args)
+    log_us = probe["rankscope"] - probe["rankscope-no-step-log"]
+    print(
+        f"per-step probe outside windows (1-parameter SGD, best of 5 x {args.micro_steps} "
+        f"steps): bare {probe['bare']:.2f} µs, rankscope hook path {probe['rankscope']:.2f} µs "
+        f"(without the step log's record {probe['rankscope-no-step-log']:.2f} µs: the step log "
+        f"costs {log_us:.2f} µs per step; its lines timed alone: {probe['record']:.2f} µs)",
+        flush=True,
+    )
+    if args.micro_only:
+        return
     # times[metric][variant][phase] -> ms; per_round[metric][variant] -> median ms outside, per round
     times = {m: {v: {p: [] for p in PHASES} for v in VARIANTS} for m in METRICS}
     per_round: dict[str, dict[str, list[float]]] = {m: {v: [] for v in VARIANTS} for m in METRICS}

@@ -14,7 +14,10 @@ Testing knobs: ``--fail-rank R --fail-step S`` raises on rank R at step S; ``--k
 overhead benchmark's baseline); ``--step-times FILE`` writes per-step wall and main-thread CPU
 seconds (``{rank}`` in FILE is replaced by the rank); ``--straggler-steps N:K`` /
 ``--input-delay-steps N:K`` put the straggler's work / the slow batches only in the steps with
-``step % N == K``, so that one run holds steps with and without the effect (the what-if test).
+``step % N == K``, so that one run holds steps with and without the effect (the what-if test);
+``--straggler-from S`` starts the straggler's work at step S (a slow-down in the middle of the
+run: ``rankscope run --straggler-rank 2 --straggler-ms 30 --straggler-from 150``, the live
+monitor's test).
 
 Memory knobs (real allocations the profiler sees with ``rankscope run --profile-memory``; MB is
 MiB, 2**20 bytes, on the model's device): ``--leak-mb R:MB`` makes rank R keep MB of new tensors
@@ -58,6 +61,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--straggler-rank", type=int, default=-1, help="rank doing extra work each step")
     p.add_argument("--straggler-ms", type=float, default=0.0, help="extra work per step, in ms")
+    p.add_argument(
+        "--straggler-from",
+        type=int,
+        default=0,
+        metavar="S",
+        help="the straggler works only from step S on (a slow-down mid-run: the live monitor's "
+        "test)",
+    )
     p.add_argument(
         "--straggler-mode",
         choices=("wait", "busy"),
@@ -282,6 +293,7 @@ def main(argv: list[str] | None = None) -> None:
             rank == args.straggler_rank
             and args.straggler_ms > 0
             and on_step(step, args.straggler_steps)
+            and step >= args.straggler_from
         ):
             with record_function("straggler_work"):
                 spend(args.straggler_ms, args.straggler_mode)

@@ -213,14 +213,15 @@ class RunHandle:
         timeout: float | None = None,
         hang: HangWatch | None = None,
         on_hang: Callable[[HangNotice], None] | None = None,
+        monitor: Callable[[], None] | None = None,
     ) -> RunState:
         """Block until the job ends (or ``timeout`` seconds pass); return the state.
 
         Ctrl-C while waiting stops the job (state ``interrupted``) and re-raises
-        KeyboardInterrupt once ``run.json`` is final; ``hang``/``on_hang``: see
+        KeyboardInterrupt once ``run.json`` is final; ``hang``/``on_hang``/``monitor``: see
         :meth:`Launcher.wait`.
         """
-        return self.launcher.wait(self, timeout, hang, on_hang)
+        return self.launcher.wait(self, timeout, hang, on_hang, monitor)
 
     def cancel(self) -> RunState:
         """Stop the job (state ``cancelled``)."""
@@ -241,6 +242,8 @@ class Launcher(ABC):
     started_state: ClassVar[RunState] = RunState.RUNNING
     """State right after :meth:`_start` returns (``queued`` for a batch scheduler)."""
     ranks_are_local: ClassVar[bool] = True
+    live_poll_s: ClassVar[float] = POLL_INTERVAL_S
+    """Seconds between two looks while a live monitor follows the job (``monitor``)."""
     """The ranks run on this host (a silent rank can be sent the stack signal)."""
 
     # ----------------------------------------------------------------- hooks for backends
@@ -378,6 +381,7 @@ class Launcher(ABC):
         timeout: float | None = None,
         hang: HangWatch | None = None,
         on_hang: Callable[[HangNotice], None] | None = None,
+        monitor: Callable[[], None] | None = None,
     ) -> RunState:
         """Wait for the job; on Ctrl-C stop it, record ``interrupted`` and re-raise.
 
@@ -385,7 +389,8 @@ class Launcher(ABC):
         (:mod:`rankscope.launchers.hang_watch`) the notice is printed at once, the ranks are
         asked where they are (unless ``--on-hang kill``), ``on_hang`` gets the notice (the
         orchestrator diagnoses and says who and where), and the job is ended as ``hung``
-        (:data:`EXIT_HUNG`) — or, ``--on-hang wait``, left running.
+        (:data:`EXIT_HUNG`) — or, ``--on-hang wait``, left running. ``monitor`` (with
+        ``hang``) is called between the looks, every :attr:`live_poll_s` (the live line).
         """
         current = RunState(handle.record()["state"])
         if current.finished:
@@ -393,7 +398,8 @@ class Launcher(ABC):
         if handle.job is None:
             raise UsageError(f"run {handle.run_dir} cannot be reached from this process")
         try:
-            outcome = wait_watching(self, handle, timeout, hang, on_hang, POLL_INTERVAL_S)
+            poll_s = POLL_INTERVAL_S if monitor is None else self.live_poll_s
+            outcome = wait_watching(self, handle, timeout, hang, on_hang, poll_s, monitor)
         except KeyboardInterrupt:
             if self._stop_following(handle.job):
                 return RunState(handle.record()["state"])

@@ -15,6 +15,11 @@ worker). So every rank runs, beside the training, one daemon thread of this modu
   the GIL, as collectives do), each frame marked as user code or not, and PyTorch's Flight
   Recorder as JSON (``_dump_fr_trace_json``: the collectives of every process group with their
   sequence numbers, whatever the backend; never its pickle form: docs/security.md).
+* **Every step.** :meth:`HangProbe.beat` also keeps the step's record (steps done, end time,
+  collective wait) in memory; the thread appends them in blocks to ``ranks/NNNNN/steps.bin``
+  (:mod:`rankscope.launchers.step_log`) at every look (:data:`REQUEST_POLL_S`), as the rank
+  ends, and in its answers (SIGTERM, its own error): the whole run's step times, read live by
+  ``rankscope run``'s monitor and merged into the store after the run (docs/live.md).
 * **Last resort.** ``faulthandler`` on :data:`STACK_SIGNAL` writes every thread's stack to
   ``ranks/NNNNN/stacks.txt`` from C, for a rank whose Python threads cannot run at all (a C
   extension holding the GIL); the launcher sends that signal to ranks that do not answer.
@@ -33,15 +38,18 @@ import sys
 import sysconfig
 import threading
 import time
+from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rankscope.launchers import rundir
+from rankscope.launchers import rundir, step_log
 
 #: Seconds between two progress.json writes at most (a step ends far more often in small jobs).
 BEAT_INTERVAL_S = 0.5
-#: Seconds between two looks for the launcher's request.
-REQUEST_POLL_S = 0.25
+#: Seconds between two looks for the launcher's request (and for a triggered window's request,
+#: and between two appends to the step log): the live monitor's trigger lead time allows for it.
+REQUEST_POLL_S = 0.05
 #: Signal on which faulthandler writes every thread's stack (C level, no GIL needed).
 STACK_SIGNAL = signal.SIGUSR2
 #: Frames kept per thread (innermost last), like faulthandler's own limit.
@@ -262,12 +270,25 @@ def _sigterm_wakeup() -> int | None:
 class HangProbe:
     """The rank side of hang diagnosis (see the module docstring): one per rank process."""
 
-    def __init__(self, run_dir: Path, rank: int) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        rank: int,
+        on_trigger: Callable[[Any], None] | None = None,
+    ) -> None:
         self.run_dir = run_dir
+        self.on_trigger = on_trigger
+        """Called (in the probe's thread) with each new ``RUN/trigger.json`` document."""
+        self._trigger_text: str | None = None
         self.rank = rank
         self.dir = rundir.rank_dir(run_dir, rank)
         self.steps = 0
         self.last_step_ns: int | None = None
+        self.records: deque[tuple[int, int, int]] = deque()
+        """Step records not yet in the step log (appended by the training thread, taken by
+        whoever flushes: a deque's ``append`` / ``popleft`` are atomic, no lock on the step)."""
+        self._flush_lock = threading.RLock()
+        self.step_log = self.dir / step_log.STEP_LOG_FILE
         self._written_ns = 0
         self._written_steps = -1
         self._answered: str | None = None
@@ -298,11 +319,13 @@ class HangProbe:
         self._thread.start()
         _ACTIVE[:] = [self]
 
-    def beat(self, steps: int) -> None:
-        """A step ended (``steps`` done in all): written now when BEAT_INTERVAL_S passed since
-        the last write, else by the probe's thread within that time (so the last step before a
-        hang is always on disk)."""
-        now = time.time_ns()
+    def beat(self, steps: int, end_ns: int | None = None, wait_ns: int = step_log.UNKNOWN) -> None:
+        """A step ended (``steps`` done in all, at ``end_ns``, ns since the epoch; now when
+        None; ``wait_ns`` of it in collectives): kept for the step log, and progress.json
+        written now when BEAT_INTERVAL_S passed since the last write, else by the probe's
+        thread within that time (so the last step before a hang is always on disk)."""
+        now = time.time_ns() if end_ns is None else end_ns
+        self.records.append((steps, now, wait_ns))
         self.steps = steps
         self.last_step_ns = now
         if now - self._written_ns >= BEAT_INTERVAL_S * 1e9 or steps == 1:
@@ -317,9 +340,21 @@ class HangProbe:
         self.answer_once(traceback_frames(exc), timed_out, error)
 
     def stop(self) -> None:
-        """The rank ends: a last progress record, the thread stopped."""
+        """The rank ends: the step log completed, a last progress record, the thread stopped."""
         self._stop.set()
+        self.flush_steps()
         self._write_progress()
+
+    def flush_steps(self) -> None:
+        """Append the step records kept so far to the step log (one write; a failed write
+        drops them: the training never waits or fails for it)."""
+        with self._flush_lock:
+            n = len(self.records)
+            if n == 0:
+                return
+            block = [self.records.popleft() for _ in range(n)]
+            with contextlib.suppress(OSError):
+                step_log.append(self.step_log, block)
 
     def _write_progress(self) -> None:
         self._written_ns = time.time_ns()
@@ -343,7 +378,12 @@ class HangProbe:
                 self._end_if_blocked_in_collective()
             if self._stop.is_set():
                 break
-            if self._written_steps != self.steps:
+            self.flush_steps()
+            self._look_for_trigger()
+            if (
+                self._written_steps != self.steps
+                and time.time_ns() - self._written_ns >= BEAT_INTERVAL_S * 1e9
+            ):
                 self._write_progress()  # steps the main thread did not write (throttled)
             try:
                 token = request.read_text().strip()
@@ -353,6 +393,7 @@ class HangProbe:
                 self._answered = token
                 self.answer(token)
 
+<<<<<<< HEAD
     def _end_if_blocked_in_collective(self) -> None:
         """After SIGTERM: end the process when its main thread stays in the same collective
         call for BLOCKED_EXIT_S (its SIGTERM handler cannot run; see BLOCKED_EXIT_S)."""
@@ -373,6 +414,26 @@ class HangProbe:
         where = f"{Path(frame.f_code.co_filename).name}:{frame.f_code.co_name}"
         print(BLOCKED_EXIT_LINE.format(rank=self.rank, where=where), file=sys.stderr, flush=True)
         os._exit(128 + signal.SIGTERM)
+=======
+    def _look_for_trigger(self) -> None:
+        """Hand a new ``RUN/trigger.json`` to ``on_trigger`` (its text changed since the last
+        look; unreadable or half-written JSON waits for the next look)."""
+        if self.on_trigger is None:
+            return
+        try:
+            text = (self.run_dir / rundir.TRIGGER_FILE).read_text()
+        except OSError:
+            return
+        if text == self._trigger_text:
+            return
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            return
+        self._trigger_text = text
+        with contextlib.suppress(Exception):  # never break the job for it
+            self.on_trigger(doc)
+>>>>>>> from_h2
 
     def _terminated(self) -> bool:
         """Wait up to REQUEST_POLL_S; True when SIGTERM arrived meanwhile (the wakeup pipe)."""
@@ -420,6 +481,7 @@ class HangProbe:
         ``main_frames``: the main thread's stack to write instead of its current one (where it
         was when SIGTERM interrupted it, or where its own ``error`` was raised); ``timed_out``:
         that error was its collective timing out (the analysis counts it as not completed)."""
+        self.flush_steps()
         self._write_progress()
         threads = thread_stacks()
         if main_frames is not None:

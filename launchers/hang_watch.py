@@ -407,10 +407,12 @@ def wait_watching(
     hang: HangWatch | None,
     on_hang: Callable[[HangNotice], None] | None,
     poll_s: float,
+    monitor: Callable[[], None] | None = None,
 ) -> JobOutcome | None:
     """``launcher``'s wait for the job, in slices with a look at the
     ranks' progress between them (every ``poll_s``) when ``hang`` is given; on a hang, what
-    :meth:`rankscope.launchers.base.Launcher.wait` says."""
+    :meth:`rankscope.launchers.base.Launcher.wait` says. ``monitor``: called after every slice
+    while the job runs (the orchestrator's live line: the launchers never import it)."""
     if hang is None:
         return launcher._wait(handle.job, timeout)
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -424,6 +426,8 @@ def wait_watching(
         if not launcher._running(handle.job):
             hang.restart()  # still queued: the first-step rule counts from the start
             continue
+        if monitor is not None:
+            monitor()
         notice = hang.check()
         if notice is None:
             continue

@@ -45,6 +45,10 @@ def pid_alive(pid: Any) -> bool:
     return True
 
 
+#: Seconds between two looks at a local job with the live line: the monitor reads only what the
+#: ranks appended (a few records), so it can look often; a change is noticed within a window of
+#: steps plus this.
+LIVE_POLL_S = 0.1
 #: Log of torchrun's combined stdout/stderr inside ``RUN/logs/``.
 TORCHRUN_LOG = "torchrun.log"
 #: Seconds the ranks get to flush after SIGINT before SIGTERM, and after SIGTERM before SIGKILL.
@@ -69,6 +73,7 @@ class LocalLauncher(Launcher):
     """torchrun on this machine, in its own process group."""
 
     kind: ClassVar[LauncherKind] = LauncherKind.LOCAL
+    live_poll_s: ClassVar[float] = LIVE_POLL_S
 
     def __init__(self, *, echo: bool = True) -> None:
         self.echo = echo

@@ -63,6 +63,11 @@ STACKS_FILE = "stacks.txt"
 #: ``py-spy dump --native`` of a rank that did not answer (``ranks/NNNNN/native-stacks.txt``),
 #: written by the launcher where py-spy is installed.
 NATIVE_STACKS_FILE = "native-stacks.txt"
+#: Changes of the step time the live monitor noticed, one JSON object per line (issue 30).
+CHANGES_FILE = "changes.jsonl"
+#: A request for one extra profiler window from a given step on every rank (issue 30), written
+#: by the live monitor: ``{"id", "start_step", "steps", "reason"}`` (docs/live.md).
+TRIGGER_FILE = "trigger.json"
 #: The diagnosis of a hang (``report/hang.json``).
 HANG_REPORT = "hang.json"
 

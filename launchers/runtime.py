@@ -47,7 +47,7 @@ from typing import Any
 
 from rankscope import __version__
 from rankscope.atomic import output_error
-from rankscope.launchers import clocksync, p2p, rundir
+from rankscope.launchers import clocksync, collective_wait, p2p, rundir
 from rankscope.launchers.hang_probe import (
     HangProbe,
     innermost_user_frame,
@@ -61,6 +61,7 @@ from rankscope.launchers.stepping import TRACE_METADATA_KEY as TRACE_METADATA_KE
 from rankscope.launchers.stepping import RankStepping as RankStepping
 from rankscope.launchers.stepping import _thread_times as _thread_times
 from rankscope.launchers.stepping import signals_deferred as signals_deferred
+from rankscope.launchers.triggers import RankTriggers, Trigger
 from rankscope.launchers.windows import EXPORT_TMP_PREFIX as EXPORT_TMP_PREFIX
 from rankscope.launchers.windows import GZIP_LEVEL as GZIP_LEVEL
 from rankscope.launchers.windows import MAX_ERROR_CHARS as MAX_ERROR_CHARS
@@ -90,7 +91,7 @@ def _env_int(name: str, default: int) -> int:
         return default
 
 
-class RankRuntime(RankStepping, RankWindows):
+class RankRuntime(RankStepping, RankWindows, RankTriggers):
     """State of the profiler in one rank (one instance per process, see :func:`start`)."""
 
     def __init__(
@@ -128,12 +129,15 @@ class RankRuntime(RankStepping, RankWindows):
         self._after_lead: weakref.ref[Any] | None = None
         self._lead_optimizer: weakref.ref[Any] | None = None
         self.lock = threading.RLock()
+        self._triggers: list[Trigger] = []  # accepted extra windows (launchers/triggers.py)
+        self._base_schedule: Any = None
+        self._actions: dict[str, Any] = {}
         """Guards ``meta`` and meta.json between the main thread and the writer thread."""
         self.disabled = False
         """The rank's folder could not be created: the training runs without profiling."""
         self._warned: set[str] = set()
         self.writer = WindowWriter(self._write_window)
-        self.probe = HangProbe(run_dir, self.rank)
+        self.probe = HangProbe(run_dir, self.rank, on_trigger=self.take_trigger)
         """Progress for the launcher, and the answer when the job looks hung."""
         self.meta: dict[str, Any] = {
             "rank": self.rank,
@@ -194,15 +198,14 @@ class RankRuntime(RankStepping, RankWindows):
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
         s = self.settings
         experimental = self._experimental_config()
+        self._base_schedule = schedule(
+            wait=s.wait, warmup=s.warmup, active=s.active, repeat=s.repeat, skip_first=s.skip_first
+        )
+        a = ProfilerAction
+        self._actions = {"warmup": a.WARMUP, "record": a.RECORD, "save": a.RECORD_AND_SAVE}
         self.prof = profile(
             activities=activities,
-            schedule=schedule(
-                wait=s.wait,
-                warmup=s.warmup,
-                active=s.active,
-                repeat=s.repeat,
-                skip_first=s.skip_first,
-            ),
+            schedule=self._schedule,  # the settings' schedule, plus triggered windows
             on_trace_ready=self._on_trace_ready,
             record_shapes=s.record_shapes,
             profile_memory=s.profile_memory,
@@ -216,6 +219,10 @@ class RankRuntime(RankStepping, RankWindows):
             p2p.install()
         except Exception as exc:  # a torch without the hooks it needs: profile without peers
             self.meta["p2p_error"] = f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
+        try:
+            collective_wait.install()
+        except Exception as exc:  # a torch without them: the step log says UNKNOWN waits
+            self.meta["wait_error"] = f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
         self.prof.start()
         try:  # the thread that starts the profiler is the one that trains and steps
             self._schedstat = os.open(THREAD_SCHEDSTAT, os.O_RDONLY | os.O_CLOEXEC)
@@ -287,6 +294,8 @@ class RankRuntime(RankStepping, RankWindows):
             if isinstance(previous.get(key), dict):
                 self.meta[key] = dict(previous[key])
         self.meta["clock"]["samples"] = list(previous.get("clock", {}).get("samples", []))
+        # a trigger.json an earlier attempt saw is not taken again (steps restart from 0)
+        self.meta["triggers"] = list(previous.get("triggers") or [])
         self.meta["previous_errors"] = [*previous.get("previous_errors", [])]
         if previous.get("error"):
             self.meta["previous_errors"].append(previous["error"])

@@ -113,6 +113,27 @@ class ProfilerSettings:
         complete = usable // self.cycle
         return complete if self.repeat == 0 else min(complete, self.repeat)
 
+    def busy(self, step: int) -> bool:
+        """Whether the scheduled windows use profiler step ``step`` (``ProfilerStep#step``:
+        warming up or recording), as torch.profiler's ``schedule`` with these settings says."""
+        if step < self.skip_first:
+            return False
+        k = step - self.skip_first
+        if self.repeat > 0 and k // self.cycle >= self.repeat:
+            return False
+        return k % self.cycle >= self.wait
+
+    def perturbed(self, step: int) -> bool:
+        """Whether step ``step``'s time is the profiler's more than the job's: the scheduled
+        windows' steps and the step after each one (it pays the window's export)."""
+        return self.busy(step) or (step > 0 and self.busy(step - 1))
+
+    def window_fits(self, start: int, steps: int) -> bool:
+        """Whether an extra window recording steps ``start`` … ``start + steps - 1`` (after its
+        ``warmup`` steps) and its export step stays clear of the scheduled windows."""
+        first = max(0, start - self.warmup)
+        return not any(self.perturbed(k) for k in range(first, start + steps + 1))
+
     def to_dict(self) -> dict[str, Any]:
         """Plain dict (the ``profiler`` field of ``run.json``)."""
         return asdict(self)

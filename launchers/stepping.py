@@ -24,6 +24,8 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from rankscope.launchers.collective_wait import CLOCK as WAIT_CLOCK
+
 if TYPE_CHECKING:
     from rankscope.launchers.hang_probe import HangProbe
 
@@ -182,6 +184,9 @@ class RankStepping:
     def _advance(self) -> None:
         if self.prof is None or self.exiting:
             return
+        # the step ends now (before the profiler's own work below): its record for the step log
+        end_ns = time.time_ns()
+        wait_ns = WAIT_CLOCK.take()
         current = self.prof.current_action
         self._record_step_cpu(current in self._recording_actions)
         if current == self._save_action or self.prof.schedule(self.prof.step_num + 1) != current:
@@ -192,7 +197,7 @@ class RankStepping:
         else:
             self.prof.step()
         self.meta["steps"] += 1
-        self.probe.beat(self.meta["steps"])
+        self.probe.beat(self.meta["steps"], end_ns, wait_ns)
         self._tag_window()
         # the next step begins now, as the trace's ProfilerStep#N does: the profiler's own work
         # in step() (starting a window, exporting one, counting FLOPs: milliseconds under load)

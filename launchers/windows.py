@@ -28,6 +28,7 @@ from rankscope.launchers import rundir
 
 if TYPE_CHECKING:
     from rankscope.launchers.spec import ProfilerSettings
+    from rankscope.launchers.triggers import Trigger
 
 #: gzip level of window files: 3 is ~3x faster than 9 for ~10% larger Kineto JSON.
 GZIP_LEVEL = 3
@@ -121,6 +122,8 @@ class RankWindows:
 
         def _sync(self, phase: str) -> None: ...
 
+        def _trigger_of(self, last_step: int) -> Trigger | None: ...
+
     def _remove_exports(self) -> None:
         """Remove what a failed export left in the rank's folder (the profiler's own temporary
         ``.export-KKK.json.tmp`` included); called once the writer thread has stopped."""
@@ -146,6 +149,10 @@ class RankWindows:
             "complete": not self.exiting,
             "attempt": self.meta["attempt"],
         }
+        trigger = self._trigger_of(last_step)
+        if trigger is not None:  # an extra window the live monitor asked for (issue 30)
+            window["first_step"] = trigger.start_step
+            window["trigger"] = {"id": trigger.id, "reason": trigger.reason}
         if self.settings.with_flops:
             self._count_flops(prof)
         tmp = self.dir / f"{EXPORT_TMP_PREFIX}{index:03d}.json"

@@ -146,6 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_profiler_arguments(parser)
     add_output_arguments(parser)
     add_hang_arguments(parser)
+    from rankscope.orchestrator.live_options import add_live_arguments
+
+    add_live_arguments(parser)
     add_slurm_arguments(parser)
     return parser
 
@@ -262,6 +265,9 @@ def build_spec(
         raise UsageError(f"script not found: {script}")
     try:
         profiler = profiler_flags().build(args)
+        from rankscope.orchestrator.live_options import live_flags
+
+        live = live_flags().build(args)
         if args.name is not None:
             check_run_name(args.name)  # before torch loads: cheap mistakes fail fast
     except ValueError as exc:
@@ -290,6 +296,7 @@ def build_spec(
                 **backend_options(args),
                 "hang": hang_options(args),
                 ANALYZE_OPTION: not args.no_analyze,
+                "live": live.to_dict(),
             },
         )
     except ValueError as exc:
@@ -341,6 +348,10 @@ def main(args: argparse.Namespace) -> int:
     # the ranks' progress is watched for hangs while this process follows the job (a local run,
     # a Slurm run with --follow; a Slurm batch job is watched by its first node: docs/hangs.md)
     rule = Flags(HangRule).build(opts)
+    from rankscope.orchestrator.live import LiveMonitor
+    from rankscope.orchestrator.live_options import live_flags
+
+    monitor = LiveMonitor(handle.run_dir, spec.profiler, live_flags().build(opts), spec.world_size)
     watch = HangWatch(
         handle.run_dir,
         rule,
@@ -351,9 +362,12 @@ def main(args: argparse.Namespace) -> int:
         state = handle.wait(
             hang=watch if launcher.follows(handle.job) else None,
             on_hang=lambda n: say_who_and_where(handle.run_dir, n),
+            monitor=monitor.poll,
         )
     except KeyboardInterrupt:
         state = RunState.INTERRUPTED
+    finally:
+        monitor.close()
     if not state.finished:
         return 0  # a batch job still queued or running (Slurm); `rankscope status` follows it
     from rankscope.orchestrator.run_outcome import print_run_outcome

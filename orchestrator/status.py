@@ -3,7 +3,9 @@
 Reads ``RUN/run.json``; for a Slurm run it also asks Slurm (``sacct``, then ``squeue``) and
 writes what changed back to ``run.json`` (queued → running → completed/failed/cancelled/timeout),
 so it works after the submitting process has exited. Prints the run, one row per Slurm task
-(node, host, state, exit code), the merge job, the store, and the failures with their ranks.
+(node, host, state, exit code), the merge job, the store, and the failures with their ranks;
+while the job runs, the live line from its ranks' step logs (docs/live.md), and the changes the
+live monitor noticed (``RUN/changes.jsonl``).
 ``--json`` prints the refreshed ``run.json`` instead.
 """
 
@@ -56,6 +58,13 @@ def describe(run_dir: Path, record: dict[str, Any]) -> dict[str, Any]:
         else None,
     }
     out.update(launcher_for_run(run_dir, record).status_details(run_dir, record))
+    out["live"] = None
+    if record.get("state") == RunState.RUNNING:  # what its ranks' step logs say (docs/live.md)
+        from rankscope.orchestrator.live import status_line
+
+        out["live"] = status_line(run_dir, record)
+    changes = run_dir / rundir.CHANGES_FILE
+    out["changes"] = changes.read_text().splitlines() if changes.is_file() else []
     return out
 
 
@@ -103,6 +112,14 @@ def print_status(info: dict[str, Any]) -> None:
         console.print(table)
     if info.get("merge_job_id"):
         console.print(f"merge job {info['merge_job_id']}: {info.get('merge_state') or '?'}")
+    if info.get("live"):
+        console.print(escape(info["live"]))
+    for line in info.get("changes") or []:
+        try:
+            said = json.loads(line).get("sentence")
+        except ValueError:
+            continue
+        console.print(f"[yellow]change[/yellow]: {escape(str(said))}")
     console.print(f"store: {info['store'] or '(not merged yet)'}")
     for f in info["failures"]:
         who = "launcher" if f.get("rank") is None else f"rank {f['rank']}"

@@ -264,3 +264,23 @@ def test_own_launcher_line_with_a_faked_clock(tmp_path: Path, transport: str) ->
     # reference − faked clock: the faked clock is AHEAD by FAKE_SHIFT_S, so the offset is negative
     assert abs(offset_ns(best) + FAKE_SHIFT_S * 1e9) < max(5e6, rtt_ns(best) / 2 + 1e6)
     assert 0 < rtt_ns(best) < 50e6
+    # Every step's end from the step log (issue 30), merged onto the aligned clock with the very
+    # transform of the rank's trace events: the runtime ends step s + 1 of the log in the hook
+    # that ends ProfilerStep#s, so that end lies after ProfilerStep#s started and no later than
+    # ProfilerStep#s+1 starts — on rank 1 too, whose raw clock is FAKE_SHIFT_S ahead.
+    from rankscope.analysis.store.reader import open_store
+    from rankscope.orchestrator.ingest.merge import merge_run_dir
+
+    store = merge_run_dir(run_dir, output=tmp_path / "t.h5", scheduler="synchronous", quiet=True)
+    with open_store(store) as s:
+        assert s.step_log_ranks() == [0, 1]
+        steps = s.steps()
+        for r in (0, 1):
+            end = s.step_log(r).set_index("steps")["end"]
+            assert list(end.index) == list(range(1, 7))
+            mine = steps[steps["rank"] == r].set_index("step")
+            assert len(mine) >= 2
+            for step, row in mine.iterrows():
+                assert row["start"] < end[step + 1], (r, step)
+                if step + 1 in mine.index:
+                    assert end[step + 1] <= mine.loc[step + 1, "start"], (r, step)

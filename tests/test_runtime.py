@@ -17,10 +17,11 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import rankscope
 from rankscope.errors import UsageError
-from rankscope.launchers import clocksync, rundir
+from rankscope.launchers import clocksync, rundir, step_log
 from rankscope.launchers.base import create_run_dir
 from rankscope.launchers.rundir import load_run
 from rankscope.launchers.spec import ProfilerSettings, RunSpec
@@ -137,6 +138,13 @@ def test_rankscope_step_drives_the_profiler(tmp_path: Path) -> None:
     # optimizer step (before rankscope.step() was ever called) counted
     assert m["steps"] == 7
     assert profiler_steps(run_dir, 0) == ["ProfilerStep#2", "ProfilerStep#3", "ProfilerStep#4"]
+    # the step log holds EVERY step, the ones after the only window too, in order; no
+    # collective ran: the wait is unknown
+    log = step_log.read_steps(rundir.rank_dir(run_dir, 0) / step_log.STEP_LOG_FILE)
+    assert log["steps"].tolist() == [1, 2, 3, 4, 5, 6, 7]
+    assert (np.diff(log["end_ns"]) >= 0).all()
+    assert m["started_ns"] <= log["end_ns"][0] and log["end_ns"][-1] <= m["ended_ns"]
+    assert (log["wait_ns"] == step_log.UNKNOWN).all()
 
 
 RAISES_MID_WINDOW = """
@@ -170,6 +178,9 @@ def test_uncaught_error_is_recorded_and_window_in_progress_flushed(tmp_path: Pat
         "ProfilerStep#3",
     ]
     assert load_run(run_dir)["state"] == "failed"
+    # the steps done before the error are in the step log (the error path flushed it)
+    log = step_log.read_steps(rundir.rank_dir(run_dir, 0) / step_log.STEP_LOG_FILE)
+    assert log["steps"].tolist() == [1, 2, 3]
 
 
 FAILS_IN_FIRST_ATTEMPT = """
@@ -200,6 +211,44 @@ def test_restarted_attempt_keeps_earlier_windows(tmp_path: Path) -> None:
     ]
     assert profiler_steps(run_dir, 0) == profiler_steps(run_dir, 1)  # both attempts' files kept
     assert m["previous_errors"][0]["message"] == "first attempt dies"
+
+
+COLLECTIVE_STEPS = """
+    import threading
+    import rankscope
+    import torch
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method="file://" + __import__("os").path.abspath("store"),
+                            rank=0, world_size=1)
+    for i in range(8):
+        t = torch.ones(4)
+        if i == 5:
+            dist.all_reduce(t, async_op=True).wait()  # waited in C++: not seen
+        else:
+            dist.all_reduce(t)
+        if i == 6:
+            dist.barrier()
+        rankscope.step()
+    dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_step_log_counts_the_time_in_blocking_collectives(tmp_path: Path) -> None:
+    """wait_ns: the ns spent in torch.distributed's blocking collectives of the step; a step
+    with an async one says UNKNOWN (its wait is in C++), one without any too."""
+    proc, run_dir = run_rank(tmp_path, COLLECTIVE_STEPS)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = step_log.read_steps(rundir.rank_dir(run_dir, 0) / step_log.STEP_LOG_FILE)
+    assert log["steps"].tolist() == list(range(1, 9))
+    waits = log["wait_ns"].tolist()
+    assert waits[5] == step_log.UNKNOWN
+    known = [w for i, w in enumerate(waits) if i != 5]
+    assert all(w > 0 for w in known), waits
+    # each known wait is at most its step's length (the first step's start is the profiler's)
+    steps_ns = np.diff(log["end_ns"])
+    assert all(waits[i] <= steps_ns[i - 1] for i in range(1, 8) if i != 5)
 
 
 def test_step_outside_a_run_is_a_no_op(monkeypatch: pytest.MonkeyPatch) -> None:

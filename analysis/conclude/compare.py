@@ -105,7 +105,7 @@ from rankscope.analysis.conclude.compare_tables import compare_kpis as compare_k
 from rankscope.analysis.conclude.compare_tables import compare_ops as compare_ops
 from rankscope.analysis.conclude.compare_tables import compare_stragglers as compare_stragglers
 from rankscope.analysis.conclude.compare_tables import compare_whatif as compare_whatif
-from rankscope.analysis.conclude.kpis import JOB_RANK, TIME_CATEGORIES, KpiConfig
+from rankscope.analysis.conclude.kpis import JOB_RANK, TIME_CATEGORIES, Kpi, KpiConfig
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -137,6 +137,15 @@ def comparability(base: Kpis, new: Kpis) -> list[str]:
         )
     if base.device != new.device and base.steps and new.steps:
         notes.append(f"devices differ (BASE {base.device}, NEW {new.device})")
+    whole = {
+        name: k.row(Kpi.RUN_STEP_TIME) is not None for name, k in (("BASE", base), ("NEW", new))
+    }
+    if whole["BASE"] != whole["NEW"]:
+        has, lacks = ("BASE", "NEW") if whole["BASE"] else ("NEW", "BASE")
+        notes.append(
+            f"only {has} kept step logs (every step of the run): the whole run's step time "
+            f"(run_step_time) is not compared; {lacks}'s profiled steps stand for it"
+        )
     return notes
 
 

@@ -127,6 +127,21 @@ def _job_samples(k: Kpis) -> dict[str, Any]:
     return {str(n): g["value"].to_numpy(np.float64) for n, g in s.groupby("kpi", sort=False)}
 
 
+def _whole_run_for_windows(
+    limits: dict[str, float], config: GateConfig, sb: dict[str, Any], sn: dict[str, Any]
+) -> None:
+    """Where both runs have the whole run's step series (``run_step_time``: every step a
+    sample), the step time is gated on it, not on the profiled windows' few steps (which it
+    includes): ``step_time``'s threshold moves to ``run_step_time`` unless that has its own, and
+    ``step_time`` is no longer gated unless its threshold was given by name."""
+    whole, windowed = str(Kpi.RUN_STEP_TIME), str(Kpi.STEP_TIME)
+    if not len(sb.get(whole, ())) or not len(sn.get(whole, ())) or windowed not in limits:
+        return
+    limits.setdefault(whole, limits[windowed])
+    if windowed not in {str(Kpi(k)) for k in config.thresholds}:
+        del limits[windowed]
+
+
 def gate_checks(
     c: Comparison,
     config: GateConfig,
@@ -149,6 +164,7 @@ def gate_checks(
     alpha = config.alpha
     noise = config.run_noise
     sb, sn = _job_samples(c.base), _job_samples(c.new)
+    _whole_run_for_windows(limits, config, sb, sn)
     more_b = [_job_samples(k) for k in base_runs]
     more_n = [_job_samples(k) for k in new_runs]
     checks: list[GateCheck] = []

@@ -26,7 +26,14 @@ if TYPE_CHECKING:
 #: Fewest steps per side for a test (fewer: the KPI is shown, never called a change).
 MIN_SAMPLES = 3
 #: KPIs :func:`gate` checks with ``--fail-above`` when no per-KPI threshold is given.
-HEADLINE_KPIS = (Kpi.STEP_TIME, Kpi.THROUGHPUT, Kpi.PEAK_MEMORY, Kpi.FLOPS, Kpi.MFU)
+HEADLINE_KPIS = (
+    Kpi.STEP_TIME,
+    Kpi.RUN_STEP_TIME,
+    Kpi.THROUGHPUT,
+    Kpi.PEAK_MEMORY,
+    Kpi.FLOPS,
+    Kpi.MFU,
+)
 #: Op kinds compared in :attr:`Comparison.ops` (communication is in ``collectives``).
 OP_KINDS = frozenset({"CPU_OP", "KERNEL_COMPUTE", "MEMCPY", "MEMSET", "USER_ANNOTATION"})
 

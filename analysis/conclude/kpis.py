@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
+from rankscope.analysis.compute.step_series import job_samples
 
 if TYPE_CHECKING:
     from rankscope.analysis.engine.driver import Analysis
@@ -61,6 +62,9 @@ class Kpi(enum.StrEnum):
     """Achieved FLOP/s: FLOPs per step / step time (only when the run recorded FLOP counts)."""
     MFU = "mfu"
     """Model FLOP utilisation: achieved FLOP/s / the device's peak (GPU only, peak known)."""
+    RUN_STEP_TIME = "run_step_time"
+    """The job's step time at EVERY step of the whole run, windows or not (the ranks' step
+    logs: ``compute/step_series.py``), s; the job's row only (its sample is the job's step)."""
 
 
 #: Unit of each KPI's values.
@@ -77,6 +81,7 @@ UNITS: dict[Kpi, str] = {
     Kpi.PEAK_MEMORY: "bytes",
     Kpi.FLOPS: "FLOP/s",
     Kpi.MFU: "share",
+    Kpi.RUN_STEP_TIME: "s",
 }
 
 #: KPIs where a larger value is better (every other one: smaller is better).
@@ -475,11 +480,17 @@ def kpis(a: Analysis, config: KpiConfig | None = None) -> Kpis:
     elif not a.memory.requested:
         notes.append("peak memory: not recorded (run with --profile-memory)")
 
+    if a.run_steps.present:  # every step of the run, from the step logs
+        per_step[Kpi.RUN_STEP_TIME] = job_samples(a.run_steps).assign(rank=JOB_RANK)
     sample_frames, rows = [], []
     for kpi in Kpi:
         if kpi not in per_step:
             continue
         df = per_step[kpi]
+        if kpi is Kpi.RUN_STEP_TIME:  # already the job's series: no per-rank rows
+            sample_frames.append(df.assign(kpi=str(kpi)))
+            rows.append(_summary_row(kpi, JOB_RANK, df["value"].to_numpy()))
+            continue
         job = df.groupby("step", as_index=False)["value"].mean().assign(rank=JOB_RANK)
         if kpi is Kpi.PEAK_MEMORY:  # the job's peak per step is the largest rank's
             job = df.groupby("step", as_index=False)["value"].max().assign(rank=JOB_RANK)

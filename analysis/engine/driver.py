@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
 import pandas as pd
+from rankscope.analysis.compute import step_series
+from rankscope.analysis.compute.step_series import RunSteps
 from rankscope.analysis.engine.rank_task import RankResult as RankResult
 from rankscope.analysis.engine.rank_task import rank_task as rank_task
 from rankscope.analysis.engine.scheduler import ANALYSIS_RANK_S, run_each
@@ -120,6 +122,9 @@ class Analysis:
     critical_path: pd.DataFrame | None = None
     """Each profiled step's critical path through the what-if graph, which spans every rank,
     summed per rank and edge kind (critical_path.CRITICAL_COLUMNS); None without a graph."""
+    run_steps: RunSteps = dataclasses.field(default_factory=lambda: _no_run_steps())
+    """Every step of the whole run from the ranks' step logs, the windows' places and the live
+    monitor's changes (step_series.RunSteps; empty frames for runs without step logs)."""
     rootcause: Any = None
     """For a layered job (collectives of sub-groups: tensor / data / pipeline parallel), the
     slow workers, stage and data imbalances judged against each rank's peers
@@ -163,6 +168,10 @@ def _no_gpu_feed() -> HtaAnalyses:
     from rankscope.analysis.compute.hta_across import HtaAnalyses
 
     return HtaAnalyses()
+
+
+def _no_run_steps() -> RunSteps:
+    return step_series.no_steps()
 
 
 def _no_whatif() -> pd.DataFrame:
@@ -267,6 +276,12 @@ def analyze(
         steps = store.steps()
         problems = store.problems()
         rank_metas = {r: store.rank_meta(r) for r in ranks}
+        run_steps = step_series.run_steps(
+            store.step_log_ranks(),
+            store.step_log,
+            {r: m.get("windows") for r, m in rank_metas.items()},
+            store.changes(),
+        )
     n_events = sum(int(m.get("events", 0)) for m in rank_metas.values())
     step_cpu = step_cpu_table({r: m.get("meta") for r, m in rank_metas.items()})
     choice = choose(spec, len(ranks), n_events, ANALYSIS_RANK_S)
@@ -359,6 +374,7 @@ def analyze(
     from rankscope.analysis.store.devices import rank_capability
 
     out.gpu_feed = join(results)
+    out.run_steps = run_steps
     out.op_table = cat("op_table")
     out.op_table_across = op_table_across_ranks(out.op_table, sort_by=op_sort_of(out.op_table))
     out.attention_calls = cat("attention")

@@ -269,6 +269,16 @@ def _straggler_tables(
     return figures, tests
 
 
+def _run_steps(a: Analysis, doc: dict[str, Any]) -> dict[str, Any] | None:
+    """The whole-run section's data (None without step logs), its plot as Markup."""
+    from rankscope.analysis.render.run_steps_section import run_steps_view
+
+    view = run_steps_view(a.run_steps, doc.get("run_steps"))
+    if view is not None:
+        view["svg"] = markup(view["svg"])
+    return view
+
+
 def render_html(a: Analysis, *, all_ranks: bool = False) -> str:
     """The self-contained HTML report (inline CSS and SVG; opens offline).
 
@@ -393,6 +403,7 @@ def report_context(a: Analysis, *, all_ranks: bool = False) -> dict[str, Any]:
         attention=_attention(doc, found),
         op_table=_op_table(doc),
         steps=steps_table(a, ranks=shown),
+        run_steps=_run_steps(a, doc),
         lateness=markup(_lateness_svg(a, summarise=many))
         if Section.STRAGGLERS in sections
         else None,

@@ -237,6 +237,11 @@ def summary(
     from rankscope.analysis.conclude.kpis import kpis, to_json
 
     doc["kpis"] = to_json(kpis(a))  # additive: the figures `rankscope compare` compares
+    from rankscope.analysis.conclude.run_steps import run_steps_summary
+
+    run_steps = run_steps_summary(a)
+    if run_steps is not None:  # additive: only where the ranks kept step logs (issue 30)
+        doc["run_steps"] = run_steps
     op_rows = op_table_summary(getattr(a, "op_table_across", None))
     if op_rows:  # additive: the key_averages-grade table across ranks (docs/summary.md)
         doc["op_table"] = op_rows

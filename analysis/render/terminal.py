@@ -154,6 +154,11 @@ def print_summary(
         for label, r in many_rank_rows(rank_rows, a.flagged_ranks()):
             t.add_row(*cells_of(r, label), style="red" if label.endswith("flagged") else None)
     console.print(t)
+    from rankscope.analysis.conclude.run_steps import terminal_lines
+    from rich.markup import escape as escape_markup
+
+    for line in terminal_lines(doc.get("run_steps")):  # the whole run's steps (issue 30)
+        console.print(escape_markup(line))
     if many:
         console.print(
             f"[dim]{len(rank_rows)} ranks: the median, p90 and max of each column over all "

@@ -27,6 +27,10 @@ STEPS = "steps"
 CLOCK = "clock"
 PROBLEMS = "problems"
 MEMORY = "memory"
+#: Every step of one rank for the whole run (``/ranks/NNNNN/step_log``; issue 30).
+STEP_LOG = "step_log"
+#: The changes of the step time the live monitor noticed (``/changes``; issue 30).
+CHANGES = "changes"
 #: Memory columns whose values are codes into ``/strings``.
 MEMORY_STRING_CODED = ("op", "scope")
 #: Name of one rank's group under ``/ranks``.

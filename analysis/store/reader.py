@@ -30,6 +30,7 @@ import pandas as pd
 from rankscope.analysis.store import schema
 from rankscope.analysis.store.hdf5_links import MAX_GROUP_DEPTH as MAX_GROUP_DEPTH
 from rankscope.analysis.store.hdf5_links import refuse_outside_references_once
+from rankscope.analysis.store.layout import CHANGES as CHANGES
 from rankscope.analysis.store.layout import CLOCK as CLOCK
 from rankscope.analysis.store.layout import COLLECTIVES as COLLECTIVES
 from rankscope.analysis.store.layout import COMPRESSION as COMPRESSION
@@ -42,6 +43,7 @@ from rankscope.analysis.store.layout import MEMORY_STRING_CODED as MEMORY_STRING
 from rankscope.analysis.store.layout import PROBLEMS as PROBLEMS
 from rankscope.analysis.store.layout import RANK_GROUP_FORMAT as RANK_GROUP_FORMAT
 from rankscope.analysis.store.layout import RANKS as RANKS
+from rankscope.analysis.store.layout import STEP_LOG as STEP_LOG
 from rankscope.analysis.store.layout import STEPS as STEPS
 from rankscope.analysis.store.layout import STORE_NAME as STORE_NAME
 from rankscope.analysis.store.layout import STRING_CODED as STRING_CODED
@@ -342,6 +344,24 @@ class Store:
     def steps(self) -> pd.DataFrame:
         """ProfilerStep ranges per rank (aligned ns)."""
         return read_table(self._file, STEPS, schema.STEP_COLUMNS)
+
+    @_reads
+    def step_log_ranks(self) -> list[int]:
+        """The ranks whose step log (every step of the whole run) the store holds; [] for
+        stores of runs without one (older runs, other tools' traces)."""
+        return [r for r in self.ranks if STEP_LOG in self._rank(r)]
+
+    @_reads
+    def step_log(self, rank: int) -> pd.DataFrame:
+        """Every step ``rank`` recorded for the whole run (schema.STEP_LOG_COLUMNS, in step
+        order, ``end`` on the aligned clock); empty with those columns when it has none."""
+        return read_table(self._rank(rank), STEP_LOG, schema.STEP_LOG_COLUMNS)
+
+    @_reads
+    def changes(self) -> pd.DataFrame:
+        """The changes of the step time the live monitor noticed (schema.CHANGE_COLUMNS, in the
+        order noticed); empty for runs without any and older stores."""
+        return read_table(self._file, CHANGES, schema.CHANGE_COLUMNS)
 
     @_reads
     def clock(self) -> pd.DataFrame:

@@ -140,6 +140,38 @@ STEP_COLUMNS: dict[str, str] = {
     "end": "int64",  # ns, aligned
 }
 
+#: Columns of one rank's ``/ranks/NNNNN/step_log`` (every step of the whole run, from the rank's
+#: ``steps.bin``: ``rankscope.launchers.step_log``). ``Store.step_log(rank)`` returns them.
+STEP_LOG_COLUMNS: dict[str, str] = {
+    "steps": "int64",  # steps the rank had done when this one ended (1 for the first step)
+    "end": "int64",  # ns, aligned (the rank's clock transform of /clock applied)
+    "wait": "int64",  # ns the step waited in collectives, -1 where the runtime could not tell
+}
+
+#: Columns of ``Store.changes()``: the changes of the step time the live monitor noticed while
+#: the job ran (``RUN/changes.jsonl``, one row per line; empty for runs without any).
+CHANGE_COLUMNS: dict[str, str] = {
+    "step": "int64",  # steps the job had done when the change was noticed
+    "kind": "str",  # ChangeKind: "job" (the job's step time) or "rank" (one rank drifting away)
+    "before_ms": "float64",  # step time before the change, ms per step
+    "after_ms": "float64",  # step time after it, ms per step
+    "rank": "int32",  # the rank drifting away (or named for a job-wide change), -1 for none
+    "behind_ms": "float64",  # how far that rank was behind the median, ms (NaN: not said)
+    "sentence": "str",  # what the terminal printed
+    "noticed_ns": "int64",  # when noticed, ns since the epoch (the launcher's clock)
+    "trigger": "int64",  # the triggered window it asked for (its trigger id), -1 for none
+}
+
+
+class ChangeKind(enum.StrEnum):
+    """What the live monitor noticed (``changes.jsonl`` ``kind``; ``Store.changes()``)."""
+
+    JOB = "job"
+    """A lasting rise (or fall) of the job's step time."""
+    RANK = "rank"
+    """One rank drifting away from the others."""
+
+
 #: Columns of ``Store.clock()``: one row per rank.
 CLOCK_COLUMNS: dict[str, str] = {
     "rank": "int32",

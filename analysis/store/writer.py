@@ -29,6 +29,7 @@ import h5py
 import numpy as np
 from rankscope.analysis.store import schema
 from rankscope.analysis.store.layout import (
+    CHANGES,
     CLOCK,
     COLLECTIVES,
     COMPRESSION,
@@ -40,6 +41,7 @@ from rankscope.analysis.store.layout import (
     MEMORY_STRING_CODED,
     PROBLEMS,
     RANKS,
+    STEP_LOG,
     STEPS,
     STRING_CODED,
     STRINGS,
@@ -290,6 +292,17 @@ class StoreWriter:
                 _write_column(group, col, columns[col].astype(want, copy=False))
             self._file[rank_group(rank)].attrs["memory_events"] = len(columns["ts"])
 
+    def write_step_log(self, rank: int, columns: Mapping[str, np.ndarray]) -> None:
+        """Write one rank's step log ``/ranks/NNNNN/step_log`` (after :meth:`write_rank`):
+        schema.STEP_LOG_COLUMNS, ``end`` aligned. Written only for ranks that kept one."""
+        with self._guarded():
+            group = self._file[rank_group(rank)].require_group(STEP_LOG)
+            group.attrs["columns"] = list(schema.STEP_LOG_COLUMNS)
+            for col, dtype in schema.STEP_LOG_COLUMNS.items():
+                if col in group:
+                    del group[col]
+                _write_column(group, col, np.asarray(columns[col]).astype(dtype, copy=False))
+
     def set_rank_attrs(self, rank: int, attrs: Mapping[str, Any]) -> None:
         """Set attributes of ``/ranks/NNNNN``."""
         with self._guarded():
@@ -298,12 +311,13 @@ class StoreWriter:
                 group.attrs[key] = attr_value(value)
 
     def write_tables(self, tables: Mapping[str, pd.DataFrame]) -> None:
-        """Write the run-wide tables (collectives, steps, clock, problems) at the root."""
+        """Write the run-wide tables (collectives, steps, clock, problems, changes) at the root."""
         specs = {
             COLLECTIVES: schema.COLLECTIVE_COLUMNS,
             STEPS: schema.STEP_COLUMNS,
             CLOCK: schema.CLOCK_COLUMNS,
             PROBLEMS: schema.PROBLEM_COLUMNS,
+            CHANGES: schema.CHANGE_COLUMNS,
         }
         with self._guarded():
             for name, frame in tables.items():

@@ -65,6 +65,7 @@ from rankscope.analysis.store.devices import CAPABILITY_ATTR, capability_attr
 from rankscope.atomic import translate_write_errors
 from rankscope.errors import InputFileError, UsageError
 from rankscope.launchers import rundir
+from rankscope.orchestrator.ingest import step_logs
 from rankscope.orchestrator.ingest.comm_kernels import (
     COMM_KERNELS_ATTR,
     DEFAULT_VOCABULARY,
@@ -351,6 +352,7 @@ def _merge_locked(
                 if memory:  # the same clock as the rank's events
                     memory["ts"] = clk.apply_transform(memory["ts"], *args)
                     _write_memory(writer, r, parked[r], memory)
+                step_logs.write_aligned(writer, spill, r, *args)  # the same clock again
                 spill.drop(r)
                 steps = parked[r].steps
                 if steps is not None and not steps.empty:
@@ -359,6 +361,12 @@ def _merge_locked(
                     st["end"] = clk.apply_transform(st["end"].to_numpy(np.int64), *args)
                     st.insert(0, "rank", np.int32(r))
                     steps_frames.append(st)
+            changes, bad = (
+                step_logs.read_changes(inputs[0]) if run and inputs[0].is_dir() else (None, None)
+            )
+            if bad is not None:
+                problems.append(bad)
+                _say(bad, quiet)
             writer.set_attr("world_size", world)
             writer.set_attr("reference_rank", ref)
             writer.set_attr(P2P_WITHOUT_PEER_ATTR, without_peer(colls))
@@ -369,6 +377,7 @@ def _merge_locked(
                     if steps_frames
                     else pd.DataFrame({"rank": [], "step": [], "start": [], "end": []}),
                     "clock": clock_table,
+                    **({"changes": changes} if changes is not None else {}),
                     "problems": pd.DataFrame(
                         [(p.file, p.rank, p.problem) for p in problems],
                         columns=["file", "rank", "problem"],

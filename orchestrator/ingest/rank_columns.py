@@ -20,6 +20,7 @@ from rankscope.analysis.compute.ops import launch_rows
 from rankscope.analysis.store.schema import EventKind
 from rankscope.orchestrator.ingest.comm_kernels import DEFAULT_VOCABULARY, CommVocabulary
 from rankscope.orchestrator.ingest.discovery import Problem, RankSource
+from rankscope.orchestrator.ingest.step_logs import read_rank_step_log
 from rankscope.orchestrator.ingest.vocabulary import GPU_KINDS
 
 if TYPE_CHECKING:
@@ -60,6 +61,9 @@ class RankResult:
     process_groups: list[dict[str, Any]] | None = None
     """the groups the rank is in (``decode.FileTrace.process_groups``; the first window's that
     lists any), None when no trace lists them"""
+    step_log: dict[str, np.ndarray] | None = None
+    """every step of the whole run (``ranks/NNNNN/steps.bin``: schema.STEP_LOG_COLUMNS, ``end``
+    raw ns), None without one (``step_logs.read_rank_step_log``)"""
 
 
 def parse_source(source: RankSource, vocabulary: CommVocabulary = DEFAULT_VOCABULARY) -> RankResult:
@@ -171,6 +175,9 @@ def parse_source(source: RankSource, vocabulary: CommVocabulary = DEFAULT_VOCABU
     if mems:
         memory, _ = sort_by_ts({k: np.concatenate(v) for k, v in mems.items()})
     first = parts[0][1]
+    step_log, bad_log = read_rank_step_log(source, hint)
+    if bad_log is not None:
+        problems.append(bad_log)
     return RankResult(
         source=source,
         rank=rank,
@@ -190,6 +197,7 @@ def parse_source(source: RankSource, vocabulary: CommVocabulary = DEFAULT_VOCABU
         device_memory=device_memory,
         device_capability=capability,
         process_groups=next((ft.process_groups for _, ft in parts if ft.process_groups), None),
+        step_log=step_log,
     )
 
 

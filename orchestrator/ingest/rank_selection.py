@@ -19,6 +19,7 @@ import numpy as np
 from rankscope.errors import UsageError
 from rankscope.orchestrator.ingest.discovery import Problem
 from rankscope.orchestrator.ingest.merge_progress import _say
+from rankscope.orchestrator.ingest.step_logs import park as park_step_log
 
 if TYPE_CHECKING:
     from rankscope.orchestrator.ingest.rank_columns import RankResult
@@ -123,6 +124,7 @@ def _accept(
     if result.memory is not None:
         spill.put(rank, result.memory, part="memory")
         result.memory = None
+    park_step_log(spill, rank, result)
     parked[rank] = result
 
 

@@ -1,0 +1,254 @@
+"""Noticing, while a job runs, that its steps got slower for good — or that one rank drifts away.
+
+Pure functions of the step log's series (numpy only; the live monitor of ``rankscope run``,
+``orchestrator/live.py``, feeds them what it read and decides what to do):
+
+* :func:`job_step_ms` — the job's step time per step: the median over the ranks of each rank's
+  interval between two step ends (ms). Intervals, not end times: each rank's own clock, so
+  clocks that differ between hosts do not matter.
+* :func:`lasting_rise` — the change-point rule, for any series: the last :attr:`ChangeRule.window`
+  values against a robust baseline of the values before them (up to
+  :attr:`ChangeRule.baseline_max`). The series' own noise sets the bar, never a fixed number of
+  ms: the baseline's rolling medians of the same width give the null distribution of the
+  statistic, so the bar follows the noise's size, its tails AND its memory (slow steps that come
+  in bursts — a busy core's time slices, a periodic data-loader stall — make the rolling medians
+  wander, and the bar rises with them). The recent median must clear the median of those
+  rolling medians by :attr:`ChangeRule.z` of their robust spread (MAD-based, and never less than
+  the spread independent noise of the baseline's size would give), must clear the highest of
+  them (a level the steady run already reached is no change: bimodal steps and bursts of slow
+  ones reach high rolling medians that a robust spread alone calls rare), must be at least
+  :attr:`ChangeRule.min_rise` above the baseline (a change worth a profile), and the newest half
+  of the window must agree (the rise lasts: a burst that already ended is none).
+* :func:`detect_job_change` — the rule on log step times (a rise is a ratio).
+* :func:`rank_behind_ms` / :func:`detect_rank_drift` — which rank the others wait for. In a
+  synchronous job every rank's step ENDS at about the same time (the collectives wait for the
+  slowest), so the drifting rank is the one that waits LEAST: with the step log's ``wait_ns``
+  known, rank r is behind by ``median over ranks of wait − wait_r``; a rank whose lateness rises
+  lastingly (:func:`lasting_rise`, the smallest rise in ms set from the job's step time) is
+  drifting, and the one that rose most is named. Without the waits (DDP and FSDP wait in C++:
+  docs/live.md) no cheap per-rank signal is left: the step ends line up, and how late a rank's
+  end is against the others' is the scheduler's noise after the last collective (a real run on
+  a loaded machine "drifted" 5–11 ms that way twice in 300 steps with no slow rank). Then no
+  rank is named live; the profile of the change names it.
+* :func:`live_figures` — what the live line shows: steps done, the job's p50 step time over the
+  last N steps, throughput, the slowest rank and by how much.
+
+Units: step times and lateness in ms (float), times in ns since the epoch (int64).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+#: Scale of the MAD to a normal distribution's standard deviation.
+MAD_TO_SD = 1.4826
+
+
+@dataclass(frozen=True)
+class ChangeRule:
+    """How :func:`lasting_rise` decides that a series rose for good."""
+
+    window: int = field(default=10)
+    """Steps the new level must hold (the recent window): the detection's delay in steps, and
+    its guard against a few slow steps (all but one of them must be above the bar: bimodal
+    steps with 30 % slow ones fill 9 of 10 by chance once in ~7,000 windows)."""
+    baseline_min: int = field(default=64)
+    """Steps of baseline needed before anything is judged (8 windows: from fewer rolling
+    medians, noise that drifts slowly looks steady and its next swing like a change)."""
+    baseline_max: int = field(default=512)
+    """Most steps of baseline kept (the newest before the window): old enough to hold the
+    noise's bursts, recent enough to follow slow drifts."""
+    z: float = field(default=5.0)
+    """Robust standard deviations of the rolling medians the recent median must clear."""
+    min_rise: float = field(default=0.1)
+    """Smallest rise reported, as a fraction of the baseline step time (0.1: +10 %): a smaller
+    lasting change is real but not worth a profile."""
+
+
+class ChangeKind(enum.StrEnum):
+    """What changed (``kind`` of ``changes.jsonl``)."""
+
+    JOB = "job"
+    """The job's step time rose."""
+    RANK = "rank"
+    """One rank drifted behind the others."""
+
+
+@dataclass(frozen=True)
+class Rise:
+    """A lasting rise found by :func:`lasting_rise` (in the series' own unit)."""
+
+    before: float
+    """The baseline's level (median)."""
+    after: float
+    """The recent window's level (median)."""
+    bar: float
+    """The level the recent median had to clear."""
+    start: int
+    """Index of the first value of the recent window above the bar (where the rise began)."""
+
+
+@dataclass(frozen=True)
+class JobChange:
+    """The job's step time rose for good (:func:`detect_job_change`)."""
+
+    before_ms: float
+    after_ms: float
+    start: int
+    """Index (into the series given) where the slower steps began."""
+
+    @property
+    def rise(self) -> float:
+        """The rise as a fraction of ``before_ms`` (0.5: +50 %)."""
+        return self.after_ms / self.before_ms - 1.0
+
+
+@dataclass(frozen=True)
+class RankDrift:
+    """One rank drifted behind the others (:func:`detect_rank_drift`)."""
+
+    rank: int
+    behind_ms: float
+    """How much later than before it is now (ms per step: what the others wait more)."""
+    before_ms: float
+    """Its lateness (ms) in the baseline."""
+    after_ms: float
+    """Its lateness (ms) in the recent window."""
+
+
+def _floor(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    """The statistic of a window of steps: its second-lowest value. A window's floor rises only
+    when (all but one of) its steps are slower: a rise that lasts the whole window, not a few
+    slow steps (bimodal steps, a burst); one fast step of noise does not hide a real rise."""
+    return np.partition(x, 1, axis=axis).take(1, axis=axis)
+
+
+def lasting_rise(x: np.ndarray, rule: ChangeRule, min_effect: float) -> Rise | None:
+    """Whether the last ``rule.window`` values of ``x`` rose for good above the values before
+    them (module docstring); ``min_effect``: the smallest rise that counts, in ``x``'s unit.
+
+    ``x`` must hold no NaN (leave out the steps that are not comparable, e.g. profiled ones).
+    """
+    w = rule.window
+    n = len(x)
+    if n < w + rule.baseline_min:
+        return None
+    base = x[max(0, n - w - rule.baseline_max) : n - w]
+    recent = x[n - w :]
+    rolling = _floor(np.lib.stride_tricks.sliding_window_view(base, w), axis=1)
+    center = float(np.median(rolling))
+    spread = MAD_TO_SD * float(np.median(np.abs(rolling - center)))
+    base_sd = MAD_TO_SD * float(np.median(np.abs(base - np.median(base))))
+    spread = max(spread, base_sd / math.sqrt(w))
+    bar = max(center + rule.z * spread, float(rolling.max()), center + min_effect)
+    level = float(_floor(recent))
+    if level <= bar:
+        return None
+    above = np.flatnonzero(recent > bar)
+    return Rise(
+        before=float(np.median(base)),
+        after=float(np.median(recent)),
+        bar=bar,
+        start=n - w + int(above[0]),
+    )
+
+
+def job_step_ms(end_ns: np.ndarray) -> np.ndarray:
+    """The job's step time per step (ms): ``end_ns`` is ranks × steps (each rank's end of the
+    same steps, its own clock); each step's interval is the median over the ranks. One value
+    fewer than steps."""
+    if end_ns.shape[1] < 2:
+        return np.zeros(0)
+    intervals = np.diff(end_ns.astype(np.float64), axis=1) / 1e6
+    return np.asarray(np.median(intervals, axis=0))
+
+
+def detect_job_change(step_ms: np.ndarray, rule: ChangeRule) -> JobChange | None:
+    """A lasting rise of the job's step time (``step_ms``, profiled steps left out): the rule
+    on log step time, so the bar is relative to the step time."""
+    positive = np.maximum(step_ms, 1e-6)
+    rise = lasting_rise(np.log(positive), rule, math.log1p(rule.min_rise))
+    if rise is None:
+        return None
+    return JobChange(
+        before_ms=math.exp(rise.before), after_ms=math.exp(rise.after), start=rise.start
+    )
+
+
+def rank_behind_ms(wait_ns: np.ndarray) -> np.ndarray | None:
+    """Each rank's lateness per step (ranks × steps, ms): ``median wait − the rank's wait`` (the
+    others wait that much longer than it: it is that much behind). None unless every rank's
+    ``wait_ns`` is known (>= 0) at every step."""
+    if not wait_ns.size or not (wait_ns >= 0).all():
+        return None
+    w = wait_ns.astype(np.float64) / 1e6
+    return np.asarray(np.median(w, axis=0) - w)
+
+
+def detect_rank_drift(behind_ms: np.ndarray, job_ms: float, rule: ChangeRule) -> RankDrift | None:
+    """The rank whose lateness (``behind_ms``, ranks × steps, profiled steps left out) rose for
+    good by at least ``rule.min_rise`` of the job's step time ``job_ms``; the one that rose
+    most when several did. None for fewer than 2 ranks."""
+    if behind_ms.shape[0] < 2:
+        return None
+    best: RankDrift | None = None
+    for rank in range(behind_ms.shape[0]):
+        rise = lasting_rise(behind_ms[rank], rule, rule.min_rise * job_ms)
+        if rise is None:
+            continue
+        drift = RankDrift(
+            rank=rank,
+            behind_ms=rise.after - rise.before,
+            before_ms=rise.before,
+            after_ms=rise.after,
+        )
+        if best is None or drift.behind_ms > best.behind_ms:
+            best = drift
+    return best
+
+
+@dataclass(frozen=True)
+class LiveFigures:
+    """What the live line says (:func:`live_figures`)."""
+
+    steps: int
+    """Steps every rank has done."""
+    p50_ms: float | None
+    """The job's median step time over the last steps (ms); None before two steps."""
+    samples_per_s: float | None
+    """Throughput of the job (samples per second, all ranks), when samples per step are known."""
+    slowest_rank: int | None
+    """The rank the others wait for most (None: no wait times, or one rank)."""
+    slowest_by_ms: float | None
+    """How much the others wait for it per step (ms, median over the last steps)."""
+
+
+def live_figures(
+    steps: int,
+    end_ns: np.ndarray,
+    wait_ns: np.ndarray,
+    last: int,
+    samples_per_step: float | None,
+) -> LiveFigures:
+    """The live line's figures from the newest ``last`` steps of every rank (``end_ns`` /
+    ``wait_ns``: ranks × steps, the newest last); ``samples_per_step``: samples one rank does
+    per step, when known (throughput = ranks × it / p50)."""
+    end_ns, wait_ns = end_ns[:, -last:], wait_ns[:, -last:]
+    job = job_step_ms(end_ns)
+    p50 = float(np.median(job)) if job.size else None
+    rate = None
+    if p50 is not None and p50 > 0 and samples_per_step:
+        rate = end_ns.shape[0] * samples_per_step / (p50 / 1e3)
+    slowest = by = None
+    behind = rank_behind_ms(wait_ns) if end_ns.shape[0] > 1 else None
+    if behind is not None:
+        typical = np.median(behind, axis=1)
+        slowest = int(np.argmax(typical))
+        by = float(typical[slowest])
+    return LiveFigures(
+        steps=steps, p50_ms=p50, samples_per_s=rate, slowest_rank=slowest, slowest_by_ms=by
+    )

@@ -1,0 +1,93 @@
+"""The live monitor on a real job (issue 30): a slow-down is noticed live, profiled by one extra
+window on every rank from the same step, and that window's analysis names the slow rank.
+
+ONE real ``rankscope run`` (torchrun, gloo, 3 ranks, 300 steps): every rank waits 20 ms in its
+data loader each step (a step mostly asleep, so the machine's load moves it little), and from
+step 150 rank 2 does 30 ms more of its own work (``--straggler-from``). No scheduled window falls
+in the run (``--skip-first 1000``): the only window is the one the monitor asks for, so the
+run's analysis is that window's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rankscope.launchers import rundir, step_log
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "train_ddp.py"
+SLOW_FROM = 150
+
+
+@pytest.fixture(scope="module")
+def slowed(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    out = tmp_path_factory.mktemp("live")
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "KINETO_LOG_LEVEL")}
+    args = [
+        sys.executable, "-m", "rankscope", "run", "--nproc-per-node", "3",
+        "--skip-first", "1000", "--active", "5", "--total-steps", "300",
+        "--out", str(out), str(EXAMPLE), "--steps", "300", "--hidden", "32",
+        "--layers", "1", "--batch-size", "8", "--input-delay-ms", "20",
+        "--straggler-rank", "2", "--straggler-ms", "30", "--straggler-from", str(SLOW_FROM),
+    ]  # fmt: skip
+    proc = subprocess.run(
+        args,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env={**env, "COLUMNS": "200"},
+    )
+    (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
+    return proc, run_dir
+
+
+def metas(run_dir: Path) -> list[dict[str, Any]]:
+    return [
+        json.loads((rundir.rank_dir(run_dir, r) / rundir.META_JSON).read_text()) for r in range(3)
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_slowdown_is_noticed_profiled_and_named(
+    slowed: tuple[subprocess.CompletedProcess[str], Path],
+) -> None:
+    proc, run_dir = slowed
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # every step of every rank is in its step log
+    for r in range(3):
+        log = step_log.read_steps(rundir.rank_dir(run_dir, r) / step_log.STEP_LOG_FILE)
+        assert log["steps"].tolist() == list(range(1, 301))
+    # the change: noticed live within 20 steps of step 150, one line on the terminal
+    changes = [
+        json.loads(line) for line in (run_dir / rundir.CHANGES_FILE).read_text().splitlines()
+    ]
+    first = changes[0]
+    assert first["kind"] == "job" and SLOW_FROM < first["step"] <= SLOW_FROM + 20, changes
+    assert first["after_ms"] > first["before_ms"] + 20
+    assert first["sentence"] in proc.stdout
+    assert first["trigger"] == 1
+    # one triggered window, from the same step on every rank, <= 10 steps after the report
+    trigger = json.loads((run_dir / rundir.TRIGGER_FILE).read_text())
+    assert trigger["id"] == 1 and trigger["steps"] == 5
+    assert first["step"] < trigger["start_step"] <= first["step"] + 10
+    for meta in metas(run_dir):
+        triggered = [w for w in meta["windows"] if "trigger" in w]
+        assert len(triggered) == 1, meta["windows"]
+        w = triggered[0]
+        assert w["trigger"]["id"] == 1 and w["first_step"] == trigger["start_step"]
+        assert w["last_step"] == trigger["start_step"] + 4 and w["complete"]
+    # the run's analysis (of that window: the only one) names rank 2 and its own work
+    summary = json.loads((run_dir / rundir.REPORT_DIR / rundir.SUMMARY_JSON).read_text())
+    stragglers = summary["stragglers"]
+    assert [s["rank"] for s in stragglers] == [2], stragglers
+    assert stragglers[0]["cause"] == "own compute", stragglers[0]
