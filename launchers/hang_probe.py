@@ -393,7 +393,6 @@ class HangProbe:
                 self._answered = token
                 self.answer(token)
 
-<<<<<<< HEAD
     def _end_if_blocked_in_collective(self) -> None:
         """After SIGTERM: end the process when its main thread stays in the same collective
         call for BLOCKED_EXIT_S (its SIGTERM handler cannot run; see BLOCKED_EXIT_S)."""
@@ -413,8 +412,9 @@ class HangProbe:
                 return  # it moved: the collective ended, the handler runs
         where = f"{Path(frame.f_code.co_filename).name}:{frame.f_code.co_name}"
         print(BLOCKED_EXIT_LINE.format(rank=self.rank, where=where), file=sys.stderr, flush=True)
+        self.flush_steps()  # os._exit skips the rank's end: its last steps are kept here
         os._exit(128 + signal.SIGTERM)
-=======
+
     def _look_for_trigger(self) -> None:
         """Hand a new ``RUN/trigger.json`` to ``on_trigger`` (its text changed since the last
         look; unreadable or half-written JSON waits for the next look)."""
@@ -433,7 +433,6 @@ class HangProbe:
         self._trigger_text = text
         with contextlib.suppress(Exception):  # never break the job for it
             self.on_trigger(doc)
->>>>>>> from_h2
 
     def _terminated(self) -> bool:
         """Wait up to REQUEST_POLL_S; True when SIGTERM arrived meanwhile (the wakeup pipe)."""
