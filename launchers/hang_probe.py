@@ -24,6 +24,10 @@ worker). So every rank runs, beside the training, one daemon thread of this modu
   ``ranks/NNNNN/stacks.txt`` from C, for a rank whose Python threads cannot run at all (a C
   extension holding the GIL); the launcher sends that signal to ranks that do not answer.
 
+Why one module: progress, answers, the step log and the trigger file are the duties of ONE
+thread with ONE poll loop (:meth:`HangProbe._watch`); they share its state (steps done, the
+SIGTERM wakeup, what was answered) and its rule that the training never waits for it.
+
 Times are ns since the epoch (``time.time_ns``) unless a name says ``_s``.
 """
 
