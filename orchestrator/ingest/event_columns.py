@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from decimal import Decimal
+from itertools import repeat
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +95,9 @@ class FileTrace:
     enqueue: pd.DataFrame | None = None
     """the ``record_param_comms`` ops that name a collective, columns as :attr:`comm`: the
     metadata of the NCCL kernels they launch (``rank_columns``; Seq is not copied to kernels)"""
+    rank_signs: bool = False
+    """the file shows a sign of holding several ranks (``multirank.block_signs``, a repeated
+    ``ProfilerStep#N``, or complete events dropped unseen): the merge then checks it whole"""
 
 
 def us_to_ns(values: Any) -> np.ndarray:
@@ -129,6 +134,32 @@ _ADDR_HI = memory_field_limits()["addr"][1]
 _INT64_LO, _INT64_HI = memory_field_limits()["bytes"]
 
 
+#: Attribute readers of decoded events, mapped over a block (C loops, no Python frame per event).
+_TS, _DUR, _NAME, _CAT, _PID, _TID, _ARGS = (
+    attrgetter(a) for a in ("ts", "dur", "name", "cat", "pid", "tid", "args")
+)
+#: Largest integer a float64 holds exactly.
+_EXACT_INT = 2**53
+
+
+def _correlations(xs: list[KEvent]) -> np.ndarray:
+    """Each event's ``args.correlation`` (int64), -1 where absent or not an int in int64's range.
+
+    The common block (ints below 2**53 and absent ones) converts in C loops; any other value
+    (a bool, a string, a huge int) sends the block through the per-event rule."""
+    values = list(map(getattr, map(_ARGS, xs), repeat("correlation"), repeat(None)))
+    if set(map(type, values)) <= {int, type(None)}:
+        as_float = np.array(values, dtype=np.float64)  # None → NaN
+        with np.errstate(invalid="ignore"):
+            if not (np.abs(as_float) >= _EXACT_INT).any():
+                return np.where(np.isnan(as_float), -1, as_float).astype(np.int64)
+    return np.fromiter(
+        (v if type(v) is int and _INT64_LO <= v <= _INT64_HI else -1 for v in values),
+        np.int64,
+        len(values),
+    )
+
+
 class EventColumns:
     """Reduces decoded events, block by block, to compact columns (see :func:`read_trace`)."""
 
@@ -153,6 +184,7 @@ class EventColumns:
         self.memory_parts: dict[str, list[np.ndarray]] = {}
         self.memory_threads: list[tuple[str, str]] = []
         self.memory_skipped: dict[str, int] = {}
+        self.rank_signs = False  # multirank.block_signs of a block so far
 
     def _intern(self, values: list[str]) -> np.ndarray:
         """Codes (int32) of ``values`` in the string table; only distinct values touch the dict."""
@@ -163,6 +195,10 @@ class EventColumns:
 
     def add(self, events: list[KEvent]) -> None:
         """Reduce one block of decoded events."""
+        if not self.rank_signs:
+            from rankscope.orchestrator.ingest.multirank import block_signs
+
+            self.rank_signs = block_signs(events)
         for ev in events:
             ph = ev.ph
             if ph == "X":
@@ -179,13 +215,17 @@ class EventColumns:
         n = len(xs)
         if not n:
             return
-        durs = [ev.dur for ev in xs]
+        durs = list(map(_DUR, xs))  # attribute reads in C (map + attrgetter): the hot path
         exact = isinstance(xs[0].ts, Decimal)
         # One float pass per column, checked with numpy: a stamp whose ns would overflow int64
         # (found by tests/test_fuzz.py) is out of range; a duration missing, NaN or negative is
         # dropped (``None`` becomes NaN here). Exact (Decimal) stamps convert the same way.
-        ts_f = np.fromiter((float(ev.ts) for ev in xs), np.float64, n)
-        dur_f = np.fromiter((np.nan if d is None else float(d) for d in durs), np.float64, n)
+        if exact:
+            ts_f = np.fromiter((float(ev.ts) for ev in xs), np.float64, n)
+            dur_f = np.fromiter((np.nan if d is None else float(d) for d in durs), np.float64, n)
+        else:
+            ts_f = np.fromiter(map(_TS, xs), np.float64, n)
+            dur_f = np.array(durs, dtype=np.float64)  # None → NaN
         lim = TS_LIMIT_US
         with np.errstate(invalid="ignore"):
             far = ~(np.abs(ts_f) < lim) | (dur_f >= lim)
@@ -206,10 +246,10 @@ class EventColumns:
         else:
             ts = us_to_ns(ts_f)
             dur = us_to_ns(dur_f)
-        name = self._intern([ev.name for ev in xs])
-        cat = self._intern([ev.cat for ev in xs])
-        pid_codes, pid_uniq = pd.factorize(pd.Series([ev.pid for ev in xs], dtype=object))
-        tid_codes, tid_uniq = pd.factorize(pd.Series([ev.tid for ev in xs], dtype=object))
+        name = self._intern(list(map(_NAME, xs)))
+        cat = self._intern(list(map(_CAT, xs)))
+        pid_codes, pid_uniq = pd.factorize(pd.Series(list(map(_PID, xs)), dtype=object))
+        tid_codes, tid_uniq = pd.factorize(pd.Series(list(map(_TID, xs)), dtype=object))
         lane_pair = pid_codes.astype(np.int64) * (len(tid_uniq) + 1) + tid_codes
         lane_uniq, lane_inv = np.unique(lane_pair, return_inverse=True)
         lanes = self.lanes
@@ -245,18 +285,7 @@ class EventColumns:
             kinds[i] = k
             unmatchable[i] = self.unmatchable[p]
         kind = kinds[inverse.reshape(-1)]
-        corr = np.fromiter(
-            (
-                ev.args.correlation
-                if ev.args is not None
-                and type(ev.args.correlation) is int
-                and _INT64_LO <= ev.args.correlation <= _INT64_HI
-                else -1
-                for ev in xs
-            ),
-            np.int64,
-            n,
-        )
+        corr = _correlations(xs)
         is_enqueue = kind == EventKind.COMM_ENQUEUE
         matched = ~unmatchable[inverse.reshape(-1)]
         comm_kind = ((kind == EventKind.KERNEL_COMM) & matched) | (kind == EventKind.COMM_CPU)
@@ -353,12 +382,12 @@ class EventColumns:
         if isinstance(mem[0].ts, Decimal):
             ts = _decimal_to_ns([ev.ts for ev in mem])
         else:
-            ts = us_to_ns(np.fromiter((ev.ts for ev in mem), np.float64, n))
-        args = [ev.args for ev in mem]
+            ts = us_to_ns(np.fromiter(map(_TS, mem), np.float64, n))
+        args = list(map(_ARGS, mem))
         part = self.memory_parts
         part.setdefault("ts", []).append(ts)
         for col, attr, dtype in _MEMORY_ARGS:
-            part.setdefault(col, []).append(np.fromiter((getattr(a, attr) for a in args), dtype, n))
+            part.setdefault(col, []).append(np.fromiter(map(attrgetter(attr), args), dtype, n))
         self.memory_threads.extend((str(ev.pid), str(ev.tid)) for ev in mem)
         self.memory = []
 
@@ -470,6 +499,13 @@ class EventColumns:
             dropped["events with timestamps out of range"] = self.out_of_range
         from rankscope.analysis.store.devices import device_capability
         from rankscope.analysis.store.memory_table import device_total_memory
+        from rankscope.orchestrator.ingest.multirank import steps_repeat
+
+        rank_signs = (
+            self.rank_signs
+            or bool(self.dropped or self.out_of_range)  # a dropped one may be a ProfilerStep
+            or steps_repeat(cols["name"], cols["cat"], strings)
+        )
 
         return FileTrace(
             path=path,
@@ -490,6 +526,7 @@ class EventColumns:
             device_capability=device_capability(top.deviceProperties),
             enqueue=enqueue,
             process_groups=process_groups(info.get("pg_config")),
+            rank_signs=rank_signs,
         )
 
 
