@@ -13,7 +13,7 @@ never added in float: ts is split into its integer µs and the fractional part,
 ``ns = int(floor(ts))*1000 + rint(frac*1000)``, in int64 (:func:`us_to_ns`), exact for
 ``|ts| < 2**43`` µs; beyond, the stamps arrive as ``Decimal`` (``kineto_json.needs_exact``).
 
-Why one module of ~520 lines: one reduction, block by block, of every kind of event a trace holds
+Why one module of ~570 lines: one reduction, block by block, of every kind of event a trace holds
 (complete events, thread names, ``[memory]`` instants, communication args) into one
 :class:`FileTrace`; its parts share the string table and the row numbering.
 """
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from decimal import Decimal
-from itertools import repeat
 from operator import attrgetter
 from pathlib import Path
 from typing import Any
@@ -138,26 +137,6 @@ _INT64_LO, _INT64_HI = memory_field_limits()["bytes"]
 _TS, _DUR, _NAME, _CAT, _PID, _TID, _ARGS = (
     attrgetter(a) for a in ("ts", "dur", "name", "cat", "pid", "tid", "args")
 )
-#: Largest integer a float64 holds exactly.
-_EXACT_INT = 2**53
-
-
-def _correlations(xs: list[KEvent]) -> np.ndarray:
-    """Each event's ``args.correlation`` (int64), -1 where absent or not an int in int64's range.
-
-    The common block (ints below 2**53 and absent ones) converts in C loops; any other value
-    (a bool, a string, a huge int) sends the block through the per-event rule."""
-    values = list(map(getattr, map(_ARGS, xs), repeat("correlation"), repeat(None)))
-    if set(map(type, values)) <= {int, type(None)}:
-        as_float = np.array(values, dtype=np.float64)  # None → NaN
-        with np.errstate(invalid="ignore"):
-            if not (np.abs(as_float) >= _EXACT_INT).any():
-                return np.where(np.isnan(as_float), -1, as_float).astype(np.int64)
-    return np.fromiter(
-        (v if type(v) is int and _INT64_LO <= v <= _INT64_HI else -1 for v in values),
-        np.int64,
-        len(values),
-    )
 
 
 class EventColumns:
@@ -285,7 +264,18 @@ class EventColumns:
             kinds[i] = k
             unmatchable[i] = self.unmatchable[p]
         kind = kinds[inverse.reshape(-1)]
-        corr = _correlations(xs)
+        corr = np.fromiter(
+            (
+                ev.args.correlation
+                if ev.args is not None
+                and type(ev.args.correlation) is int
+                and _INT64_LO <= ev.args.correlation <= _INT64_HI
+                else -1
+                for ev in xs
+            ),
+            np.int64,
+            n,
+        )
         is_enqueue = kind == EventKind.COMM_ENQUEUE
         matched = ~unmatchable[inverse.reshape(-1)]
         comm_kind = ((kind == EventKind.KERNEL_COMM) & matched) | (kind == EventKind.COMM_CPU)

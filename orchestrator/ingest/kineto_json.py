@@ -24,7 +24,6 @@ import re
 import zlib
 from collections.abc import Iterator
 from decimal import Decimal
-from operator import attrgetter
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -225,9 +224,6 @@ def decode(data: bytes, *, exact: bool = False) -> KFile:
     return trace
 
 
-_TS = attrgetter("ts")
-
-
 def needs_exact(events: list[KEvent]) -> bool:
     """True when a timestamp written with decimals is ≥ 2**43 µs (module docstring).
 
@@ -235,15 +231,4 @@ def needs_exact(events: list[KEvent]) -> bool:
     the text was: at 1.7e15 µs the double nearest to ``...255.123`` is ``...255.0``, but it is
     a float. Integers below 2**53 µs convert to float64 exactly.
     """
-    if not events:
-        return False
-    import numpy as np  # not at the top: discovery's sniffing imports this module too
-
-    # numpy first (one C pass over the stamps), types only of the few at or above the limit
-    ts = np.fromiter(map(_TS, events), np.float64, len(events))
-    far = np.flatnonzero(np.abs(ts) >= EXACT_FLOAT_LIMIT_US)
-    if not len(far):
-        return False
-    # epoch-µs stamps (~1.7e15) are all far: the types then come from one C loop over them all
-    sub = events if len(far) == len(events) else [events[i] for i in far.tolist()]
-    return float in set(map(type, map(_TS, sub)))
+    return any(type(ev.ts) is float and abs(ev.ts) >= EXACT_FLOAT_LIMIT_US for ev in events)

@@ -45,8 +45,6 @@ import re
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from itertools import compress, repeat
-from operator import attrgetter, eq
 from pathlib import Path
 from typing import Any
 
@@ -207,32 +205,25 @@ def block_signs(events: list[KEvent]) -> bool:
     ``global_rank`` metadata event (:func:`by_global_rank`) or a ``process_name`` naming a rank
     (:func:`by_process_name`). Every splitter needs one of these to find two ranks.
 
-    Runs on every block of every parse, so each pass is a C loop (``map``/``set``/``compress``
-    over attribute getters) that leaves only the distinct values to Python."""
-    ranks = set(map(getattr, map(_ARGS_OF, events), repeat("rank"), repeat(None)))
-    if ranks - {None}:
-        return True
-    if any(type(pid) is int and pid >= PID_BLOCK for pid in set(map(_PID_OF, events))):
-        return True
-    names = set(map(_NAME_OF, events))
-    if GLOBAL_RANK_EVENT in names and any(
-        ev.ph == "M"
-        for ev in compress(events, map(eq, map(_NAME_OF, events), repeat(GLOBAL_RANK_EVENT)))
-    ):
-        return True
-    if PROCESS_NAME_EVENT in names:
-        named = compress(events, map(eq, map(_NAME_OF, events), repeat(PROCESS_NAME_EVENT)))
-        return any(
-            ev.ph == "M"
-            and ev.args is not None
-            and RANK_IN_PROCESS_NAME.search(str(ev.args.name or "")) is not None
-            for ev in named
-        )
+    Runs on every block of every parse: one plain loop (measured faster than C passes of
+    ``map``/``set`` per field, which each walk the whole block)."""
+    for ev in events:
+        a = ev.args
+        if a is not None and a.rank is not None:
+            return True
+        pid = ev.pid
+        if type(pid) is int and pid >= PID_BLOCK:
+            return True
+        if ev.ph == "M" and (
+            ev.name == GLOBAL_RANK_EVENT
+            or (
+                ev.name == PROCESS_NAME_EVENT
+                and a is not None
+                and RANK_IN_PROCESS_NAME.search(str(a.name or "")) is not None
+            )
+        ):
+            return True
     return False
-
-
-#: Attribute getters of :func:`block_signs`'s C loops.
-_ARGS_OF, _PID_OF, _NAME_OF = attrgetter("args"), attrgetter("pid"), attrgetter("name")
 
 
 def steps_repeat(name: np.ndarray, cat: np.ndarray, strings: list[str]) -> bool:
