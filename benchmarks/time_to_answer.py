@@ -24,6 +24,12 @@ Sets (each a row of the table):
   figure also counts an interpreter start that the real ``rankscope run`` has already paid.
 * ``reader``: rankscope's trace reader alone, in this process, on the big rank: MB of JSON per
   second per core (no HTA peer: it has no reader separate from its load).
+* ``pp64``: a large-model job beside the DDP ones (issue 31): ``rankscope synth`` makes 64 ranks
+  of tensor × pipeline × data parallel (TP 2 × PP 8 × DP 4, ``--microbatches``), whose pipeline
+  sends and receives are thousands of point-to-point ops per step across the job (the count is
+  printed). Made once, outside the timing. ``rankscope analyze FOLDER`` (one process) vs HTA's
+  load + breakdown + overlap + stragglers on the same 64 files; an HTA failure is said in its
+  cell (its exit status and last line), never hidden.
 
 HTA runs from its own venv (``--hta-python``, default /tmp/hta-venv/bin/python; create it with
 ``python benchmarks/merge_vs_hta.py --setup-hta``). A smoke test (tests/test_benchmarks.py)
@@ -50,7 +56,12 @@ DLRM = ROOT / "tests" / "data" / "param_dlrm_8rank"
 BIG = ROOT / "tests" / "data" / "hta" / "df_index_resolver"
 RUN = ROOT / "tests" / "data" / "cpu_gloo_4rank_ddp_buckets"
 HTA_PYTHON = Path("/tmp/hta-venv/bin/python")
-SETS = ("dlrm", "big", "reader", "end-of-run")
+SETS = ("dlrm", "big", "reader", "end-of-run", "pp64")
+#: The large-model job of ``pp64``: ``rankscope synth`` arguments (64 ranks, TP 2 × PP 8 × DP 4).
+PP64_SYNTH = ("--ranks", "64", "--ranks-per-host", "8", "--tp", "2", "--pp", "8", "--dp", "4",
+              "--layers", "8", "--steps", "3", "--seed", "1")  # fmt: skip
+#: Microbatches per step of ``pp64`` (each one a send and a receive per stage boundary, twice).
+PP64_MICROBATCHES = 16
 
 #: HTA's answer to "where does the time go and who is the straggler" on a multi-rank folder.
 HTA_ANALYSE = """
@@ -149,6 +160,41 @@ def reader_mb_per_s() -> tuple[float, float]:
     return best, raw_mb / best
 
 
+def make_pp64(work: Path, microbatches: int) -> tuple[Path, int, int]:
+    """The ``pp64`` job (made once): (folder, point-to-point ops per step over all ranks, MB of
+    gzip on disk). The p2p count is read from the traces (``send``/``recv`` kernels)."""
+    import gzip
+    import re
+    import subprocess
+
+    job = work / "pp64"
+    subprocess.run(
+        rankscope_argv("synth", str(job), *PP64_SYNTH, "--microbatches", str(microbatches)),
+        check=True,
+        capture_output=True,
+        timeout=3600,
+    )
+    kernel = re.compile(rb'"name": "ncclDevKernel_(?:Send|Recv)[^"]*"')
+    p2p = sum(len(kernel.findall(gzip.decompress(f.read_bytes()))) for f in job.glob("*.json.gz"))
+    steps = int(PP64_SYNTH[PP64_SYNTH.index("--steps") + 1])
+    size = sum(f.stat().st_size for f in job.glob("*.json.gz")) // 10**6
+    (job / "truth.json").unlink(missing_ok=True)  # HTA takes every *.json of its folder
+    return job, p2p // steps, size
+
+
+def hta_or_failure(argv: list[str]) -> tuple[float, str]:
+    """(wall s, '' or why HTA failed: its exit status and last line)."""
+    import subprocess
+
+    t = time.perf_counter()
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=3600)
+    dt = time.perf_counter() - t
+    if res.returncode != 0:
+        last = (res.stderr.strip().splitlines() or ["?"])[-1][:120]
+        return dt, f"failed (exit {res.returncode}: {last})"
+    return dt, ""
+
+
 def interleave(
     rounds: int, a: Callable[[], float], b: Callable[[], float] | None
 ) -> tuple[list[float], list[float]]:
@@ -184,6 +230,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sets", nargs="+", choices=SETS, default=list(SETS))
     ap.add_argument("--hta-python", type=Path, default=HTA_PYTHON)
     ap.add_argument("--no-hta", action="store_true", help="rankscope only (the smoke test)")
+    ap.add_argument(
+        "--microbatches",
+        type=int,
+        default=PP64_MICROBATCHES,
+        help=f"microbatches per step of the pp64 job (default {PP64_MICROBATCHES})",
+    )
     args = ap.parse_args(argv)
     hta_py = None if args.no_hta else args.hta_python
     if hta_py is not None and not hta_py.exists():
@@ -249,6 +301,31 @@ def main(argv: list[str] | None = None) -> int:
                     cell(rs),
                     "—",
                     "—",
+                )
+            )
+        if "pp64" in args.sets:
+            job, p2p, size = make_pp64(work, args.microbatches)
+            failed: list[str] = []
+
+            def hta_pp64() -> float:
+                dt, why = hta_or_failure([str(hta_py), "-c", HTA_ANALYSE, str(job)])
+                if why:
+                    failed.append(why)
+                return dt
+
+            rs, ht = interleave(
+                args.rounds,
+                lambda: rankscope_dlrm_one(job),
+                None if hta_py is None else hta_pp64,
+            )
+            rows.append(
+                (
+                    f"synth 64 ranks TP2×PP8×DP4, {args.microbatches} microbatches "
+                    f"({p2p:,} point-to-point ops per step, {size} MB gzip): "
+                    "`analyze FOLDER` vs HTA load + breakdown + overlap + stragglers",
+                    cell(rs),
+                    failed[0] if failed else cell(ht),
+                    "—" if failed else ratio(rs, ht),
                 )
             )
     if "reader" in args.sets:

@@ -130,3 +130,46 @@ def test_several_ranks_nothing_tells_apart_are_refused_in_one_line(tmp_path: Pat
     assert len(lines) == 1, res.stderr
     assert str(src) in lines[0] and "ProfilerStep#2 recorded 4 times" in lines[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["merged.json.gz"]  # nothing left
+
+
+def test_a_one_rank_file_is_read_once(tmp_path: Path) -> None:
+    """The one file of a merge is decoded once when it shows no sign of several ranks
+    (multirank.block_signs): through a named pipe, which only one reader can drain, the merge
+    still gets the rank (a check that read the file before the parse left the parse nothing)."""
+    import os
+    import threading
+
+    text = (DATA / "cpu_gloo_4rank_straggler" / "rank0.step5.pt.trace.json").read_bytes()
+    pipe = tmp_path / "rank0.json"
+    os.mkfifo(pipe)
+
+    def feed() -> None:
+        with pipe.open("wb") as w:  # waits for the merge to open the pipe
+            w.write(text)
+
+    writer = threading.Thread(target=feed, daemon=True)
+    writer.start()
+    out = tmp_path / "trace.h5"
+    code = (
+        "import sys; from pathlib import Path; "
+        "from rankscope.orchestrator.ingest.merge import merge_run_dir; "
+        "merge_run_dir(Path(sys.argv[1]), output=Path(sys.argv[2]), scheduler='synchronous', "
+        "quiet=True)"
+    )
+    try:
+        res = subprocess.run(
+            [sys.executable, "-c", code, str(pipe), str(out)],
+            capture_output=True,
+            text=True,
+            timeout=120,  # a second read waits for a writer that never comes
+        )
+    finally:
+        if writer.is_alive():  # never opened: let the writer's open return
+            os.close(os.open(pipe, os.O_RDONLY | os.O_NONBLOCK))
+        writer.join(timeout=30)
+    assert res.returncode == 0, res.stderr
+    from rankscope.analysis.store.reader import open_store
+
+    with open_store(out) as store:
+        assert store.ranks == [0]
+        assert len(store.events(0)) > 0

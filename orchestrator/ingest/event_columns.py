@@ -13,7 +13,7 @@ never added in float: ts is split into its integer µs and the fractional part,
 ``ns = int(floor(ts))*1000 + rint(frac*1000)``, in int64 (:func:`us_to_ns`), exact for
 ``|ts| < 2**43`` µs; beyond, the stamps arrive as ``Decimal`` (``kineto_json.needs_exact``).
 
-Why one module of ~520 lines: one reduction, block by block, of every kind of event a trace holds
+Why one module of ~570 lines: one reduction, block by block, of every kind of event a trace holds
 (complete events, thread names, ``[memory]`` instants, communication args) into one
 :class:`FileTrace`; its parts share the string table and the row numbering.
 """
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from decimal import Decimal
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,9 @@ class FileTrace:
     enqueue: pd.DataFrame | None = None
     """the ``record_param_comms`` ops that name a collective, columns as :attr:`comm`: the
     metadata of the NCCL kernels they launch (``rank_columns``; Seq is not copied to kernels)"""
+    rank_signs: bool = False
+    """the file shows a sign of holding several ranks (``multirank.block_signs``, a repeated
+    ``ProfilerStep#N``, or complete events dropped unseen): the merge then checks it whole"""
 
 
 def us_to_ns(values: Any) -> np.ndarray:
@@ -129,6 +133,12 @@ _ADDR_HI = memory_field_limits()["addr"][1]
 _INT64_LO, _INT64_HI = memory_field_limits()["bytes"]
 
 
+#: Attribute readers of decoded events, mapped over a block (C loops, no Python frame per event).
+_TS, _DUR, _NAME, _CAT, _PID, _TID, _ARGS = (
+    attrgetter(a) for a in ("ts", "dur", "name", "cat", "pid", "tid", "args")
+)
+
+
 class EventColumns:
     """Reduces decoded events, block by block, to compact columns (see :func:`read_trace`)."""
 
@@ -153,6 +163,7 @@ class EventColumns:
         self.memory_parts: dict[str, list[np.ndarray]] = {}
         self.memory_threads: list[tuple[str, str]] = []
         self.memory_skipped: dict[str, int] = {}
+        self.rank_signs = False  # multirank.block_signs of a block so far
 
     def _intern(self, values: list[str]) -> np.ndarray:
         """Codes (int32) of ``values`` in the string table; only distinct values touch the dict."""
@@ -163,6 +174,10 @@ class EventColumns:
 
     def add(self, events: list[KEvent]) -> None:
         """Reduce one block of decoded events."""
+        if not self.rank_signs:
+            from rankscope.orchestrator.ingest.multirank import block_signs
+
+            self.rank_signs = block_signs(events)
         for ev in events:
             ph = ev.ph
             if ph == "X":
@@ -179,13 +194,17 @@ class EventColumns:
         n = len(xs)
         if not n:
             return
-        durs = [ev.dur for ev in xs]
+        durs = list(map(_DUR, xs))  # attribute reads in C (map + attrgetter): the hot path
         exact = isinstance(xs[0].ts, Decimal)
         # One float pass per column, checked with numpy: a stamp whose ns would overflow int64
         # (found by tests/test_fuzz.py) is out of range; a duration missing, NaN or negative is
         # dropped (``None`` becomes NaN here). Exact (Decimal) stamps convert the same way.
-        ts_f = np.fromiter((float(ev.ts) for ev in xs), np.float64, n)
-        dur_f = np.fromiter((np.nan if d is None else float(d) for d in durs), np.float64, n)
+        if exact:
+            ts_f = np.fromiter((float(ev.ts) for ev in xs), np.float64, n)
+            dur_f = np.fromiter((np.nan if d is None else float(d) for d in durs), np.float64, n)
+        else:
+            ts_f = np.fromiter(map(_TS, xs), np.float64, n)
+            dur_f = np.array(durs, dtype=np.float64)  # None → NaN
         lim = TS_LIMIT_US
         with np.errstate(invalid="ignore"):
             far = ~(np.abs(ts_f) < lim) | (dur_f >= lim)
@@ -206,10 +225,10 @@ class EventColumns:
         else:
             ts = us_to_ns(ts_f)
             dur = us_to_ns(dur_f)
-        name = self._intern([ev.name for ev in xs])
-        cat = self._intern([ev.cat for ev in xs])
-        pid_codes, pid_uniq = pd.factorize(pd.Series([ev.pid for ev in xs], dtype=object))
-        tid_codes, tid_uniq = pd.factorize(pd.Series([ev.tid for ev in xs], dtype=object))
+        name = self._intern(list(map(_NAME, xs)))
+        cat = self._intern(list(map(_CAT, xs)))
+        pid_codes, pid_uniq = pd.factorize(pd.Series(list(map(_PID, xs)), dtype=object))
+        tid_codes, tid_uniq = pd.factorize(pd.Series(list(map(_TID, xs)), dtype=object))
         lane_pair = pid_codes.astype(np.int64) * (len(tid_uniq) + 1) + tid_codes
         lane_uniq, lane_inv = np.unique(lane_pair, return_inverse=True)
         lanes = self.lanes
@@ -353,12 +372,12 @@ class EventColumns:
         if isinstance(mem[0].ts, Decimal):
             ts = _decimal_to_ns([ev.ts for ev in mem])
         else:
-            ts = us_to_ns(np.fromiter((ev.ts for ev in mem), np.float64, n))
-        args = [ev.args for ev in mem]
+            ts = us_to_ns(np.fromiter(map(_TS, mem), np.float64, n))
+        args = list(map(_ARGS, mem))
         part = self.memory_parts
         part.setdefault("ts", []).append(ts)
         for col, attr, dtype in _MEMORY_ARGS:
-            part.setdefault(col, []).append(np.fromiter((getattr(a, attr) for a in args), dtype, n))
+            part.setdefault(col, []).append(np.fromiter(map(attrgetter(attr), args), dtype, n))
         self.memory_threads.extend((str(ev.pid), str(ev.tid)) for ev in mem)
         self.memory = []
 
@@ -470,6 +489,13 @@ class EventColumns:
             dropped["events with timestamps out of range"] = self.out_of_range
         from rankscope.analysis.store.devices import device_capability
         from rankscope.analysis.store.memory_table import device_total_memory
+        from rankscope.orchestrator.ingest.multirank import steps_repeat
+
+        rank_signs = (
+            self.rank_signs
+            or bool(self.dropped or self.out_of_range)  # a dropped one may be a ProfilerStep
+            or steps_repeat(cols["name"], cols["cat"], strings)
+        )
 
         return FileTrace(
             path=path,
@@ -490,6 +516,7 @@ class EventColumns:
             device_capability=device_capability(top.deviceProperties),
             enqueue=enqueue,
             process_groups=process_groups(info.get("pg_config")),
+            rank_signs=rank_signs,
         )
 
 

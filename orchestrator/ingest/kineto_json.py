@@ -59,6 +59,7 @@ class KArgs(msgspec.Struct, gc=False):
 
     correlation: Any = None
     name: Any = None  # metadata events: process / thread name
+    rank: Any = None  # a merged file's rank (TraceLens): a sign it holds several (multirank.py)
     collective: Any = msgspec.field(default=None, name="Collective name")
     pg_name: Any = msgspec.field(default=None, name="Process Group Name")
     seq: Any = msgspec.field(default=None, name="Seq")

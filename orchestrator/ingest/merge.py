@@ -36,7 +36,7 @@ where writing at once cost a compressed write, a read-back of ``ts`` and a compr
 Bad input never costs the other ranks: every problem is recorded in ``/problems`` and printed
 with its file; the exit status is non-zero only when no rank could be merged (or ``--strict``).
 
-Why one module of ~510 lines: the decisions between parsing and writing (split a merged file,
+Why one module of ~550 lines: the decisions between parsing and writing (split a merged file,
 keep, leave out, align, write once) read best in one place. Beside it: which ranks are kept and how rank-less traces are
 ranked in ``rank_selection.py``, the problem lines and progress bar in ``merge_progress.py``, the
 command's arguments in ``merge_cli.py``, the files beside the output in ``staging.py``, the
@@ -51,6 +51,7 @@ import os
 import re
 import shutil
 import sys
+from collections.abc import Generator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -238,22 +239,42 @@ def _merge_locked(
         raise UsageError(str(exc)) from None
     remove_stale(out)
     split_dir = out.parent / SPLIT_FORMAT.format(name=out.name, pid=os.getpid())
-    try:
-        sources = _split_merged(sources, split_dir, quiet)
-    except BaseException:
-        shutil.rmtree(split_dir, ignore_errors=True)
-        raise
-    order = {src.label: i for i, src in enumerate(sources)}
-    choice = choose(spec, len(sources), estimate_events(sources))
     workers_dir = out.parent / WORKERS_FORMAT.format(name=out.name, pid=os.getpid())
-    spec = dataclasses.replace(
-        spec,
-        scheduler=choice.scheduler,
-        main_is_guarded=spec.main_is_guarded or main_is_guarded,
-        slurm_job_name=spec.slurm_job_name or MERGE_JOB_NAME,
-        # What Slurm workers write goes beside the output (shared, removed with the spill).
-        slurm_work_dir=spec.slurm_work_dir or workers_dir,
-    )
+    asked = spec
+
+    def plan(sources: list[RankSource]) -> tuple[Any, ClusterSpec]:
+        """Where ``sources`` are parsed: the choice and the spec that carries it out."""
+        choice = choose(asked, len(sources), estimate_events(sources))
+        return choice, dataclasses.replace(
+            asked,
+            scheduler=choice.scheduler,
+            main_is_guarded=asked.main_is_guarded or main_is_guarded,
+            slurm_job_name=asked.slurm_job_name or MERGE_JOB_NAME,
+            # What Slurm workers write goes beside the output (shared, removed with the spill).
+            slurm_work_dir=asked.slurm_work_dir or workers_dir,
+        )
+
+    choice, spec = plan(sources)
+    first: RankResult | None = None  # the one file's parse, when it stands as one rank
+    if _may_be_merged(sources):
+        # Parsed once as one rank; split (and parsed again, by part) only on a sign of several
+        # ranks (multirank.py): the common one-rank file is never decoded twice.
+        try:
+            with contextlib.closing(run_each(parse_source, [(sources[0], comm)], spec, 1)) as one:
+                first = next(iter(one))
+        except BaseException:
+            shutil.rmtree(workers_dir, ignore_errors=True)
+            raise
+        if first.rank_signs:
+            try:
+                split = _split_merged(sources, split_dir, quiet)
+            except BaseException:
+                shutil.rmtree(split_dir, ignore_errors=True)
+                raise
+            if split != sources:
+                first, sources = None, split
+                choice, spec = plan(sources)
+    order = {src.label: i for i, src in enumerate(sources)}
     if not quiet:
         print(f"merge: {choice.reason}", file=sys.stderr)  # the line analyze prints, for the merge
     tmp = out.parent / TMP_FORMAT.format(name=out.name, pid=os.getpid())
@@ -281,6 +302,8 @@ def _merge_locked(
             _Progress(quiet, len(sources), total_bytes) as progress,
             contextlib.closing(
                 run_each(parse_source, [(s, comm) for s in sources], spec, len(sources))
+                if first is None
+                else _parsed(first)
             ) as results,
         ):
             for result in results:
@@ -446,6 +469,19 @@ def _write_memory(
     writer.write_memory(rank, memory)
 
 
+def _may_be_merged(sources: list[RankSource]) -> bool:
+    """One trace file given alone (not a run directory's window): it may hold several ranks.
+
+    Several files are each one rank's: never read twice (a file may be a named pipe only one
+    reader can drain, and a large job's traces would each be decoded once more)."""
+    return len(sources) == 1 and not sources[0].from_run_dir and len(sources[0].files) == 1
+
+
+def _parsed(result: RankResult) -> Generator[RankResult, None, None]:
+    """A parse already done, handed over as :func:`run_each` hands its results."""
+    yield result
+
+
 def _split_merged(sources: list[RankSource], folder: Path, quiet: bool) -> list[RankSource]:
     """The one trace file of a merge, when it holds several ranks, as one source per rank
     (:mod:`~rankscope.orchestrator.ingest.multirank`; the parts are written into ``folder``),
@@ -453,9 +489,7 @@ def _split_merged(sources: list[RankSource], folder: Path, quiet: bool) -> list[
     rank's by their folder and are left as they are."""
     from rankscope.orchestrator.ingest.multirank import split_file
 
-    if len(sources) != 1:
-        # several files, each one rank's: never read twice (a file may be a named pipe only one
-        # reader can drain, and a large job's traces would each be decoded once more)
+    if not _may_be_merged(sources):
         return sources
     out: list[RankSource] = []
     for i, src in enumerate(sources):

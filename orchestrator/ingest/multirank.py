@@ -26,10 +26,16 @@ they were per-rank files: clock alignment, collective matching, everything downs
 
 When a file evidently holds several ranks (the same ``ProfilerStep#N`` recorded more than once)
 and no splitter tells them apart, :func:`split_file` raises :class:`MergedTraceError`: one line
-naming the file. Cost: every single trace file given to a merge is decoded once more, lightly
-(name, phase, pid and three args keys; msgspec skips the rest in C): measured 0.88 s beside the
-parse's 1.12 s on tests/data/hta/df_index_resolver (54 MB of JSON, 216k events, gzip), 4 ms
-beside 18 ms on a 280 kB trace; only a file that is split has its events' text decoded too.
+naming the file.
+
+Cost: the one file of a merge is parsed first, as a rank; the parse notes the *signs* a splitter
+or :func:`several_ranks` looks for (:func:`block_signs` on each decoded block, :func:`steps_repeat`
+on the columns) and :func:`split_file` runs only when one is seen (or the parse failed: a JSON
+array is not a Kineto trace). Each sign is implied by what makes a splitter or the evidence fire,
+so a file without any is one :func:`split_file` would have returned None for; the common
+one-rank file is decoded once. The light decode of :func:`split_file` cost 0.88 s beside the
+parse's 1.12 s on tests/data/hta/df_index_resolver (54 MB of JSON, 216k events, gzip) when every
+single file paid for it (issue 31).
 """
 
 from __future__ import annotations
@@ -43,8 +49,14 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import numpy as np
 from rankscope.errors import InputFileError
-from rankscope.orchestrator.ingest.kineto_json import TraceReadError, decode_json, read_bytes
+from rankscope.orchestrator.ingest.kineto_json import (
+    KEvent,
+    TraceReadError,
+    decode_json,
+    read_bytes,
+)
 from rankscope.orchestrator.ingest.rank_selection import MAX_RANKS
 
 #: Pid offset per rank in a merged file (TraceLens's merge tool: pid += rank × 10⁸). Above any
@@ -179,6 +191,50 @@ class Split:
         if self.unranked:
             text += f"; {self.unranked} event(s) of no rank left out"
         return text
+
+
+#: Metadata events that may name a rank (Composer's ``global_rank``; a ``process_name``, when its
+#: text names one).
+GLOBAL_RANK_EVENT = "global_rank"
+PROCESS_NAME_EVENT = "process_name"
+
+
+def block_signs(events: list[KEvent]) -> bool:
+    """True when a block of the parse's decoded events shows a sign of several ranks: an
+    ``args.rank`` (:func:`by_args_rank`), a pid of block 1 or above (:func:`by_pid_block`), a
+    ``global_rank`` metadata event (:func:`by_global_rank`) or a ``process_name`` naming a rank
+    (:func:`by_process_name`). Every splitter needs one of these to find two ranks.
+
+    Runs on every block of every parse: one plain loop (measured faster than C passes of
+    ``map``/``set`` per field, which each walk the whole block)."""
+    for ev in events:
+        a = ev.args
+        if a is not None and a.rank is not None:
+            return True
+        pid = ev.pid
+        if type(pid) is int and pid >= PID_BLOCK:
+            return True
+        if ev.ph == "M" and (
+            ev.name == GLOBAL_RANK_EVENT
+            or (
+                ev.name == PROCESS_NAME_EVENT
+                and a is not None
+                and RANK_IN_PROCESS_NAME.search(str(a.name or "")) is not None
+            )
+        ):
+            return True
+    return False
+
+
+def steps_repeat(name: np.ndarray, cat: np.ndarray, strings: list[str]) -> bool:
+    """True when a host ``ProfilerStep#N`` occurs more than once among complete events (the
+    evidence of :func:`several_ranks`); ``name``/``cat``: codes into ``strings``."""
+    is_step = np.array([PROFILER_STEP.match(s) is not None for s in strings], dtype=bool)
+    if not is_step.any() or not len(name):
+        return False
+    on_host = np.array([s != GPU_ANNOTATION_CAT for s in strings], dtype=bool)
+    steps = name[is_step[name] & on_host[cat]]
+    return len(steps) > len(np.unique(steps))
 
 
 def split_file(path: Path, folder: Path) -> Split | None:

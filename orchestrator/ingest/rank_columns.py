@@ -64,6 +64,9 @@ class RankResult:
     step_log: dict[str, np.ndarray] | None = None
     """every step of the whole run (``ranks/NNNNN/steps.bin``: schema.STEP_LOG_COLUMNS, ``end``
     raw ns), None without one (``step_logs.read_rank_step_log``)"""
+    rank_signs: bool = True
+    """a file showed a sign of holding several ranks or could not be used as a rank's
+    (``FileTrace.rank_signs``): a merge of this one file checks it whole (``multirank.py``)"""
 
 
 def parse_source(source: RankSource, vocabulary: CommVocabulary = DEFAULT_VOCABULARY) -> RankResult:
@@ -99,7 +102,7 @@ def parse_source(source: RankSource, vocabulary: CommVocabulary = DEFAULT_VOCABU
     if not parts:
         return RankResult(
             source, None, None, None, None, [], 0, None, [], None, None, None, problems
-        )
+        )  # rank_signs: a file that is no rank's trace may be a merged one (a JSON array)
     ranks = {ft.rank for _, ft in parts if ft.rank is not None}
     rank = source.rank_hint if source.from_run_dir else None
     if rank is None:
@@ -193,6 +196,7 @@ def parse_source(source: RankSource, vocabulary: CommVocabulary = DEFAULT_VOCABU
         steps=steps,
         problems=problems,
         t_first=int(columns["ts"][0]),
+        rank_signs=len(parts) < len(source.files) or any(ft.rank_signs for _, ft in parts),
         memory=memory,
         device_memory=device_memory,
         device_capability=capability,
