@@ -240,7 +240,9 @@ class LiveMonitor:
                 self._samples_per_step(),
             )
             now = time.monotonic()
-            self.writer.draw(render_line(fig, now - self.started, self.options.total_steps), now)
+            last = min(LINE_STEPS, max(1, done - 1))
+            line = render_line(fig, now - self.started, self.options.total_steps, last)
+            self.writer.draw(line, now)
 
     def close(self) -> None:
         """The job ended: end the live line."""
