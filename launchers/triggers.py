@@ -71,6 +71,10 @@ class RankTriggers:
     _base_schedule: Any
     _actions: dict[str, Any]
 
+    if TYPE_CHECKING:
+
+        def write_meta(self) -> None: ...
+
     def _schedule(self, step: int) -> Any:
         """The profiler's action for ``ProfilerStep#step``: an accepted trigger's, else the
         scheduled one's."""
@@ -116,6 +120,7 @@ class RankTriggers:
             )
             if why is None:
                 self._triggers.append(Trigger(ident, start, steps, warmup, reason))
+        self.write_meta()  # what the rank made of it, readable at once
 
     def _trigger_of(self, last_step: int) -> Trigger | None:
         """The accepted trigger whose window ends at ``last_step``."""

@@ -207,9 +207,20 @@ class LiveMonitor:
         self._samples_read = -math.inf
         self._last_start = 0
         """First recorded step of the newest trigger."""
+        self.failed = False
 
     def poll(self) -> None:
-        """One look: read what is new, notice a change, draw the line."""
+        """One look: read what is new, notice a change, draw the line. The job's wait never
+        fails for the monitor: an unexpected error is said once and the monitor stops."""
+        if self.failed:
+            return
+        try:
+            self._poll()
+        except Exception as exc:
+            self.failed = True
+            self.writer.say(f"rankscope: the live line stops ({type(exc).__name__}: {exc})")
+
+    def _poll(self) -> None:
         if not self.series:
             self.series = rank_series(self.run_dir, self.world_size)
             if not self.series:
@@ -229,7 +240,9 @@ class LiveMonitor:
                 self._samples_per_step(),
             )
             now = time.monotonic()
-            self.writer.draw(render_line(fig, now - self.started, self.options.total_steps), now)
+            last = min(LINE_STEPS, max(1, done - 1))
+            line = render_line(fig, now - self.started, self.options.total_steps, last)
+            self.writer.draw(line, now)
 
     def close(self) -> None:
         """The job ended: end the live line."""

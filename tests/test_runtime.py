@@ -251,6 +251,57 @@ def test_step_log_counts_the_time_in_blocking_collectives(tmp_path: Path) -> Non
     assert all(waits[i] <= steps_ns[i - 1] for i in range(1, 8) if i != 5)
 
 
+TRIGGERED = """
+    import json, os, threading
+    import rankscope
+    import torch
+    from pathlib import Path
+    trigger = Path(os.environ["RANKSCOPE_RUN_DIR"]) / "trigger.json"
+    seen = Path(os.environ["RANKSCOPE_RUN_DIR"]) / "ranks" / "00000" / "meta.json"
+    def accepted(ident):
+        for _ in range(400):  # the probe looks every 50 ms; meta.json says what it did
+            rankscope.step()
+            threading.Event().wait(0.01)
+            meta = json.loads(seen.read_text()) if seen.exists() else {}
+            if any(t["id"] == ident for t in meta.get("triggers", [])):
+                return
+        raise SystemExit("trigger never seen")
+    for i in range(3):
+        torch.randn(8, 8) @ torch.randn(8, 8)
+        rankscope.step()
+    # a request for steps far ahead: accepted; then one for a step already passed: refused
+    trigger.write_text(json.dumps({"id": 1, "start_step": 600, "steps": 2, "reason": "test"}))
+    accepted(1)
+    trigger.write_text(json.dumps({"id": 2, "start_step": 1, "steps": 2, "reason": "late"}))
+    accepted(2)
+    from rankscope.launchers import runtime
+    while runtime.current().meta["steps"] < 610:
+        rankscope.step()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_triggered_window_records_exactly_the_steps_asked_for(tmp_path: Path) -> None:
+    """RUN/trigger.json (the live monitor's request, launchers/triggers.py): the window records
+    ProfilerStep#600-601 after one warm-up step, marked with its trigger; a request for steps
+    already passed is refused and said so; the scheduled window stays as it was."""
+    proc, run_dir = run_rank(tmp_path, TRIGGERED)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = meta(run_dir)
+    first, second = m["triggers"]
+    assert first["accepted"] and first["why"] is None
+    assert not second["accepted"] and "too late" in second["why"]
+    scheduled, triggered = m["windows"]
+    assert "trigger" not in scheduled and (scheduled["first_step"], scheduled["last_step"]) == (
+        2,
+        4,
+    )
+    assert triggered["trigger"] == {"id": 1, "reason": "test"}
+    assert (triggered["index"], triggered["first_step"], triggered["last_step"]) == (1, 600, 601)
+    assert profiler_steps(run_dir, 1) == ["ProfilerStep#600", "ProfilerStep#601"]
+
+
 def test_step_outside_a_run_is_a_no_op(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(rundir.ENV_RUN_DIR, raising=False)
     from rankscope.launchers import runtime

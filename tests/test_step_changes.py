@@ -249,3 +249,56 @@ def test_status_line_from_the_tails_of_the_step_logs(tmp_path: Path) -> None:
         "slowest rank 1 (others wait 6.0 ms) · "
     )
     assert line.endswith("ETA 0:00:10")
+
+
+def test_the_monitor_notices_writes_the_change_and_asks_for_a_window(tmp_path: Path) -> None:
+    """Real step logs of 3 ranks: 160 steps of 20 ms, then 50 ms. The monitor says nothing on
+    the steady part; after the rise: one line, one changes.jsonl record, a trigger.json whose
+    window starts after the newest step by at least the lead time's steps and the warm-up."""
+    import json
+    import time
+
+    from rankscope.launchers.spec import ProfilerSettings
+    from rankscope.orchestrator.live import TRIGGER_LEAD_S, LiveMonitor
+    from rankscope.orchestrator.live_options import LiveOptions
+
+    now = time.time_ns()
+    times = [20.0] * 160 + [50.0] * 15
+    ends = now - 1_000_000 * np.cumsum(times[::-1])[::-1].astype(np.int64) + 50_000_000
+    for r in range(3):
+        folder = rundir.rank_dir(tmp_path, r)
+        folder.mkdir(parents=True)
+        step_log.append(
+            folder / step_log.STEP_LOG_FILE, [(k, int(ends[k - 1]), -1) for k in range(1, 161)]
+        )
+    settings = ProfilerSettings(skip_first=10_000)
+    out = io.StringIO()
+    monitor = LiveMonitor(tmp_path, settings, LiveOptions(), 3, out=out)
+    monitor.poll()
+    assert not (tmp_path / rundir.CHANGES_FILE).exists() and "step 160" in out.getvalue()
+    for r in range(3):
+        path = rundir.rank_dir(tmp_path, r) / step_log.STEP_LOG_FILE
+        step_log.append(path, [(k, int(ends[k - 1]), -1) for k in range(161, 176)])
+    monitor.poll()
+    (change,) = [json.loads(x) for x in (tmp_path / rundir.CHANGES_FILE).read_text().splitlines()]
+    assert change["kind"] == "job" and change["step"] == 175 and change["trigger"] == 1
+    assert change["before_ms"] == pytest.approx(20.0) and change["after_ms"] == pytest.approx(50.0)
+    assert change["sentence"] == "step 175: step time 20.0 → 50.0 ms (+150 %)"
+    assert change["sentence"] in out.getvalue()
+    trigger = json.loads((tmp_path / rundir.TRIGGER_FILE).read_text())
+    lead = int(TRIGGER_LEAD_S / 0.050)
+    assert trigger["id"] == 1 and trigger["steps"] == settings.active
+    assert trigger["start_step"] >= 175 + lead + settings.warmup
+    # with --trigger off the change is said and written, no window asked for
+    quiet = tmp_path / "off"
+    for r in range(3):
+        folder = rundir.rank_dir(quiet, r)
+        folder.mkdir(parents=True)
+        step_log.append(
+            folder / step_log.STEP_LOG_FILE, [(k, int(ends[k - 1]), -1) for k in range(1, 176)]
+        )
+    from rankscope.orchestrator.live_options import TriggerMode
+
+    off = LiveMonitor(quiet, settings, LiveOptions(trigger=TriggerMode.OFF), 3, out=io.StringIO())
+    off.poll()
+    assert (quiet / rundir.CHANGES_FILE).is_file() and not (quiet / rundir.TRIGGER_FILE).exists()
