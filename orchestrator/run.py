@@ -197,16 +197,15 @@ def _flag_names(tokens: Sequence[str]) -> list[str]:
 
 
 def parse_torchrun_args(tokens: list[str], ours: Sequence[str] = ()) -> argparse.Namespace:
-    """Validate torchrun's flags with torchrun's own parser (``torchrun_parser.py``: built from
-    the installed torch's source without importing torch).
+    """Validate torchrun's flags with torchrun's own parser (imports torch: slow).
 
     Every flag that is not ours reaches torchrun, so a mistyped flag of either kind fails here:
     it is named with the closest of torchrun's flags and ``ours``.
     """
     from rankscope.orchestrator.cli import suggestion
-    from rankscope.orchestrator.torchrun_parser import torchrun_parser
+    from torch.distributed.run import get_args_parser
 
-    tr = torchrun_parser()
+    tr = get_args_parser()
 
     def fail(message: str) -> NoReturn:
         head, _, rest = message.partition(": ")

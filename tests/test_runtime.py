@@ -391,31 +391,6 @@ def test_torchrun_switches_match_torchrun() -> None:
     assert switches == set(run_cmd.TORCHRUN_SWITCHES)
 
 
-def test_torchrun_parser_built_from_source_is_torchruns_own() -> None:
-    """The parser ``rankscope run`` checks torchrun's flags with, compiled from the installed
-    torch's source without importing torch, has every flag of torchrun's own parser with the
-    same destination, arity, default, choices and help (and parses the same)."""
-    from rankscope.orchestrator import torchrun_parser as tp
-    from torch.distributed.run import get_args_parser
-
-    def table(parser: argparse.ArgumentParser) -> list[tuple]:
-        return [
-            (
-                tuple(a.option_strings), a.dest, a.nargs, a.const, a.default, a.choices,
-                a.required, a.help, type(a).__name__, getattr(a.type, "__name__", a.type),
-            )
-            for a in parser._actions
-        ]  # fmt: skip
-
-    lifted = tp._lift(tp.RUN_MODULE, tp.PARSER_FUNCTION)()
-    assert table(lifted) == table(get_args_parser())
-    argv = ["--nnodes", "1:2", "--nproc-per-node", "4", "--standalone", "t.py", "--lr", "1"]
-    assert vars(lifted.parse_args(argv)) == vars(get_args_parser().parse_args(argv))
-    # a definition that needs the rest of its module is refused (torch is imported instead)
-    with pytest.raises(tp._NotLiftable):
-        tp._lift(tp.RUN_MODULE, "run")
-
-
 def test_ctrl_c_during_a_profiler_transition_lands_after_it() -> None:
     """A signal inside ``signals_deferred`` runs its handler only once the block is done."""
     from rankscope.launchers.runtime import signals_deferred
