@@ -359,7 +359,11 @@ def test_real_run_input_stall_saving_is_the_traced_stall(real_run: tuple) -> Non
     got = _compare(real_run, INPUT_PHASE, wi.Scenario(wi.NO_INPUT_STALL, wi.without_input))
     assert got["measured"] > 0.5 * INPUT_MS * 1e6, got
     assert got["predicted"] >= 0.9 * INPUT_MS * 1e6, got  # the injected stall, found
-    assert got["predicted"] <= 1.25 * got["measured"], got  # never more than the run showed
+    # never more than the run showed, or than the truth injected when the run shows less: on
+    # shared cores a sleeping rank's core serves the other pytest worker, and part of the stall
+    # hides behind the other rank's slowed work (CI: 6.92 ms measured for the 10 ms injected,
+    # with 11.48 ms predicted — the trace's DataLoader range, i.e. the stall itself)
+    assert got["predicted"] <= 1.25 * max(got["measured"], INPUT_MS * 1e6), got
 
 
 # -- real run of the pipeline example (torchrun, 4 stages, gloo) -----------------------------
