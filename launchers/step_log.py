@@ -55,16 +55,20 @@ def append(path: Path, records: list[tuple[int, int, int]]) -> None:
         f.write(encode(records))
 
 
-def read_steps(path: Path) -> np.ndarray:
-    """The whole records of the step log at ``path`` (a structured array of
-    :data:`STEP_FIELDS`), oldest first; a trailing partial record is ignored. Missing file: an
-    empty array."""
+def decode(data: bytes) -> np.ndarray:
+    """The whole records in ``data`` (a structured array of :data:`STEP_FIELDS`); a trailing
+    partial record is left out (``len(result) * RECORD_SIZE`` bytes were used)."""
     import numpy as np
 
-    dtype = np.dtype(STEP_FIELDS)
+    whole = len(data) - len(data) % RECORD_SIZE
+    return np.frombuffer(data[:whole], dtype=np.dtype(STEP_FIELDS)).copy()
+
+
+def read_steps(path: Path) -> np.ndarray:
+    """The whole records of the step log at ``path`` (:func:`decode`), oldest first; a
+    trailing partial record is ignored. Missing file: an empty array."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        return np.zeros(0, dtype=dtype)
-    whole = len(data) - len(data) % RECORD_SIZE
-    return np.frombuffer(data[:whole], dtype=dtype).copy()
+        data = b""
+    return decode(data)

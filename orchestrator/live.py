@@ -67,11 +67,10 @@ class RankSeries:
                 data = f.read()
         except OSError:
             return
-        whole = len(data) - len(data) % step_log.RECORD_SIZE
-        if whole == 0:
+        recs = step_log.decode(data)
+        if len(recs) == 0:
             return
-        self.offset += whole
-        recs = np.frombuffer(data[:whole], dtype=np.dtype(step_log.STEP_FIELDS))
+        self.offset += len(recs) * step_log.RECORD_SIZE
         top = int(recs["steps"].max())
         if top > len(self.end_ns):
             size = max(top, 2 * len(self.end_ns))
@@ -372,7 +371,6 @@ class LiveMonitor:
 def read_tail(path: Path, count: int) -> np.ndarray:
     """The newest ``count`` whole records of a step log (one seek: the file is not read whole);
     empty when it is absent."""
-    dtype = np.dtype(step_log.STEP_FIELDS)
     try:
         with path.open("rb") as f:
             size = f.seek(0, 2)
@@ -381,8 +379,8 @@ def read_tail(path: Path, count: int) -> np.ndarray:
             f.seek(start)
             data = f.read(whole - start)
     except OSError:
-        return np.zeros(0, dtype=dtype)
-    return np.frombuffer(data, dtype=dtype).copy()
+        data = b""
+    return step_log.decode(data)
 
 
 def status_line(run_dir: Path, record: dict[str, Any]) -> str | None:
