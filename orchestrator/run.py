@@ -197,15 +197,22 @@ def _flag_names(tokens: Sequence[str]) -> list[str]:
 
 
 def parse_torchrun_args(tokens: list[str], ours: Sequence[str] = ()) -> argparse.Namespace:
-    """Validate torchrun's flags with torchrun's own parser (imports torch: slow).
+    """Validate torchrun's flags as torchrun's own parser does.
 
     Every flag that is not ours reaches torchrun, so a mistyped flag of either kind fails here:
-    it is named with the closest of torchrun's flags and ``ours``.
+    it is named with the closest of torchrun's flags and ``ours``. The parser is rebuilt from
+    torch's source without importing torch (:mod:`rankscope.launchers.torchrun_flags`: seconds
+    saved per run); torch's own is imported only when that reading cannot judge ``tokens``
+    exactly.
     """
+    from rankscope.launchers.torchrun_flags import fast_parser
     from rankscope.orchestrator.cli import suggestion
-    from torch.distributed.run import get_args_parser
 
-    tr = get_args_parser()
+    tr = fast_parser(tokens)
+    if tr is None:
+        from torch.distributed.run import get_args_parser
+
+        tr = get_args_parser()
 
     def fail(message: str) -> NoReturn:
         head, _, rest = message.partition(": ")
