@@ -36,7 +36,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--tries", type=int, default=10, help="runs per series")
     p.add_argument("--ranks", type=int, default=3)
     p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--input-delay-ms", type=float, default=20.0)
+    p.add_argument(
+        "--input-delay-ms",
+        type=float,
+        default=80.0,
+        help="data-loader wait per step (ms): 80 gives the ~90 ms steps of tests/test_live.py",
+    )
     return p.parse_args()
 
 

@@ -275,11 +275,15 @@ class LiveMonitor:
     def _notice(self, done: int) -> None:
         """Judge the steps done (all ranks) since the baseline began; act on a change."""
         rule = self.rule
-        first = max(self.since, done - rule.baseline_max - rule.window - 64)
-        # record k (0-based) ends ProfilerStep#k; its interval from record k-1 is that step
+        # record k (0-based) ends ProfilerStep#k; its interval from record k-1 is that step.
+        # The job's step time sets the window's size (short steps: a longer window)
+        recent = max(self.since, done - rule.baseline_max - rule.window)
+        probe = sc.job_step_ms(np.stack([s.end_ns[recent - 1 : done] for s in self.series]))
+        sizes = rule.sizes(float(np.median(probe)) if probe.size else 0.0)
+        first = max(self.since, done - sizes.baseline_max - sizes.window - 64)
         steps = np.arange(first, done)
         keep = np.array([self.comparable(int(k)) for k in steps], dtype=bool)
-        if keep.sum() < rule.baseline_min + rule.window:
+        if keep.sum() < sizes.baseline_min + sizes.window:
             return
         end = np.stack([s.end_ns[first - 1 : done] for s in self.series])
         wait = np.stack([s.wait_ns[first:done] for s in self.series])

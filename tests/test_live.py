@@ -1,9 +1,11 @@
 """The live monitor on a real job (issue 30): a slow-down is noticed live, profiled by one extra
 window on every rank from the same step, and that window's analysis names the slow rank.
 
-ONE real ``rankscope run`` (torchrun, gloo, 3 ranks, 300 steps): every rank waits 20 ms in its
-data loader each step (a step mostly asleep, so the machine's load moves it little), and from
-step 150 rank 2 does 30 ms more of its own work (``--straggler-from``). No scheduled window falls
+ONE real ``rankscope run`` (torchrun, gloo, 3 ranks, 300 steps): every rank waits 80 ms in its
+data loader each step (a step mostly asleep, so the machine's load moves it little; ~90 ms steps,
+so the detector's window is its 10 steps — shorter steps get a window of >= 1 s,
+``ChangeRule.min_seconds``), and from step 150 rank 2 does 30 ms more of its own work
+(``--straggler-from``). No scheduled window falls
 in the run (``--skip-first 1000``): the only window is the one the monitor asks for, so the
 run's analysis is that window's.
 """
@@ -35,7 +37,7 @@ def slowed(
         sys.executable, "-m", "rankscope", "run", "--nproc-per-node", "3",
         "--skip-first", "1000", "--active", "5", "--total-steps", "300",
         "--out", str(out), str(EXAMPLE), "--steps", "300", "--hidden", "32",
-        "--layers", "1", "--batch-size", "8", "--input-delay-ms", "20",
+        "--layers", "1", "--batch-size", "8", "--input-delay-ms", "80",
         "--straggler-rank", "2", "--straggler-ms", "30", "--straggler-from", str(SLOW_FROM),
     ]  # fmt: skip
     proc = subprocess.run(

@@ -20,7 +20,9 @@ from rankscope.analysis.compute import step_changes as sc
 from rankscope.launchers import rundir, step_log
 from rankscope.orchestrator.live import LineWriter, RankSeries, render_line, sentence, status_line
 
-RULE = sc.ChangeRule()
+#: The rule in steps: its time floor (``min_seconds``) is tested on its own below, at the default.
+RULE = sc.ChangeRule(min_seconds=0.0)
+DEFAULT = sc.ChangeRule()
 BASE_MS = 20.0
 
 
@@ -54,10 +56,10 @@ def steady(shape: str, n: int, rng: np.random.Generator) -> np.ndarray:
 SHAPES = ("gauss", "lognormal", "spikes", "ar1", "bursts", "bimodal")
 
 
-def first_notice(x: np.ndarray) -> int | None:
+def first_notice(x: np.ndarray, rule: sc.ChangeRule = RULE) -> int | None:
     """The first number of steps at which the detector, fed the series as it grows, fires."""
-    for n in range(RULE.baseline_min + RULE.window, len(x) + 1):
-        if sc.detect_job_change(x[:n], RULE) is not None:
+    for n in range(rule.baseline_min + rule.window, len(x) + 1):
+        if sc.detect_job_change(x[:n], rule) is not None:
             return n
     return None
 
@@ -115,6 +117,33 @@ def test_a_burst_that_ended_is_no_change() -> None:
     x = steady("gauss", 200, rng)
     x[100:106] *= 3
     assert first_notice(x) is None
+
+
+def test_a_short_lived_slowdown_of_fast_steps_is_no_change() -> None:
+    """The time floor: a 20 ms job slowed 1.8x for 30 steps (0.6 s of the baseline's time: a
+    host's transient) holds 10 steps above the bar, so the step count alone fires; at the
+    default (>= 1 s) it is no change. The same slowdown kept for good is found once it has
+    lasted 1 s of the baseline's steps (50), never before."""
+    rng = np.random.default_rng(11)
+    x = steady("gauss", 700, rng)
+    x[400:430] *= 1.8
+    assert first_notice(x) is not None  # the step count alone: called lasting
+    assert first_notice(x, DEFAULT) is None
+    x = steady("gauss", 700, rng)
+    x[400:] *= 1.8
+    n = first_notice(x, DEFAULT)
+    sizes = DEFAULT.sizes(BASE_MS)
+    assert sizes.window == 50 and sizes.baseline_min == 320 and sizes.baseline_max == 2560
+    assert n is not None and 400 + sizes.window - 3 <= n <= 400 + sizes.window + 5, n
+
+
+def test_steps_of_100_ms_or_more_are_judged_on_10_steps() -> None:
+    """Real training steps (>= 100 ms) already span >= 1 s in 10 steps: the window stays 10."""
+    for step_ms in (100.0, 350.0, 4000.0):
+        assert DEFAULT.sizes(step_ms) == sc.WindowSizes(10, 64, 512)
+    x = np.full(200, 120.0)
+    x[100:] *= 1.3
+    assert first_notice(x, DEFAULT) == 100 + DEFAULT.window - 1
 
 
 def test_job_step_ms_is_the_median_rank_interval_on_each_ranks_own_clock() -> None:
@@ -252,7 +281,8 @@ def test_status_line_from_the_tails_of_the_step_logs(tmp_path: Path) -> None:
 
 
 def test_the_monitor_notices_writes_the_change_and_asks_for_a_window(tmp_path: Path) -> None:
-    """Real step logs of 3 ranks: 160 steps of 20 ms, then 50 ms. The monitor says nothing on
+    """Real step logs of 3 ranks: 160 steps of 100 ms, then 250 ms (steps long enough for the
+    window to be its 10 steps: ``min_seconds``). The monitor says nothing on
     the steady part; after the rise: one line, one changes.jsonl record, a trigger.json whose
     window starts after the newest step by at least the lead time's steps and the warm-up."""
     import json
@@ -263,7 +293,7 @@ def test_the_monitor_notices_writes_the_change_and_asks_for_a_window(tmp_path: P
     from rankscope.orchestrator.live_options import LiveOptions
 
     now = time.time_ns()
-    times = [20.0] * 160 + [50.0] * 15
+    times = [100.0] * 160 + [250.0] * 15
     ends = now - 1_000_000 * np.cumsum(times[::-1])[::-1].astype(np.int64) + 50_000_000
     for r in range(3):
         folder = rundir.rank_dir(tmp_path, r)
@@ -282,11 +312,12 @@ def test_the_monitor_notices_writes_the_change_and_asks_for_a_window(tmp_path: P
     monitor.poll()
     (change,) = [json.loads(x) for x in (tmp_path / rundir.CHANGES_FILE).read_text().splitlines()]
     assert change["kind"] == "job" and change["step"] == 175 and change["trigger"] == 1
-    assert change["before_ms"] == pytest.approx(20.0) and change["after_ms"] == pytest.approx(50.0)
-    assert change["sentence"] == "step 175: step time 20.0 → 50.0 ms (+150 %)"
+    assert change["before_ms"] == pytest.approx(100.0)
+    assert change["after_ms"] == pytest.approx(250.0)
+    assert change["sentence"] == "step 175: step time 100.0 → 250.0 ms (+150 %)"
     assert change["sentence"] in out.getvalue()
     trigger = json.loads((tmp_path / rundir.TRIGGER_FILE).read_text())
-    lead = int(TRIGGER_LEAD_S / 0.050)
+    lead = int(TRIGGER_LEAD_S / 0.250)
     assert trigger["id"] == 1 and trigger["steps"] == settings.active
     assert trigger["start_step"] >= 175 + lead + settings.warmup
     # with --trigger off the change is said and written, no window asked for

@@ -7,8 +7,8 @@ Pure functions of the step log's series (numpy only; the live monitor of ``ranks
   interval between two step ends (ms). Intervals, not end times: each rank's own clock, so
   clocks that differ between hosts do not matter.
 * :func:`lasting_rise` — the change-point rule, for any series: the last :attr:`ChangeRule.window`
-  values against a robust baseline of the values before them (up to
-  :attr:`ChangeRule.baseline_max`). The series' own noise sets the bar, never a fixed number of
+  values (more when steps are short: the window spans at least :attr:`ChangeRule.min_seconds`)
+  against a robust baseline of the values before them (up to :attr:`ChangeRule.baseline_max`). The series' own noise sets the bar, never a fixed number of
   ms: the baseline's rolling medians of the same width give the null distribution of the
   statistic, so the bar follows the noise's size, its tails AND its memory (slow steps that come
   in bursts — a busy core's time slices, a periodic data-loader stall — make the rolling medians
@@ -67,6 +67,39 @@ class ChangeRule:
     min_rise: float = field(default=0.1)
     """Smallest rise reported, as a fraction of the baseline step time (0.1: +10 %): a smaller
     lasting change is real but not worth a profile."""
+    min_seconds: float = field(default=1.0)
+    """Shortest time a rise must last (s of the baseline's steps), whatever the step count: the
+    window (and the baseline sizes with it) grows to cover it when steps are short. A host's
+    own transients — another process's burst of work on shared cores, writeback, a VM's stolen
+    time — last a fraction of a second (0.2–0.7 s measured on this project's 2-core VM: 10
+    slow steps of a 30 ms job, which the step count alone called lasting, 2 steady runs in 10);
+    a fail-slow worth a profile (a throttled GPU, a degraded link, a slow shard) lasts minutes.
+    Jobs of steps >= 100 ms are judged on 10 steps as before."""
+
+    def sizes(self, step_ms: float) -> WindowSizes:
+        """The window and baseline sizes (steps) for a job of ``step_ms`` steps (ms)."""
+        window = self.window
+        if step_ms > 0 and self.min_seconds > 0:
+            window = max(window, math.ceil(self.min_seconds * 1e3 / step_ms))
+        scale = window / self.window
+        return WindowSizes(
+            window=window,
+            baseline_min=math.ceil(self.baseline_min * scale),
+            baseline_max=math.ceil(self.baseline_max * scale),
+        )
+
+
+@dataclass(frozen=True)
+class WindowSizes:
+    """:class:`ChangeRule`'s sizes for one job's step time (:meth:`ChangeRule.sizes`): the
+    baseline keeps its size in windows, so its noise estimate is as good for short steps."""
+
+    window: int
+    """Steps the new level must hold."""
+    baseline_min: int
+    """Steps of baseline needed before anything is judged."""
+    baseline_max: int
+    """Most steps of baseline kept."""
 
 
 class ChangeKind(enum.StrEnum):
@@ -127,17 +160,19 @@ def _floor(x: np.ndarray, axis: int = -1) -> np.ndarray:
     return np.partition(x, 1, axis=axis).take(1, axis=axis)
 
 
-def lasting_rise(x: np.ndarray, rule: ChangeRule, min_effect: float) -> Rise | None:
-    """Whether the last ``rule.window`` values of ``x`` rose for good above the values before
-    them (module docstring); ``min_effect``: the smallest rise that counts, in ``x``'s unit.
+def lasting_rise(x: np.ndarray, rule: ChangeRule, min_effect: float, step_ms: float) -> Rise | None:
+    """Whether the last window of ``x`` rose for good above the values before them (module
+    docstring); ``min_effect``: the smallest rise that counts, in ``x``'s unit; ``step_ms``: the
+    job's step time, which sets the window's size (:meth:`ChangeRule.sizes`).
 
     ``x`` must hold no NaN (leave out the steps that are not comparable, e.g. profiled ones).
     """
-    w = rule.window
+    sizes = rule.sizes(step_ms)
+    w = sizes.window
     n = len(x)
-    if n < w + rule.baseline_min:
+    if n < w + sizes.baseline_min:
         return None
-    base = x[max(0, n - w - rule.baseline_max) : n - w]
+    base = x[max(0, n - w - sizes.baseline_max) : n - w]
     recent = x[n - w :]
     rolling = _floor(np.lib.stride_tricks.sliding_window_view(base, w), axis=1)
     center = float(np.median(rolling))
@@ -171,7 +206,8 @@ def detect_job_change(step_ms: np.ndarray, rule: ChangeRule) -> JobChange | None
     """A lasting rise of the job's step time (``step_ms``, profiled steps left out): the rule
     on log step time, so the bar is relative to the step time."""
     positive = np.maximum(step_ms, 1e-6)
-    rise = lasting_rise(np.log(positive), rule, math.log1p(rule.min_rise))
+    typical = float(np.median(positive)) if positive.size else 0.0
+    rise = lasting_rise(np.log(positive), rule, math.log1p(rule.min_rise), typical)
     if rise is None:
         return None
     return JobChange(
@@ -197,7 +233,7 @@ def detect_rank_drift(behind_ms: np.ndarray, job_ms: float, rule: ChangeRule) ->
         return None
     best: RankDrift | None = None
     for rank in range(behind_ms.shape[0]):
-        rise = lasting_rise(behind_ms[rank], rule, rule.min_rise * job_ms)
+        rise = lasting_rise(behind_ms[rank], rule, rule.min_rise * job_ms, job_ms)
         if rise is None:
             continue
         drift = RankDrift(
