@@ -56,12 +56,17 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "rankscope.orchestrator.finalize",
         "record a Slurm run's end, then merge and analyse it (the merge job runs it)",
     ),
+    "monitor": (
+        "rankscope.orchestrator.monitor",
+        "the live monitor of a Slurm batch job: changes noticed, windows triggered (its first "
+        "node runs it)",
+    ),
 }
 
 #: commands that parse their own arguments (everything after the command name).
 RAW_COMMANDS = frozenset({"run"})
 #: commands left out of ``rankscope --help``: run by jobs, not by people.
-HIDDEN_COMMANDS = frozenset({"finalize"})
+HIDDEN_COMMANDS = frozenset({"finalize", "monitor"})
 #: Exit status of a command-line mistake (argparse's own).
 USAGE_EXIT = 2
 #: How close (difflib ratio) a real option must be to a mistyped one to be suggested.

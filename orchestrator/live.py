@@ -412,14 +412,21 @@ def status_line(run_dir: Path, record: dict[str, Any]) -> str | None:
     fig = sc.live_figures(done, end, wait, LINE_STEPS + 1, settings.samples_per_step)
     live = (record.get("options") or {}).get("live") or {}
     started = min(int(k["end_ns"][0]) for k in kept) if done <= LINE_STEPS else None
-    elapsed = _elapsed_s(record, started)
+    elapsed = _elapsed_s(run_dir, record, started)
     return render_line(fig, elapsed, live.get("total_steps"), min(LINE_STEPS, n - 1))
 
 
-def _elapsed_s(record: dict[str, Any], first_end_ns: int | None) -> float:
-    """Seconds since the run started (``started_at`` of run.json, else its first step's end)."""
+def _elapsed_s(run_dir: Path, record: dict[str, Any], first_end_ns: int | None) -> float:
+    """Seconds since the job's ranks started: rank 0's ``meta.json`` ``started_ns`` (a Slurm
+    job's time in the queue, from ``started_at`` on, is not the run's), else ``started_at`` of
+    run.json, else its first step's end."""
     import datetime as dt
 
+    try:
+        meta = rundir.read_json(rundir.rank_dir(run_dir, 0) / rundir.META_JSON)
+        return (time.time_ns() - int(meta["started_ns"])) / 1e9
+    except (OSError, ValueError, TypeError, KeyError):
+        pass
     text = record.get("started_at")
     if text:
         try:

@@ -4,7 +4,7 @@ of ``rankscope run`` builds its flags from :class:`LiveOptions` without loading 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from rankscope.config_flags import flag
@@ -49,6 +49,15 @@ class LiveOptions:
             "total_steps": self.total_steps,
             "no_live": self.no_live,
         }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LiveOptions:
+        """Inverse of :meth:`to_dict` (``rankscope monitor`` reads them back from ``run.json``);
+        a missing key keeps its default (a run made by the sbatch template records none)."""
+        kept = {f.name: data[f.name] for f in fields(cls) if f.name in data}
+        if "trigger" in kept:
+            kept["trigger"] = TriggerMode(kept["trigger"])
+        return cls(**kept)
 
 
 def live_flags() -> Any:

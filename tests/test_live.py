@@ -93,3 +93,73 @@ def test_a_slowdown_is_noticed_profiled_and_named(
     stragglers = summary["stragglers"]
     assert [s["rank"] for s in stragglers] == [2], stragglers
     assert stragglers[0]["cause"] == "own compute", stragglers[0]
+
+
+def test_live_options_round_trip_through_run_json() -> None:
+    """A batch job's monitor (``rankscope monitor``) reads ``rankscope run``'s live options
+    back from ``run.json``; a run of the sbatch template records none: the defaults."""
+    from rankscope.orchestrator.live_options import LiveOptions, TriggerMode
+
+    given = LiveOptions(trigger=TriggerMode.OFF, max_triggers=5, total_steps=1000, no_live=True)
+    assert LiveOptions.from_dict(json.loads(json.dumps(given.to_dict()))) == given
+    assert LiveOptions.from_dict({}) == LiveOptions()
+
+
+def test_the_batch_monitor_command_notices_triggers_and_stops_on_sigterm(tmp_path: Path) -> None:
+    """``rankscope monitor RUN``, the command a Slurm batch job's first node starts beside
+    torchrun (its real run on the test cluster: tests/test_slurm.py's template job), on step
+    logs written here: 2 ranks, 125 steps of 20 ms then 10 of 40 ms (the known truth). The
+    change is noticed at its first look, written to changes.jsonl with trigger.json, said in its
+    output; SIGTERM (the node's, once torchrun has ended) ends it with exit 0 after a last line."""
+    import time
+
+    import numpy as np
+
+    run = tmp_path / "run"
+    rundir.write_json_atomic(
+        run / rundir.RUN_JSON,
+        {
+            "state": "running",
+            "launcher": "slurm",
+            "world_size": 2,
+            "profiler": {"skip_first": 1000},  # no scheduled window: every step counts
+            "options": {"live": {"trigger": "on", "max_triggers": 1, "total_steps": 500}},
+        },
+    )
+    rng = np.random.default_rng(7)
+    step_ms = np.r_[np.full(125, 20.0), np.full(10, 40.0)]
+    now = time.time_ns()
+    for r in range(2):
+        ends = now - np.cumsum((step_ms + rng.normal(0, 0.5, step_ms.size))[::-1])[::-1] * 1e6
+        records = [(k + 1, int(e), step_log.UNKNOWN) for k, e in enumerate(ends)]
+        path = rundir.rank_dir(run, r) / step_log.STEP_LOG_FILE
+        path.parent.mkdir(parents=True)
+        step_log.append(path, records)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rankscope", "monitor", str(run)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        changes = run / rundir.CHANGES_FILE
+        deadline = time.monotonic() + 120
+        while not changes.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        proc.terminate()
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, out + err
+    (change,) = [json.loads(line) for line in changes.read_text().splitlines()]
+    assert change["kind"] == "job" and change["step"] == 135 and change["trigger"] == 1
+    assert 19 < change["before_ms"] < 21 and 39 < change["after_ms"] < 41, change
+    trigger = json.loads((run / rundir.TRIGGER_FILE).read_text())
+    assert trigger["id"] == 1 and trigger["start_step"] > 135, trigger
+    assert change["sentence"] in out
+    # the newest live line, written at the end (a log: not redrawn), with the ETA of run.json's
+    # --total-steps
+    assert out.splitlines()[-1].startswith("rankscope: step 135/500 · "), out
+    assert "ETA" in out.splitlines()[-1] and "Traceback" not in err, err

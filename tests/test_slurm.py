@@ -35,6 +35,16 @@ JOB_TIMEOUT_S = 420.0
 WINDOW_EVERY_3_STEPS = ["--wait", "0", "--warmup", "1", "--active", "2", "--repeat", "0"]
 #: Input delay that makes each step last ~0.2 s: long jobs with few windows.
 SLOW_STEPS = ["--input-delay-ms", "200"]
+#: A job that slows down for good mid-run (the live monitor's case, docs/live.md): every rank
+#: waits 20 ms in its loader per step (a step mostly asleep: the machine's load moves it
+#: little), rank 1 does 30 ms more of its own work from step SLOWDOWN_FROM; the change needs 64
+#: steps of baseline after the first window, and room after it for the extra window.
+SLOWDOWN_FROM = 90
+SLOWDOWN_STEPS = 150
+SLOWDOWN = [
+    "--hidden", "32", "--layers", "1", "--batch-size", "8", "--input-delay-ms", "20",
+    "--straggler-rank", "1", "--straggler-ms", "30", "--straggler-from", str(SLOWDOWN_FROM),
+]  # fmt: skip
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -538,28 +548,19 @@ def test_time_limit_gives_timeout_and_a_merged_store(
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_sbatch_template_by_hand(tmp_path: Path, slurm_cluster: LocalSlurm) -> None:
+    """A job submitted by hand with the template, nobody following it: merged and analysed by
+    its merge job; its first node's live monitor notices that rank 1 slows the job down from
+    step :data:`SLOWDOWN_FROM` (30 ms more per step than the others' 20 ms in the loader) and has
+    it profiled by one extra window on every rank (docs/live.md)."""
     out = tmp_path / "hand"
     env = slurm_cluster.env(
         NPROC_PER_NODE="2", RANKSCOPE_OUT=str(out), RANKSCOPE_PYTHON=sys.executable
     )
     res = subprocess.run(
-        [
-            "sbatch",
-            "--parsable",
-            "--nodes=2",
-            "--time=10",
-            str(TEMPLATE),
-            str(EXAMPLE),
-            "--steps",
-            "8",
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=120,
-        check=False,
-    )
+        ["sbatch", "--parsable", "--nodes=2", "--time=10", str(TEMPLATE), str(EXAMPLE),
+         "--steps", str(SLOWDOWN_STEPS), *SLOWDOWN],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120, check=False,
+    )  # fmt: skip
     assert res.returncode == 0, res.stderr
     job_id = res.stdout.strip().split(";")[0]
     run_dir = wait_until(
@@ -575,4 +576,18 @@ def test_sbatch_template_by_hand(tmp_path: Path, slurm_cluster: LocalSlurm) -> N
     )
     assert res.returncode == 0, res.stderr
     assert store_ranks(tmp_path / "again.h5") == [0, 1, 2, 3]
-    assert (tmp_path / f"rankscope-{job_id}.out").exists()
+    said = (tmp_path / f"rankscope-{job_id}.out").read_text()
+    # the first node's monitor: the change noticed after the slow-down, said in the job's output
+    changes = [json.loads(ln) for ln in (run_dir / rundir.CHANGES_FILE).read_text().splitlines()]
+    first = changes[0]
+    assert first["kind"] == "job" and first["step"] > SLOWDOWN_FROM, changes
+    assert first["after_ms"] > first["before_ms"] + 20, changes
+    assert first["sentence"] in said and first["trigger"] == 1, said[-3000:]
+    # ... and profiled: one extra window from the same step on every rank, after the notice
+    trigger = json.loads((run_dir / rundir.TRIGGER_FILE).read_text())
+    assert trigger["id"] == 1 and first["step"] < trigger["start_step"], trigger
+    for r in range(4):
+        meta = json.loads((rundir.rank_dir(run_dir, r) / rundir.META_JSON).read_text())
+        triggered = [w for w in meta["windows"] if "trigger" in w]
+        assert len(triggered) == 1 and triggered[0]["complete"], (r, meta["windows"])
+        assert triggered[0]["first_step"] == trigger["start_step"], (r, triggered)

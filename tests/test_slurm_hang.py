@@ -21,8 +21,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
-from rankscope.launchers import rundir
+from rankscope.launchers import rundir, step_log
 from slurm_cluster import REPO, LocalSlurm, rankscope
 
 EXAMPLE = REPO / "examples" / "train_hang.py"
@@ -140,11 +141,19 @@ def jobs(
     report = run / rundir.REPORT_DIR / rundir.HANG_REPORT
     # (not there in time: the test says so; the job is cancelled all the same)
     _until("diagnosis while it runs", report.exists, DIAGNOSIS_TIMEOUT_S, must=False)
+    asked_ns = time.time_ns()
     status = rankscope("status", str(run), env=slurm_cluster.env())  # refreshes run.json
     results["batch"]["running"] = {
         "diagnosed": report.exists(),
         "status": status,
+        "asked_ns": asked_ns,
+        "answered_ns": time.time_ns(),
         "record": json.loads((run / rundir.RUN_JSON).read_text()),
+        # what the live line is made of: the hung job makes no more steps
+        "steps": [
+            step_log.read_steps(rundir.rank_dir(run, r) / step_log.STEP_LOG_FILE) for r in (0, 1)
+        ],
+        "rank0": json.loads((rundir.rank_dir(run, 0) / rundir.META_JSON).read_text()),
     }
     cancel = rankscope("cancel", str(run), env=slurm_cluster.env())
     assert cancel.returncode == 0, cancel.stderr
@@ -223,6 +232,37 @@ def test_a_batch_job_left_hung_is_diagnosed_while_it_runs(
     hang = _check_loop(result)
     assert hang["headline"] == headline
     assert result["record"]["slurm"]["merge"]["analyze_exit_code"] == 0  # analysed by default
+
+
+def test_status_of_a_running_batch_job_shows_the_live_line(
+    jobs: dict[str, dict[str, Any]],
+) -> None:
+    """``rankscope status RUN`` of the batch job while it runs (hung after its steps: its step
+    logs no longer change, so the line's figures are known exactly): the steps every rank has
+    done, the job's p50 step time from the ranks' step logs, and the time since its ranks started
+    (not since it was submitted: time in Slurm's queue is not the run's)."""
+    running = jobs["batch"]["running"]
+    out = running["status"].stdout
+    lines = [ln for ln in out.splitlines() if ln.startswith("rankscope: step ")]
+    assert len(lines) == 1, out
+    line = lines[0]
+    found = re.search(r"step (\d+) · ([\d.]+) ms/step \(p50 of the last (\d+)\)", line)
+    clock = re.search(r"(\d+):(\d\d):(\d\d) elapsed", line)
+    assert found and clock, line
+    # the truth, from the step logs: steps every rank has done; each step's interval is the
+    # median over the ranks of each rank's own interval (docs/live.md), p50 over those steps
+    logs = running["steps"]
+    done = min(int(log["steps"][-1]) for log in logs)
+    assert done >= 3, logs  # the loop starts after --after 4 steps
+    ends = np.stack([log["end_ns"][log["steps"] <= done] for log in logs])
+    per_step = np.median(np.diff(ends, axis=1), axis=0) / 1e6
+    assert int(found[1]) == done
+    assert int(found[3]) == len(per_step) == done - 1
+    assert abs(float(found[2]) - float(np.median(per_step))) <= 0.05 + 1e-9, (line, per_step)
+    shown_s = int(clock[1]) * 3600 + int(clock[2]) * 60 + int(clock[3])
+    started = running["rank0"]["started_ns"]
+    assert (running["asked_ns"] - started) // 10**9 <= shown_s, line
+    assert shown_s <= (running["answered_ns"] - started) / 1e9, line
 
 
 def test_a_job_of_the_sbatch_template_is_watched_on_its_first_node(

@@ -162,6 +162,7 @@ class SlurmLauncher(Launcher):
             rank_argv=tuple(rank_argv(spec)),
             env=rank_settings_env(spec, run_dir),
             hang_rule=None if spec.options.get("follow") else hang_rule(spec.options),
+            live_monitor=not spec.options.get("follow"),
         )
         executor = submitit.SlurmExecutor(
             folder=run_dir / rundir.LOGS_DIR / SUBMITIT_FOLDER, max_num_timeout=0

@@ -39,6 +39,7 @@ from rankscope.launchers.output import tee
 from rankscope.launchers.rundir import RunState, utc_now
 from rankscope.launchers.slurm.commands import scancel
 from rankscope.launchers.slurm.node_hang import SignalRelay, watch_batch_job
+from rankscope.launchers.slurm.node_live import start_live_monitor, stop_live_monitor
 from rankscope.launchers.slurm.records import SLURM_DIR, TASK_FORMAT, read_task_records
 from rankscope.launchers.torchrun import (
     TORCHELASTIC_DIR,
@@ -126,6 +127,10 @@ class NodePlan:
     hang_rule: HangRule | None = None
     """The hang rule node 0 watches the ranks with, for a batch job nobody follows (None: the
     submitting process follows the job and watches them itself; ``node_hang.py``)."""
+    live_monitor: bool = False
+    """Node 0 runs the live monitor beside torchrun (a batch job nobody follows: changes
+    noticed, windows triggered; ``node_live.py``). False when the submitting process follows
+    the job: it monitors it itself."""
 
 
 def _free_port() -> int:
@@ -230,9 +235,11 @@ def run_node(plan: NodePlan) -> dict[str, Any]:
     running.set()
     if node == 0 and plan.hang_rule is not None:
         watch_batch_job(run_dir, job_id, plan.hang_rule, running, lambda: scancel(job_id))
+    monitor = start_live_monitor(run_dir) if node == 0 and plan.live_monitor else None
     code = proc.wait()
     running.clear()
     relay.stop()
+    stop_live_monitor(monitor)
     pump.join(timeout=10)
     prune_empty_dirs(elastic_dir)
     failures = torchrun_failures(log.read_text(errors="replace")) if code != 0 else []

@@ -23,7 +23,8 @@ the analysis); cancelled later, the job is ``hung`` (:func:`ended_because_hung`)
 **The sbatch template** runs torchrun under ``srun`` itself, with no submitit task around it:
 each node's task is :func:`run_watched` (``python -m rankscope.launchers.slurm watch RUN --
 TORCHRUN…``), which starts torchrun, relays the stack signal and, on the first node, watches
-with the rule ``prepare`` recorded in ``run.json`` (``options.hang``).
+with the rule ``prepare`` recorded in ``run.json`` (``options.hang``) and runs the live monitor
+beside it (``node_live.py``), as a batch job's first node does.
 Seconds unless a name says ``_ns``.
 """
 
@@ -210,8 +211,10 @@ def diagnose_now(run_dir: Path) -> bool:
 def run_watched(run_dir: Path, command: list[str]) -> int:
     """The sbatch template's node task (module docstring): run ``command`` (torchrun) with this
     process's output, relay the stack signal to its ranks and, on the job's first node, watch
-    them with the rule recorded in ``run.json``; torchrun's exit status."""
+    them with the rule recorded in ``run.json`` and run the live monitor beside them
+    (``node_live.py``); torchrun's exit status."""
     from rankscope.launchers.slurm.commands import scancel
+    from rankscope.launchers.slurm.node_live import start_live_monitor, stop_live_monitor
 
     job_id = os.environ.get("SLURM_JOB_ID", "")
     first = os.environ.get("SLURM_NODEID", "0") == "0"
@@ -220,13 +223,16 @@ def run_watched(run_dir: Path, command: list[str]) -> int:
     relay = SignalRelay(run_dir, job_id, proc.pid).start()
     running = threading.Event()
     running.set()
+    monitor = None
     if first and job_id:
         watch_batch_job(run_dir, job_id, hang_rule(options), running, lambda: scancel(job_id))
+        monitor = start_live_monitor(run_dir)
     try:
         return proc.wait()
     finally:
         running.clear()
         relay.stop()
+        stop_live_monitor(monitor)
 
 
 def rule_options(rule: HangRule) -> dict[str, Any]:
