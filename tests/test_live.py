@@ -108,7 +108,8 @@ def test_live_options_round_trip_through_run_json() -> None:
 def test_the_batch_monitor_command_notices_triggers_and_stops_on_sigterm(tmp_path: Path) -> None:
     """``rankscope monitor RUN``, the command a Slurm batch job's first node starts beside
     torchrun (its real run on the test cluster: tests/test_slurm.py's template job), on step
-    logs written here: 2 ranks, 125 steps of 20 ms then 10 of 40 ms (the known truth). The
+    logs written here: 2 ranks, 125 steps of 120 ms then 10 of 240 ms (the known truth; steps long enough
+    for a 10-step window, ``ChangeRule.min_seconds``). The
     change is noticed at its first look, written to changes.jsonl with trigger.json, said in its
     output; SIGTERM (the node's, once torchrun has ended) ends it with exit 0 after a last line."""
     import time
@@ -127,10 +128,10 @@ def test_the_batch_monitor_command_notices_triggers_and_stops_on_sigterm(tmp_pat
         },
     )
     rng = np.random.default_rng(7)
-    step_ms = np.r_[np.full(125, 20.0), np.full(10, 40.0)]
+    step_ms = np.r_[np.full(125, 120.0), np.full(10, 240.0)]
     now = time.time_ns()
     for r in range(2):
-        ends = now - np.cumsum((step_ms + rng.normal(0, 0.5, step_ms.size))[::-1])[::-1] * 1e6
+        ends = now - np.cumsum((step_ms + rng.normal(0, 3.0, step_ms.size))[::-1])[::-1] * 1e6
         records = [(k + 1, int(e), step_log.UNKNOWN) for k, e in enumerate(ends)]
         path = rundir.rank_dir(run, r) / step_log.STEP_LOG_FILE
         path.parent.mkdir(parents=True)
@@ -155,7 +156,7 @@ def test_the_batch_monitor_command_notices_triggers_and_stops_on_sigterm(tmp_pat
     assert proc.returncode == 0, out + err
     (change,) = [json.loads(line) for line in changes.read_text().splitlines()]
     assert change["kind"] == "job" and change["step"] == 135 and change["trigger"] == 1
-    assert 19 < change["before_ms"] < 21 and 39 < change["after_ms"] < 41, change
+    assert 115 < change["before_ms"] < 125 and 235 < change["after_ms"] < 245, change
     trigger = json.loads((run / rundir.TRIGGER_FILE).read_text())
     assert trigger["id"] == 1 and trigger["start_step"] > 135, trigger
     assert change["sentence"] in out

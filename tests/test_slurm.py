@@ -36,13 +36,15 @@ WINDOW_EVERY_3_STEPS = ["--wait", "0", "--warmup", "1", "--active", "2", "--repe
 #: Input delay that makes each step last ~0.2 s: long jobs with few windows.
 SLOW_STEPS = ["--input-delay-ms", "200"]
 #: A job that slows down for good mid-run (the live monitor's case, docs/live.md): every rank
-#: waits 20 ms in its loader per step (a step mostly asleep: the machine's load moves it
-#: little), rank 1 does 30 ms more of its own work from step SLOWDOWN_FROM; the change needs 64
-#: steps of baseline after the first window, and room after it for the extra window.
+#: waits 80 ms in its loader per step (a step mostly asleep: the machine's load moves it
+#: little; ~90 ms steps, so the monitor's window is ~11 steps: a rise must last >= 1 s,
+#: ChangeRule.min_seconds), rank 1 does 30 ms more of its own work from step SLOWDOWN_FROM; the
+#: change needs ~70 steps of baseline after the first window, and room after it for the extra
+#: window.
 SLOWDOWN_FROM = 90
 SLOWDOWN_STEPS = 150
 SLOWDOWN = [
-    "--hidden", "32", "--layers", "1", "--batch-size", "8", "--input-delay-ms", "20",
+    "--hidden", "32", "--layers", "1", "--batch-size", "8", "--input-delay-ms", "80",
     "--straggler-rank", "1", "--straggler-ms", "30", "--straggler-from", str(SLOWDOWN_FROM),
 ]  # fmt: skip
 
@@ -550,7 +552,7 @@ def test_time_limit_gives_timeout_and_a_merged_store(
 def test_sbatch_template_by_hand(tmp_path: Path, slurm_cluster: LocalSlurm) -> None:
     """A job submitted by hand with the template, nobody following it: merged and analysed by
     its merge job; its first node's live monitor notices that rank 1 slows the job down from
-    step :data:`SLOWDOWN_FROM` (30 ms more per step than the others' 20 ms in the loader) and has
+    step :data:`SLOWDOWN_FROM` (30 ms more per step than the others' 80 ms in the loader) and has
     it profiled by one extra window on every rank (docs/live.md)."""
     out = tmp_path / "hand"
     env = slurm_cluster.env(
