@@ -207,40 +207,34 @@ def flight_recorder() -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) else None
 
 
-#: torch.distributed's blocking point-to-point calls, and the names of their peer arguments
-#: (the global rank, and the rank in ``group``): a rank blocked in one waits for that peer.
-P2P_CALLS = {"send": ("dst", "group_dst"), "recv": ("src", "group_src")}
-
-
 def p2p_call(frame: Any) -> dict[str, Any] | None:
     """The point-to-point call the stack from ``frame`` is blocked in (the innermost frame of
-    :data:`P2P_CALLS` in torch.distributed's module): ``{"op", "peer", "group", "sizes"}`` —
-    the peer as a global rank, the group's name (the default group's too), the tensor's sizes.
-    None when it is in none, or its arguments cannot be read.
+    torch.distributed's ``send`` or ``recv``, the keys of ``launchers.p2p.PEER_KEYS``):
+    ``{"op", "peer", "group", "sizes"}`` — the peer as a global rank (``p2p.peer_of``), the
+    group's name (the default group's too), the tensor's sizes. None when it is in none, or its
+    arguments cannot be read.
 
     Why from the frame: gloo's Flight Recorder records no point-to-point op (PyTorch 2.13,
     measured: docs/hangs.md), so the call's own arguments are the only record of whom a rank
     waits for. Read, never called: a tensor's ``shape`` and a group's ``group_name``."""
+    from rankscope.launchers.p2p import PEER_KEYS, peer_of
+
     f: Any = frame
     while f is not None:
         code = f.f_code
-        if code.co_name in P2P_CALLS and Path(code.co_filename).name == COLLECTIVES_MODULE:
+        if code.co_name in PEER_KEYS and Path(code.co_filename).name == COLLECTIVES_MODULE:
             break
         f = f.f_back
     if f is None:
         return None
     try:
-        args = f.f_locals
-        peer_name, group_peer_name = P2P_CALLS[f.f_code.co_name]
-        dist = sys.modules["torch.distributed"]
-        group = args.get("group") or dist.distributed_c10d._get_default_group()
-        peer = args.get(peer_name)
-        if peer is None and args.get(group_peer_name) is not None:
-            peer = dist.get_global_rank(group, int(args[group_peer_name]))
+        args = dict(f.f_locals)
+        op = f.f_code.co_name
+        group = args.get("group") or sys.modules["torch.distributed"].group.WORLD
         tensor = args.get("tensor")
         return {
-            "op": f.f_code.co_name,
-            "peer": None if peer is None else int(peer),
+            "op": op,
+            "peer": peer_of(op, (), args),
             "group": str(group.group_name),
             "sizes": None if tensor is None else [list(tensor.shape)],
         }

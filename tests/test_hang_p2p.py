@@ -11,7 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from rankscope.analysis.compute.hang import RankState, _group_views, diagnose
-from rankscope.analysis.compute.hang_p2p import P2PKind, P2PSource, P2PVerdict, pending_p2p
+from rankscope.analysis.compute.hang_p2p import (
+    P2PKind,
+    P2PSource,
+    P2PVerdict,
+    entry_done,
+    pending_p2p,
+)
 from rankscope.analysis.conclude.hang_findings import hang_json, headline, paragraph
 
 DATA = Path(__file__).parent / "data" / "hang_p2p"
@@ -241,3 +247,51 @@ def test_no_culprit_when_every_send_has_its_receive() -> None:
                       "p2p_call": call}  # fmt: skip
     diag = diagnose(answers, 6)
     assert diag.p2p == [] and diag.culprits == []
+
+
+def test_a_retired_nccl_entry_that_did_not_complete_timed_out_a_gloo_one_completed() -> None:
+    """NCCL retires an entry whose collective timed out without completing it (torch's
+    FlightRecorder ``Entry::retired_``): its receive is still the one the rank waited in. gloo
+    never moves ``state`` past scheduled: retired is completed there."""
+    fr = _nccl(3, p2p=[("4", "recv", 1, [4, 16], True), ("4", "recv", 1, [4, 16], False)])
+    fr["entries"][-1].update(retired=True, state="started")
+    found = pending_p2p({"flight_recorder": fr})
+    assert found is not None and (found.peer, found.seq) == (1, 2)
+    gloo = json.loads((DATA / "fr-p2p-ops-rank1.json").read_text())["entries"][0]
+    assert gloo["state"] == "scheduled" and gloo["retired"] and entry_done(gloo)
+    assert not entry_done({**gloo, "profiling_name": "nccl:all_reduce"})
+
+
+def _gloo(enqueued: int, completed: int) -> dict[str, Any]:
+    """A gloo recorder of the default group: all-reduces 1..enqueued, 1..completed retired."""
+    entries = [
+        {"pg_id": 0, "process_group": ["0", "default_pg"], "collective_seq_id": seq,
+         "p2p_seq_id": 0, "is_p2p": False, "profiling_name": "gloo:all_reduce",
+         "state": "scheduled", "retired": seq <= completed, "time_created_ns": 1_000 * seq}
+        for seq in range(1, enqueued + 1)
+    ]  # fmt: skip
+    return {"entries": entries, "pg_status": {}}
+
+
+def test_ranks_waiting_in_a_collective_behind_a_receive_are_said_to_wait_behind_it() -> None:
+    """Rank 0 skipped its send to rank 1 and waits in all_reduce #5 with rank 2; rank 1 waits
+    in recv from rank 0 (it never entered #5, only because of rank 0): rank 0 is named, rank 2
+    waits behind it. Rank 1 is not the one the all-reduce waits for."""
+    answers = {
+        0: {"threads": [{"name": "MainThread", "frames": _frames(TRAIN, 90, "all_reduce")}],
+            "flight_recorder": _gloo(5, 4)},
+        1: {"threads": [{"name": "MainThread", "frames": _frames(PIPELINE, 120, "recv")}],
+            "flight_recorder": _gloo(4, 4),
+            "p2p_call": {"op": "recv", "peer": 0, "group": "0", "sizes": [[4]]}},
+        2: {"threads": [{"name": "MainThread", "frames": _frames(TRAIN, 90, "all_reduce")}],
+            "flight_recorder": _gloo(5, 4)},
+    }  # fmt: skip
+    diag = diagnose(answers, 3)
+    assert diag.collective is not None and diag.collective.seq == 5
+    assert diag.culprits == [0]
+    assert [p.state for p in diag.places] == [
+        RankState.UNMATCHED, RankState.WAITING, RankState.WAITING,
+    ]  # fmt: skip
+    said = headline(diag)
+    assert "rank 0 never sent it: it is in train.py:90 (main) inside distributed_c10d.py" in said
+    assert said.endswith("Rank 2 waits in all_reduce #5 of the default group behind it.")

@@ -41,6 +41,7 @@ from rankscope.analysis.compute.hang_p2p import (
     P2POp,
     P2PSource,
     P2PWait,
+    entry_done,
     p2p_waits,
     pending_p2p,
 )
@@ -221,7 +222,7 @@ def _group_views(dump: Mapping[str, Any]) -> dict[str, _GroupView] | None:
         seq = int(e.get("collective_seq_id") or 0)
         view.ops[seq] = _op(str(e.get("profiling_name", "")))
         view.created[seq] = int(e.get("time_created_ns") or 0)
-        if e.get("retired") or e.get("state") == "completed":
+        if entry_done(e):
             done[pg_id] = max(done.get(pg_id, 0), seq)
     for pg_id, status in (fr.get("pg_status") or {}).items():
         view = by_id.setdefault(str(pg_id), _GroupView("", 0, 0, {}, {}))
@@ -232,7 +233,7 @@ def _group_views(dump: Mapping[str, Any]) -> dict[str, _GroupView] | None:
             # the entries' own numbers: pg_status counts the group's sequence, which on gloo
             # counts point-to-point ops too (PyTorch 2.13, measured: a rank that received once
             # before its 2nd all_reduce says enqueued 3), while ``collective_seq_id`` counts
-            # collectives only
+            # collectives only (completed: hang_p2p.entry_done)
             view.enqueued = max(view.ops)
             view.completed = done.get(pg_id, min(view.ops) - 1)
     if dump.get("timed_out") or _died_in_collective(dump):

@@ -7,8 +7,7 @@ Where a rank's pending point-to-point op comes from, in this order:
 * **its Flight Recorder's p2p entries** (``is_p2p``; NCCL records them: ``profiling_name``
   ``nccl:send 1->2`` / ``nccl:recv 3<-0`` with the ranks *in the group*, translated to global
   ranks by the group's ``pg_config`` ``ranks``, ``p2p_seq_id``, ``input_sizes``, ``state``,
-  ``retired``): its newest p2p entry that did not complete (not ``retired``, ``state`` not
-  ``completed``), as PyTorch's ``fr_trace`` analyzer reads them
+  ``retired``): its newest p2p entry that did not complete (:func:`entry_done`), as PyTorch's ``fr_trace`` analyzer reads them
   (``torch/distributed/flight_recorder/components/types.py``, ``Op``);
 * **else the call its main thread is blocked in** (``p2p_call`` in its answer, read by the
   rank's probe from the frame of torch.distributed's ``send``/``recv``): gloo's Flight Recorder
@@ -158,13 +157,24 @@ def _parse_name(name: str) -> tuple[P2PKind, int] | None:
     return None
 
 
-def _done(entry: Mapping[str, Any]) -> bool:
-    return bool(entry.get("retired")) or entry.get("state") == "completed"
+#: Backends whose Flight Recorder never moves an entry past ``scheduled`` (gloo, PyTorch 2.13,
+#: measured: tests/data/hang_p2p): there ``retired`` means completed. Elsewhere (NCCL) an entry
+#: is completed when its ``state`` says so, and "a retired but not completed event has timed
+#: out" (torch's FlightRecorder ``Entry::retired_``).
+STATELESS_BACKENDS = frozenset({"gloo"})
+
+
+def entry_done(entry: Mapping[str, Any]) -> bool:
+    """Whether a Flight Recorder entry completed (see :data:`STATELESS_BACKENDS`)."""
+    if entry.get("state") == "completed":
+        return True
+    backend = str(entry.get("profiling_name", "")).split(":", 1)[0]
+    return bool(entry.get("retired")) and backend in STATELESS_BACKENDS
 
 
 def _from_flight_recorder(fr: Mapping[str, Any]) -> P2POp | None:
     """The newest p2p entry that did not complete (module docstring)."""
-    pending = [e for e in fr.get("entries") or [] if e.get("is_p2p") and not _done(e)]
+    pending = [e for e in fr.get("entries") or [] if e.get("is_p2p") and not entry_done(e)]
     for e in sorted(pending, key=lambda e: int(e.get("time_created_ns") or 0), reverse=True):
         parsed = _parse_name(str(e.get("profiling_name", "")))
         if parsed is None:

@@ -131,7 +131,14 @@ def headline(diag: HangDiagnosis) -> str:
     if p2p and diag.collective is None:
         return p2p
     if p2p and diag.collective is not None and not diag.desync:
-        return f"{p2p} The others wait in {diag.collective.label()} behind it."
+        # the ranks that wait in the collective, not in a point-to-point op, wait behind it
+        behind = [p.rank for p in diag.places if p.state == RankState.WAITING and p.p2p is None]
+        if not behind:
+            return p2p
+        verb = "waits" if len(behind) == 1 else "wait"
+        return (
+            f"{p2p} {rank_list(behind).capitalize()} {verb} in {diag.collective.label()} behind it."
+        )
     return _collective_headline(diag)
 
 
