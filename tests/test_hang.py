@@ -2,9 +2,8 @@
 ways real jobs do, each checked against what the example did (which rank, which collective,
 which line).
 
-The six jobs run at once (module fixture) to keep the suite short: an endless loop, a desync
-(all_gather against all_reduce) and a pipeline stage that skips its send (its peer waits in
-recv), noticed by the watch; a data-loader worker that never yields
+The five jobs run at once (module fixture) to keep the suite short: an endless loop and a desync
+(all_gather against all_reduce), noticed by the watch; a data-loader worker that never yields
 under a short collective timeout (gloo's timeout error in the waiting rank: a hang, named as
 one, with the loader's line); a rank killed with SIGKILL mid-step (a failure, not a hang); and
 steps that grow from 0.2 to 3 s (slow, not hung). Each job costs three torch imports (torchrun
@@ -38,8 +37,6 @@ SCENARIOS: dict[str, tuple[list[str], list[str]]] = {
     "loop": (["--hang", "loop", "--rank", "1", "--after", "4"], []),
     "desync": (["--hang", "desync", "--rank", "1", "--after", "4"], ["--no-merge", "--no-analyze"]),
     "kill": (["--hang", "kill", "--rank", "1", "--after", "4"], ["--no-merge", "--no-analyze"]),
-    # rank 0 skips its pipeline send at step 4 and enters the all-reduce; rank 1 waits in recv
-    "p2p": (["--hang", "p2p", "--rank", "0", "--after", "4"], ["--no-merge", "--no-analyze"]),
     "grow": (
         ["--grow", "0.2:3", "--steps", "4"],
         ["--no-merge", "--no-analyze", "--hang-after", str(GROW_HANG_AFTER_S)],
@@ -172,27 +169,6 @@ def test_a_desync_is_named_with_both_call_sites(runs: dict[str, dict[str, Any]])
     log = (runs["desync"]["run"] / "logs" / "torchrun.log").read_text()
     for rank, op in ((0, "all_reduce"), (1, "all_gather")):
         assert BLOCKED_EXIT_LINE.format(rank=rank, where=f"distributed_c10d.py:{op}") in log
-
-
-def test_a_receive_whose_sender_skipped_its_send_names_the_sender(
-    runs: dict[str, dict[str, Any]],
-) -> None:
-    """Rank 1 waits in recv from rank 0, which took another branch at step 4 and waits in the
-    all-reduce: rank 0 is named, with the line it is at, not rank 1 (which never entered the
-    all-reduce, but only because it waits for rank 0)."""
-    hang = _hung(runs["p2p"])
-    assert hang["culprits"] == [0]
-    ranks = _ranks(hang)
-    assert ranks[0]["state"] == "unmatched"
-    assert ranks[0]["line"] == _line("# the gradient all-reduce")
-    assert ranks[1]["state"] == "waiting"
-    assert ranks[1]["line"] == _line("# the stage's receive from the rank before it")
-    # read by rank 1's probe from its recv call (gloo's Flight Recorder has no p2p entry)
-    assert ranks[1]["p2p"] == {
-        "op": "recv", "peer": 0, "group": "0", "seq": None, "sizes": [[16, 32]], "from": "stack",
-    }  # fmt: skip
-    assert "rank 1 waits in recv from rank 0" in hang["headline"]
-    assert "rank 0 never sent it: it is in train_hang.py:" in hang["headline"]
 
 
 def test_a_killed_rank_is_a_failure_not_a_hang(runs: dict[str, dict[str, Any]]) -> None:

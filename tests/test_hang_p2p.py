@@ -295,3 +295,27 @@ def test_ranks_waiting_in_a_collective_behind_a_receive_are_said_to_wait_behind_
     said = headline(diag)
     assert "rank 0 never sent it: it is in train.py:90 (main) inside distributed_c10d.py" in said
     assert said.endswith("Rank 2 waits in all_reduce #5 of the default group behind it.")
+
+
+def test_a_real_pipeline_stage_that_skipped_its_send_is_named_not_the_rank_waiting_for_it() -> None:
+    """skip_send/: examples/train_hang.py --hang p2p --rank 0 under rankscope run: at step 4
+    rank 0 skips its send and enters all_reduce #5; rank 1 waits in recv from rank 0 (and so
+    never entered #5). Rank 0 is the one named, in the all-reduce; rank 1 waits in recv."""
+    answers = {
+        r: json.loads((DATA / "skip_send" / f"rank{r}-hang.json").read_text()) for r in (0, 1)
+    }
+    diag = diagnose(answers, 2)
+    assert diag.culprits == [0]
+    assert diag.collective is not None and (diag.collective.op, diag.collective.seq) == (
+        "all_reduce",
+        5,
+    )
+    rank0, rank1 = diag.places
+    assert rank0.state == RankState.UNMATCHED and rank0.inside == "distributed_c10d.py:all_reduce"
+    assert rank1.state == RankState.WAITING and rank1.inside == "distributed_c10d.py:recv"
+    assert rank1.user_frame is not None and rank1.user_frame.function == "pipeline_stage"
+    assert rank1.p2p is not None and (rank1.p2p.kind, rank1.p2p.peer) == (P2PKind.RECV, 0)
+    assert rank1.p2p.sizes == ((16, 32),)
+    said = headline(diag)
+    assert "rank 1 waits in recv from rank 0 (the default group, sizes [[16, 32]])" in said
+    assert "rank 0 never sent it: it is in train_hang.py:" in said
