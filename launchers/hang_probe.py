@@ -235,7 +235,7 @@ def p2p_call(frame: Any) -> dict[str, Any] | None:
         return {
             "op": op,
             "peer": peer_of(op, (), args),
-            "group": str(group.group_name),
+            "group": "" if group is None else str(group.group_name),  # "": none initialised
             "sizes": None if tensor is None else [list(tensor.shape)],
         }
     except Exception:  # a torch whose call has other arguments: no record, never an error

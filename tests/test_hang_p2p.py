@@ -7,6 +7,7 @@ fine, and no culprit when every send has its receive."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from rankscope.analysis.compute.hang_p2p import (
     pending_p2p,
 )
 from rankscope.analysis.conclude.hang_findings import hang_json, headline, paragraph
+from rankscope.launchers.hang_probe import p2p_call
 
 DATA = Path(__file__).parent / "data" / "hang_p2p"
 SCRIPT = DATA / "p2p_hang.py"
@@ -319,3 +321,24 @@ def test_a_real_pipeline_stage_that_skipped_its_send_is_named_not_the_rank_waiti
     said = headline(diag)
     assert "rank 1 waits in recv from rank 0 (the default group, sizes [[16, 32]])" in said
     assert "rank 0 never sent it: it is in train_hang.py:" in said
+
+
+def test_the_probe_reads_the_peer_and_sizes_of_the_recv_a_rank_failed_in() -> None:
+    """The probe's reading of a point-to-point call from a live frame of torch's own ``recv``
+    (here the frame of a real ``dist.recv`` that raised — no process group — as the frames of
+    a rank whose recv timed out are read): the peer, the sizes, the op."""
+    import torch
+    import torch.distributed as dist
+
+    try:
+        dist.recv(torch.zeros(3, 5), src=1)
+    except Exception as exc:  # no default group: raised inside torch's recv
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        assert tb is not None
+        call = p2p_call(tb.tb_frame)
+    else:
+        raise AssertionError("recv without a process group did not raise")
+    assert call == {"op": "recv", "peer": 1, "group": "", "sizes": [[3, 5]]}
+    assert p2p_call(sys._getframe()) is None  # not in a point-to-point call
