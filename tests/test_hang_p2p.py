@@ -342,3 +342,22 @@ def test_the_probe_reads_the_peer_and_sizes_of_the_recv_a_rank_failed_in() -> No
         raise AssertionError("recv without a process group did not raise")
     assert call == {"op": "recv", "peer": 1, "group": "", "sizes": [[3, 5]]}
     assert p2p_call(sys._getframe()) is None  # not in a point-to-point call
+
+
+def test_a_receive_that_timed_out_names_its_sender_not_the_bystanders() -> None:
+    """gloo's recv timed out in rank 3 (its own answer: the error, the recv it raised in), whose
+    sender rank 2 loops; ranks 0 and 1 are elsewhere in user code. Rank 2 is named, not the
+    ranks that merely did not time out (the rule for a timed-out collective nobody names)."""
+    answers: dict[int, dict[str, Any]] = {
+        r: {"threads": [{"name": "MainThread", "frames": _frames(TRAIN, 30 + r)}]} for r in range(3)
+    }
+    answers[3] = {
+        "threads": [{"name": "MainThread", "frames": _frames(PIPELINE, 120, "recv")}],
+        "timed_out": True,
+        "error": {"type": "RuntimeError", "message": "Timed out waiting 10000ms for recv"},
+        "p2p_call": {"op": "recv", "peer": 2, "group": "0", "sizes": [[4]]},
+    }
+    diag = diagnose(answers, 4)
+    assert diag.culprits == [2]
+    assert diag.places[3].state == RankState.WAITING
+    assert "rank 3 waits in recv from rank 2" in headline(diag)

@@ -148,7 +148,8 @@ class HangDiagnosis:
 
     @property
     def culprits(self) -> list[int]:
-        """The ranks the others wait for: never arrived, at another collective, dead, silent."""
+        """The ranks the others wait for: never arrived, at another collective, never posted the
+        point-to-point op a peer waits in, dead, silent."""
         bad = (RankState.MISSING, RankState.DESYNC, RankState.DEAD, RankState.UNMATCHED)
         found = [p.rank for p in self.places if p.state in bad]
         return found or self.ranks(RankState.SILENT)
@@ -279,9 +280,9 @@ def diagnose(
     threads read from the text their faulthandler or py-spy wrote, as an answer holds them, with
     ``stacks_from`` saying which: ``rankscope.analysis.compute.stack_text``).
 
-    A collective times out only in the ranks that entered it: when some timed out and no
-    Flight Recorder names the collective, the ranks that answered without a timeout never
-    entered it (MISSING), and those that timed out waited (WAITING)."""
+    A collective times out only in the ranks that entered it: when some timed out and neither a
+    Flight Recorder nor a point-to-point wait names where, the ranks that answered without a
+    timeout never entered it (MISSING), and those that timed out waited (WAITING)."""
     dead = dead or {}
     progress = progress or {}
     timed_out = timed_out or {}
@@ -328,7 +329,11 @@ def diagnose(
     alive = {p.rank for p in places if p.state not in (RankState.DEAD, RankState.SILENT)}
     pending = {r: c for r in sorted(alive & set(dumps)) if (c := pending_p2p(dumps[r]))}
     waits = p2p_waits(pending)
-    if stuck is None and (timed_out or any(d.get("timed_out") for d in dumps.values())):
+    if (
+        stuck is None
+        and not waits
+        and (timed_out or any(d.get("timed_out") for d in dumps.values()))
+    ):
         for p in places:
             if p.state == RankState.ELSEWHERE and not pending.get(p.rank):
                 waited = bool(dumps.get(p.rank, {}).get("timed_out"))
