@@ -4,6 +4,7 @@ hang diagnosis:
     rankscope run --nproc-per-node 2 --hang-after 20 examples/train_hang.py --hang loop --rank 1
     rankscope run --nproc-per-node 2 --hang-after 20 examples/train_hang.py --hang loader --rank 1
     rankscope run --nproc-per-node 2 --hang-after 20 examples/train_hang.py --hang desync --rank 1
+    rankscope run --nproc-per-node 2 --hang-after 20 examples/train_hang.py --hang p2p --rank 0
     rankscope run --nproc-per-node 2 examples/train_hang.py --hang kill --rank 1
     rankscope run --nproc-per-node 2 --hang-after 20 examples/train_hang.py --grow 0.2:3 --steps 12
     rankscope run --nproc-per-node 2 examples/train_hang.py --hang loader --rank 1 --pg-timeout 10
@@ -11,7 +12,10 @@ hang diagnosis:
 ``--hang loop``: rank R spins forever after step ``--after`` (an endless loop in user code);
 ``loader``: rank R's DataLoader worker never yields batch ``--after`` (a data-loader deadlock);
 ``desync``: at step ``--after`` rank R calls all_gather where the others call all_reduce;
-``kill``: rank R is killed with SIGKILL in the middle of step ``--after``. ``--grow A:B`` makes
+``p2p``: every step is a pipeline's too — each rank receives its input from the rank before it
+and sends its output to the rank after it (``dist.recv``/``dist.send``) — and at step ``--after``
+rank R skips its send (another branch) and goes on to the all-reduce, while the rank after it
+waits in ``recv``; ``kill``: rank R is killed with SIGKILL in the middle of step ``--after``. ``--grow A:B`` makes
 the steps take from A to B seconds (busy compute; a slow job, not a hung one). ``--pg-timeout S``
 passes ``timeout=S seconds`` to ``init_process_group``: the ranks that wait for a hung rank then
 fail with gloo's collective timeout after S seconds (a hang all the same). gloo on CPU.
@@ -37,7 +41,9 @@ from torch.utils.data import DataLoader, IterableDataset
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--steps", type=int, default=40, help="training iterations")
-    p.add_argument("--hang", choices=["none", "loop", "loader", "desync", "kill"], default="none")
+    p.add_argument(
+        "--hang", choices=["none", "loop", "loader", "desync", "kill", "p2p"], default="none"
+    )
     p.add_argument("--rank", type=int, default=1, help="the rank that hangs or dies")
     p.add_argument("--after", type=int, default=4, help="the step at which it does")
     p.add_argument("--grow", default="", metavar="A:B", help="steps take from A to B seconds")
@@ -78,6 +84,17 @@ def busy(seconds: float) -> None:
         x = torch.tanh(x @ x)  # few, large ops: a small trace
 
 
+def pipeline_stage(x: torch.Tensor, rank: int, world: int, skip_send: bool) -> torch.Tensor:
+    """A pipeline's forward hand-over: receive the previous rank's activations, send ours on
+    (``skip_send``: the branch that forgets to)."""
+    if rank > 0:
+        x = torch.empty_like(x)
+        dist.recv(x, rank - 1)  # the stage's receive from the rank before it
+    if rank < world - 1 and not skip_send:
+        dist.send(x, rank + 1)  # the stage's send to the rank after it
+    return x
+
+
 def main() -> None:
     args = parse_args()
     timeout = None if args.pg_timeout is None else timedelta(seconds=args.pg_timeout)
@@ -92,6 +109,8 @@ def main() -> None:
     for step, batch in enumerate(loader):
         if step >= args.steps:
             break
+        if args.hang == "p2p":
+            batch = pipeline_stage(batch, rank, world, skip_send=me and step == args.after)
         loss = model(batch).square().mean()
         loss.backward()
         grads = torch.cat([p.grad.flatten() for p in model.parameters()])

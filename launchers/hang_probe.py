@@ -207,6 +207,41 @@ def flight_recorder() -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) else None
 
 
+def p2p_call(frame: Any) -> dict[str, Any] | None:
+    """The point-to-point call the stack from ``frame`` is blocked in (the innermost frame of
+    torch.distributed's ``send`` or ``recv``, the keys of ``launchers.p2p.PEER_KEYS``):
+    ``{"op", "peer", "group", "sizes"}`` — the peer as a global rank (``p2p.peer_of``), the
+    group's name (the default group's too), the tensor's sizes. None when it is in none, or its
+    arguments cannot be read.
+
+    Why from the frame: gloo's Flight Recorder records no point-to-point op (PyTorch 2.13,
+    measured: docs/hangs.md), so the call's own arguments are the only record of whom a rank
+    waits for. Read, never called: a tensor's ``shape`` and a group's ``group_name``."""
+    from rankscope.launchers.p2p import PEER_KEYS, peer_of
+
+    f: Any = frame
+    while f is not None:
+        code = f.f_code
+        if code.co_name in PEER_KEYS and Path(code.co_filename).name == COLLECTIVES_MODULE:
+            break
+        f = f.f_back
+    if f is None:
+        return None
+    try:
+        args = dict(f.f_locals)
+        op = f.f_code.co_name
+        group = args.get("group") or sys.modules["torch.distributed"].group.WORLD
+        tensor = args.get("tensor")
+        return {
+            "op": op,
+            "peer": peer_of(op, (), args),
+            "group": "" if group is None else str(group.group_name),  # "": none initialised
+            "sizes": None if tensor is None else [list(tensor.shape)],
+        }
+    except Exception:  # a torch whose call has other arguments: no record, never an error
+        return None
+
+
 #: The token of the answer a rank writes by itself when it gets SIGTERM (torchrun ending the
 #: survivors of a failed rank): where it was when the job ended.
 TERMINATED_TOKEN = "terminated"
@@ -244,7 +279,7 @@ def answer_terminated(frame: Any) -> None:
     for probe in _ACTIVE:
         for _ in range(ANSWER_TRIES):
             try:
-                probe.answer_once(frames)
+                probe.answer_once(frames, call_frame=frame)
                 break
             except Exception:  # another handler raised while we wrote: write again
                 # (a DataLoader's SIGCHLD handler raises when torchrun's SIGTERM ends its worker;
@@ -341,7 +376,11 @@ class HangProbe:
         died usually fails this way (its collective's connection closes) before any SIGTERM
         reaches it: the answer says which collective it was waiting in."""
         error = {"type": type(exc).__name__, "message": str(exc)[:500]}
-        self.answer_once(traceback_frames(exc), timed_out, error)
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        frame = tb.tb_frame if tb is not None else None
+        self.answer_once(traceback_frames(exc), timed_out, error, call_frame=frame)
 
     def stop(self) -> None:
         """The rank ends: the step log completed, a last progress record, the thread stopped."""
@@ -459,6 +498,7 @@ class HangProbe:
         main_frames: list[dict[str, Any]] | None,
         timed_out: bool = False,
         error: dict[str, str] | None = None,
+        call_frame: Any = None,
     ) -> None:
         """The rank's own answer as it ends (:data:`TERMINATED_TOKEN`, in ``terminated.json``),
         written once: by the SIGTERM handler, the probe's thread, or the main thread whose own
@@ -467,7 +507,9 @@ class HangProbe:
         with self._lock:
             if self._ended.is_set():
                 return
-            self.answer(TERMINATED_TOKEN, rundir.TERMINATED_DUMP, main_frames, timed_out, error)
+            self.answer(
+                TERMINATED_TOKEN, rundir.TERMINATED_DUMP, main_frames, timed_out, error, call_frame
+            )
             self._ended.set()
 
     def answer(
@@ -477,16 +519,21 @@ class HangProbe:
         main_frames: list[dict[str, Any]] | None = None,
         timed_out: bool = False,
         error: dict[str, str] | None = None,
+        call_frame: Any = None,
     ) -> None:
         """Write ``hang.json`` (or ``name``): stacks, Flight Recorder, progress (the launcher's
         ``token``).
 
         ``main_frames``: the main thread's stack to write instead of its current one (where it
         was when SIGTERM interrupted it, or where its own ``error`` was raised); ``timed_out``:
-        that error was its collective timing out (the analysis counts it as not completed)."""
+        that error was its collective timing out (the analysis counts it as not completed);
+        ``call_frame``: the live frame ``main_frames`` were read from (the point-to-point call
+        it was blocked in is read from its arguments: :func:`p2p_call`)."""
         self.flush_steps()
         self._write_progress()
         threads = thread_stacks()
+        if main_frames is None:
+            call_frame = sys._current_frames().get(threading.main_thread().ident or 0)
         if main_frames is not None:
             main = {"thread": threading.main_thread().ident, "name": "MainThread"}
             threads = [
@@ -502,6 +549,7 @@ class HangProbe:
             "last_step_ns": self.last_step_ns,
             "threads": threads,
             "flight_recorder": flight_recorder(),
+            "p2p_call": None if call_frame is None else p2p_call(call_frame),
             "timed_out": timed_out,
             "error": error,
         }

@@ -25,7 +25,7 @@ from typing import Any
 #: Wrapped functions of ``torch.distributed`` and the direction each one is.
 WRAPPED = {"isend": "send", "irecv": "recv"}
 #: Keyword and position (after the tensor) of the global peer, and of the group-relative peer.
-_PEER_KEYS = {"send": ("dst", "group_dst"), "recv": ("src", "group_src")}
+PEER_KEYS = {"send": ("dst", "group_dst"), "recv": ("src", "group_src")}
 
 
 def install() -> bool:
@@ -62,7 +62,7 @@ def install() -> bool:
 
 def peer_of(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
     """Global rank of the peer of an ``isend`` / ``irecv`` call, None when unknown."""
-    key, group_key = _PEER_KEYS[op]
+    key, group_key = PEER_KEYS[op]
     peer = kwargs.get(key, args[1] if len(args) > 1 else None)
     if peer is not None:
         return int(peer)

@@ -15,6 +15,11 @@ last collective each rank *enqueued* and *completed*; on gloo, no "started"):
   is named: the others wait behind it.
 * Members that enqueued the same sequence number with **different ops** (all_gather where the
   others call all_reduce) are a **desync**: both call sites are named.
+* A rank blocked in a point-to-point **send or receive** waits for its peer; the peer that
+  never posted the matching op (it is elsewhere, or posts another op, peer or size) is the one
+  the chain of waits ends at (:mod:`rankscope.analysis.compute.hang_p2p`): it is named
+  (UNMATCHED), and ranks waiting in a collective for a rank that itself waits in a receive wait
+  behind that chain.
 * Without a Flight Recorder (not distributed, an old torch), the ranks are grouped by where their
   main thread is (its innermost user frame); the smallest group is the odd one out, as
   production tools do with stack traces (ByteRobust): a suspicion, said as one.
@@ -32,6 +37,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rankscope.analysis.compute.hang_p2p import (
+    P2POp,
+    P2PSource,
+    P2PWait,
+    entry_done,
+    p2p_waits,
+    pending_p2p,
+)
+from rankscope.analysis.compute.hang_p2p import culprits as p2p_culprits
+
 
 class RankState(enum.StrEnum):
     """What a rank was doing when the job hung."""
@@ -48,6 +63,9 @@ class RankState(enum.StrEnum):
     """Did not answer (its stacks, if any, are in stacks.txt and native-stacks.txt)."""
     ELSEWHERE = "elsewhere"
     """Answered; no collective to place it by (no Flight Recorder)."""
+    UNMATCHED = "unmatched"
+    """A peer waits in a send or receive toward it that it never posted (it is elsewhere), or
+    posted with other sizes, or it waits round a cycle of point-to-point ops."""
 
 
 @dataclass(frozen=True)
@@ -102,6 +120,8 @@ class RankPlace:
     """Seconds since its last step when the hang was noticed."""
     error: str = ""
     """How it died (dead ranks)."""
+    p2p: P2POp | None = None
+    """The point-to-point op it waits in (its peer: ``p2p.peer``), None when none."""
     stacks_from: str = ""
     """What placed a rank that did not answer: the text its faulthandler or py-spy wrote
     (``"py-spy stacks, native-stacks.txt"``); "" otherwise."""
@@ -119,6 +139,8 @@ class HangDiagnosis:
     """Every rank's place, by rank."""
     basis: str = ""
     """What the diagnosis rests on ("flight recorder", "stacks")."""
+    p2p: list[P2PWait] = field(default_factory=list)
+    """The ranks stuck in a point-to-point op, each with why (empty: none)."""
 
     def ranks(self, state: RankState) -> list[int]:
         """The ranks in ``state``."""
@@ -126,8 +148,9 @@ class HangDiagnosis:
 
     @property
     def culprits(self) -> list[int]:
-        """The ranks the others wait for: never arrived, at another collective, dead, silent."""
-        bad = (RankState.MISSING, RankState.DESYNC, RankState.DEAD)
+        """The ranks the others wait for: never arrived, at another collective, never posted the
+        point-to-point op a peer waits in, dead, silent."""
+        bad = (RankState.MISSING, RankState.DESYNC, RankState.DEAD, RankState.UNMATCHED)
         found = [p.rank for p in self.places if p.state in bad]
         return found or self.ranks(RankState.SILENT)
 
@@ -189,9 +212,10 @@ def _group_views(dump: Mapping[str, Any]) -> dict[str, _GroupView] | None:
         return None
     by_id: dict[str, _GroupView] = {}
     names: dict[str, tuple[str, str]] = {}
+    done: dict[str, int] = {}
     for e in fr.get("entries") or []:
         if e.get("is_p2p"):
-            continue
+            continue  # point-to-point ops: hang_p2p's
         pg_id = str(e.get("pg_id"))
         pg = e.get("process_group") or [pg_id, ""]
         names[pg_id] = (str(pg[0]), str(pg[1]) if len(pg) > 1 else "")
@@ -199,10 +223,20 @@ def _group_views(dump: Mapping[str, Any]) -> dict[str, _GroupView] | None:
         seq = int(e.get("collective_seq_id") or 0)
         view.ops[seq] = _op(str(e.get("profiling_name", "")))
         view.created[seq] = int(e.get("time_created_ns") or 0)
+        if entry_done(e):
+            done[pg_id] = max(done.get(pg_id, 0), seq)
     for pg_id, status in (fr.get("pg_status") or {}).items():
         view = by_id.setdefault(str(pg_id), _GroupView("", 0, 0, {}, {}))
         view.enqueued = int(status.get("last_enqueued_collective", -1))
         view.completed = int(status.get("last_completed_collective", -1))
+    for pg_id, view in by_id.items():
+        if view.ops and any("retired" in e for e in fr.get("entries") or []):
+            # the entries' own numbers: pg_status counts the group's sequence, which on gloo
+            # counts point-to-point ops too (PyTorch 2.13, measured: a rank that received once
+            # before its 2nd all_reduce says enqueued 3), while ``collective_seq_id`` counts
+            # collectives only (completed: hang_p2p.entry_done)
+            view.enqueued = max(view.ops)
+            view.completed = done.get(pg_id, min(view.ops) - 1)
     if dump.get("timed_out") or _died_in_collective(dump):
         # the Flight Recorder counts a collective that failed (timed out, or a peer vanished) as
         # completed (gloo marks its work done on an error): the one this rank failed in is its
@@ -246,9 +280,9 @@ def diagnose(
     threads read from the text their faulthandler or py-spy wrote, as an answer holds them, with
     ``stacks_from`` saying which: ``rankscope.analysis.compute.stack_text``).
 
-    A collective times out only in the ranks that entered it: when some timed out and no
-    Flight Recorder names the collective, the ranks that answered without a timeout never
-    entered it (MISSING), and those that timed out waited (WAITING)."""
+    A collective times out only in the ranks that entered it: when some timed out and neither a
+    Flight Recorder nor a point-to-point wait names where, the ranks that answered without a
+    timeout never entered it (MISSING), and those that timed out waited (WAITING)."""
     dead = dead or {}
     progress = progress or {}
     timed_out = timed_out or {}
@@ -292,15 +326,40 @@ def diagnose(
             places.append(RankPlace(rank, RankState.DEAD, frame, steps=steps, error=error))
             continue
         places.append(RankPlace(rank, state, frame, inside, op, steps, since))
-    if stuck is None and (timed_out or any(d.get("timed_out") for d in dumps.values())):
+    alive = {p.rank for p in places if p.state not in (RankState.DEAD, RankState.SILENT)}
+    pending = {r: c for r in sorted(alive & set(dumps)) if (c := pending_p2p(dumps[r]))}
+    waits = p2p_waits(pending)
+    if (
+        stuck is None
+        and not waits
+        and (timed_out or any(d.get("timed_out") for d in dumps.values()))
+    ):
         for p in places:
-            if p.state == RankState.ELSEWHERE:
+            if p.state == RankState.ELSEWHERE and not pending.get(p.rank):
                 waited = bool(dumps.get(p.rank, {}).get("timed_out"))
                 p.state = RankState.WAITING if waited else RankState.MISSING
-    elif stuck is None:
-        _odd_ones_out(places)
-    basis = "flight recorder" if stuck is not None else "stacks"
-    return HangDiagnosis(collective=stuck, desync=desync, places=places, basis=basis)
+    elif stuck is None and not waits:
+        # ranks in a point-to-point op (matched: in flight) are placed by it, not by where the
+        # majority is
+        _odd_ones_out([p for p in places if p.rank not in pending])
+    _place_p2p(places, waits)
+    from_fr = any(w.op.source is P2PSource.FLIGHT_RECORDER for w in waits)
+    basis = "flight recorder" if stuck is not None or from_fr else "stacks"
+    return HangDiagnosis(collective=stuck, desync=desync, places=places, basis=basis, p2p=waits)
+
+
+def _place_p2p(places: list[RankPlace], waits: list[P2PWait]) -> None:
+    """The ranks stuck in a point-to-point op wait (in it, for its peer: not the ones a
+    collective waits for, even when they never entered it); the ranks their waits end at are
+    UNMATCHED (unless dead or silent: said as such)."""
+    by_rank = {p.rank: p for p in places}
+    for w in waits:
+        place = by_rank[w.rank]
+        place.state, place.p2p, place.op = RankState.WAITING, w.op, str(w.op.kind)
+    for rank in p2p_culprits(waits):
+        peer = by_rank.get(rank)
+        if peer is not None and peer.state not in (RankState.DEAD, RankState.SILENT):
+            peer.state = RankState.UNMATCHED
 
 
 def _stuck_collective(

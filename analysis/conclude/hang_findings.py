@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from rankscope.analysis.compute.hang import HangDiagnosis, RankPlace, RankState
+from rankscope.analysis.compute.hang_p2p import P2PKind, P2PVerdict, P2PWait
 from rankscope.rank_ranges import rank_list
 
 #: Groups of ranks listed in the paragraph (the rest are counted).
@@ -27,6 +28,10 @@ def _where(p: RankPlace) -> str:
 def _what(p: RankPlace, diag: HangDiagnosis) -> str:
     """The state of a group of ranks, in words."""
     label = diag.collective.label() if diag.collective else ""
+    if p.state == RankState.WAITING and p.p2p is not None:
+        return f"waiting in {p.p2p.label()}"
+    if p.state == RankState.UNMATCHED:
+        return _unmatched(p.rank, diag)
     if p.state == RankState.WAITING:
         return f"waiting in {label}" if label else "waiting"
     if p.state == RankState.MISSING:
@@ -44,6 +49,55 @@ def _what(p: RankPlace, diag: HangDiagnosis) -> str:
     return "running"
 
 
+def _unmatched(rank: int, diag: HangDiagnosis) -> str:
+    """What a rank the point-to-point waits end at did not do."""
+    mine = next((w for w in diag.p2p if w.rank == rank), None)
+    if mine is not None and mine.verdict is P2PVerdict.CYCLE:
+        return f"waiting in {mine.op.label()}, round a cycle of point-to-point waits"
+    if mine is not None and mine.verdict is P2PVerdict.MISMATCH:
+        return f"posted {mine.op.label()}: its peer posted other sizes"
+    waited = [w for w in diag.p2p if w.root == rank and w.op.peer == rank]
+    if not waited:
+        return "the point-to-point waits end at it"
+    w = waited[0]
+    if w.op.kind is P2PKind.RECV:
+        return f"never sent to rank {w.rank}, which waits in recv from it"
+    return f"never received from rank {w.rank}, which waits in send to it"
+
+
+def p2p_sentence(diag: HangDiagnosis) -> str:
+    """One sentence on the point-to-point wait the others end at ("" when none): who waits in
+    which op and where, and what its peer is doing instead."""
+    if not diag.p2p:
+        return ""
+    by_rank = {p.rank: p for p in diag.places}
+    order = (P2PVerdict.NOT_POSTED, P2PVerdict.MISMATCH, P2PVerdict.CYCLE, P2PVerdict.BEHIND)
+    w: P2PWait = min(diag.p2p, key=lambda w: (order.index(w.verdict), w.rank))
+    me, peer = by_rank[w.rank], by_rank.get(w.op.peer)
+    waits = f"rank {w.rank} waits in {w.op.label()}"
+    if me.user_frame is not None:
+        waits += f", {me.user_frame.where()}"
+    there = f"{_where(peer)}" if peer is not None else "(not in this job)"
+    if peer is not None and peer.state == RankState.DEAD:
+        there = f"it had died ({peer.error})" if peer.error else "it had died"
+    elif peer is not None and peer.state == RankState.SILENT:
+        there = "it did not answer" + (f"; {_where(peer)}" if peer.user_frame else "")
+    if w.verdict is P2PVerdict.NOT_POSTED:
+        never = "sent it" if w.op.kind is P2PKind.RECV else "posted the receive"
+        return f"The job hung in a point-to-point op: {waits}; rank {w.op.peer} never {never}: it is {there}."
+    if w.verdict is P2PVerdict.MISMATCH:
+        theirs = next((x for x in diag.p2p if x.rank == w.op.peer), None)
+        other = theirs.op.label() if theirs else "the matching op"
+        return (
+            f"The job hung in a point-to-point op: {waits}; rank {w.op.peer} posted {other}: "
+            "the sizes differ."
+        )
+    if w.verdict is P2PVerdict.CYCLE:
+        cycle = rank_list(sorted(x.rank for x in diag.p2p if x.verdict is P2PVerdict.CYCLE))
+        return f"The job hung in a cycle of point-to-point waits (a deadlock) of {cycle}: {waits}."
+    return f"The job hung in a point-to-point op: {waits}, behind rank {w.root}."
+
+
 def groups(diag: HangDiagnosis) -> list[tuple[list[int], RankPlace]]:
     """(ranks, one of their places) for each group of ranks in the same state at the same place;
     the culprits first."""
@@ -54,6 +108,7 @@ def groups(diag: HangDiagnosis) -> list[tuple[list[int], RankPlace]]:
                 RankState.DEAD,
                 RankState.MISSING,
                 RankState.DESYNC,
+                RankState.UNMATCHED,
                 RankState.SILENT,
                 RankState.ELSEWHERE,
                 RankState.WAITING,
@@ -62,7 +117,7 @@ def groups(diag: HangDiagnosis) -> list[tuple[list[int], RankPlace]]:
     }
     found: dict[tuple[Any, ...], list[RankPlace]] = {}
     for p in diag.places:
-        key = (p.state, p.user_frame, p.inside, p.op, p.error, p.stacks_from)
+        key = (p.state, p.user_frame, p.inside, p.op, p.error, p.stacks_from, p.p2p)
         found.setdefault(key, []).append(p)
     out = [([p.rank for p in ps], ps[0]) for ps in found.values()]
     out.sort(key=lambda g: (order[g[1].state], g[0][0]))
@@ -70,7 +125,24 @@ def groups(diag: HangDiagnosis) -> list[tuple[list[int], RankPlace]]:
 
 
 def headline(diag: HangDiagnosis) -> str:
-    """One sentence: where the job is stuck and who the others wait for."""
+    """One sentence: where the job is stuck and who the others wait for (and the point-to-point
+    wait it ends at, when there is one)."""
+    p2p = p2p_sentence(diag)
+    if p2p and diag.collective is None:
+        return p2p
+    if p2p and diag.collective is not None and not diag.desync:
+        # the ranks that wait in the collective, not in a point-to-point op, wait behind it
+        behind = [p.rank for p in diag.places if p.state == RankState.WAITING and p.p2p is None]
+        if not behind:
+            return p2p
+        verb = "waits" if len(behind) == 1 else "wait"
+        return (
+            f"{p2p} {rank_list(behind).capitalize()} {verb} in {diag.collective.label()} behind it."
+        )
+    return _collective_headline(diag)
+
+
+def _collective_headline(diag: HangDiagnosis) -> str:
     culprits = diag.culprits
     who = rank_list(culprits) if culprits else "no rank in particular"
     if diag.collective is not None and diag.desync:
@@ -128,8 +200,28 @@ def hang_json(diag: HangDiagnosis, notice: dict[str, Any]) -> dict[str, Any]:
                 "since_last_step_s": None if p.since_s is None else round(p.since_s, 3),
                 "error": p.error,
                 "stacks_from": p.stacks_from,
+                "p2p": None
+                if p.p2p is None
+                else {
+                    "op": str(p.p2p.kind),
+                    "peer": p.p2p.peer,
+                    "group": p.p2p.group,
+                    "seq": p.p2p.seq,
+                    "sizes": None if p.p2p.sizes is None else [list(s) for s in p.p2p.sizes],
+                    "from": str(p.p2p.source),
+                },
             }
             for p in diag.places
+        ],
+        "p2p": [
+            {
+                "rank": w.rank,
+                "peer": w.op.peer,
+                "op": str(w.op.kind),
+                "verdict": str(w.verdict),
+                "root": w.root,
+            }
+            for w in diag.p2p
         ],
     }
 
