@@ -70,8 +70,8 @@ def kernel_sequences(
     What does not depend on the operator (HTA's view of the events, the host threads' nesting,
     each GPU event's launching host event) is built once for all of them (:class:`_Rank`)."""
     prepared = _Rank(events, lanes, grid_phase_ns, drop_last_step)
-    frames = [_sequences(prepared, rank, op, min_len) for op in operators]
-    return pd.concat(frames, ignore_index=True).astype(SEQUENCE_COLUMNS)
+    rows = [row for op in operators for row in _sequences(prepared, rank, op, min_len)]
+    return pd.DataFrame(rows, columns=list(SEQUENCE_COLUMNS)).astype(SEQUENCE_COLUMNS)
 
 
 class _Rank:
@@ -103,12 +103,16 @@ class _Rank:
         self.gpu, self.launcher = gpu[ok], launcher_rows[pos[ok]]
 
 
-def _sequences(r: _Rank, rank: int, operator: str, min_len: int) -> pd.DataFrame:
-    empty = pd.DataFrame(columns=list(SEQUENCE_COLUMNS)).astype(SEQUENCE_COLUMNS)
+#: One row of :data:`SEQUENCE_COLUMNS`: rank, operator, pattern, count, kernels, gpu_ns, cpu_ns.
+Row = tuple[int, str, str, int, int, int, int]
+
+
+def _sequences(r: _Rank, rank: int, operator: str, min_len: int) -> list[Row]:
+    """The rows of one operator's sequences, most frequent first (ties: by pattern)."""
     ts, end, names, parent, depth = r.ts, r.end, r.names, r.parent, r.depth
     cand = r.host & (np.char.find(names, operator) >= 0)
     if not cand.any():
-        return empty
+        return []
     min_depth = depth[cand].min()
     # each GPU event's launching host event, then its ancestor at min_depth
     gpu, owner = r.gpu, r.launcher
@@ -120,7 +124,7 @@ def _sequences(r: _Rank, rank: int, operator: str, min_len: int) -> pd.DataFrame
     at_root = (depth[owner] == min_depth) & cand[owner]
     gpu, owner = gpu[at_root], owner[at_root]
     if not len(gpu):
-        return empty
+        return []
     # each owner's GPU events in start order (stable: ties keep their row order), then one
     # group per owner: its kernels' count, names joined, durations summed
     order = np.lexsort((ts[gpu], owner))
@@ -129,32 +133,25 @@ def _sequences(r: _Rank, rank: int, operator: str, min_len: int) -> pd.DataFrame
     counts = np.diff(np.r_[starts, len(owner)])
     gpu_ns = np.add.reduceat(end[gpu] - ts[gpu], starts)
     keep = counts >= min_len
-    if not keep.any():
-        return empty
     kernel_names = names[gpu].tolist()
     owners = owner[starts[keep]]
-    seqs = [
-        SEPARATOR.join(kernel_names[a : a + c])
-        for a, c in zip(starts[keep].tolist(), counts[keep].tolist(), strict=True)
-    ]
-    per = pd.DataFrame(
-        {
-            "pattern": [
-                f"{head}{SEPARATOR}{seq}"
-                for head, seq in zip(names[owners].tolist(), seqs, strict=True)
-            ],
-            "kernels": counts[keep],
-            "gpu_ns": gpu_ns[keep],
-            "cpu_ns": end[owners] - ts[owners],
-        }
-    )
-    out = per.groupby("pattern", sort=False).agg(
-        count=("kernels", "size"),
-        kernels=("kernels", "first"),
-        gpu_ns=("gpu_ns", "sum"),
-        cpu_ns=("cpu_ns", "sum"),
-    )
-    out = out.reset_index().sort_values(["count", "pattern"], ascending=[False, True])
-    out["rank"] = rank
-    out["operator"] = operator
-    return out[list(SEQUENCE_COLUMNS)].reset_index(drop=True).astype(SEQUENCE_COLUMNS)
+    # identical sequences counted, in the order they first occur: [count, kernels, gpu, cpu]
+    found: dict[str, list[int]] = {}
+    for head, a, c, g, cpu in zip(
+        names[owners].tolist(),
+        starts[keep].tolist(),
+        counts[keep].tolist(),
+        gpu_ns[keep].tolist(),
+        (end[owners] - ts[owners]).tolist(),
+        strict=True,
+    ):
+        pattern = head + SEPARATOR + SEPARATOR.join(kernel_names[a : a + c])
+        seen = found.get(pattern)
+        if seen is None:
+            found[pattern] = [1, c, g, cpu]
+        else:
+            seen[0] += 1
+            seen[2] += g
+            seen[3] += cpu
+    ranked = sorted(found.items(), key=lambda kv: (-kv[1][0], kv[0]))
+    return [(rank, operator, pattern, *v) for pattern, v in ranked]  # type: ignore[misc]
