@@ -21,6 +21,7 @@ from rankscope.launchers import rundir
 if TYPE_CHECKING:
     from rankscope.analysis.engine.driver import Analysis
     from rankscope.analysis.engine.scheduler import ClusterSpec
+    from rankscope.analysis.render.summary_json import Summarised
     from rankscope.orchestrator.ingest.comm_kernels import CommVocabulary
 
 #: Width of the summary when stdout is not a terminal (rich would use 80 columns).
@@ -65,6 +66,7 @@ def merge_analyse_report(path: Path, wf: Workflow) -> Analysis:
     atomically (``wrote …`` for each); returns the analysis."""
     from rankscope.analysis.engine.scheduler import AUTO, ClusterSpec
     from rankscope.analysis.render.report import print_summary
+    from rankscope.analysis.render.summary_json import summarise
 
     cluster = wf.cluster or ClusterSpec(scheduler=AUTO, main_is_guarded=True)
     _refuse_unprofiled_run(path)
@@ -82,8 +84,14 @@ def merge_analyse_report(path: Path, wf: Workflow) -> Analysis:
         json_path = json_path or report / rundir.SUMMARY_JSON
         html_path = html_path or report / rundir.REPORT_HTML
     console = _console()
-    print_summary(analysis, console, top_ops=wf.top_ops, all_ranks=wf.all_ranks)
-    for p in write_reports(analysis, json_path, html_path, all_ranks=wf.all_ranks):
+    # findings, advice and the summary document once, for the terminal and both files
+    summarised = summarise(analysis)
+    print_summary(
+        analysis, console, top_ops=wf.top_ops, all_ranks=wf.all_ranks, summarised=summarised
+    )
+    for p in write_reports(
+        analysis, json_path, html_path, all_ranks=wf.all_ranks, summarised=summarised
+    ):
         console.print(f"wrote {p}")
     return analysis
 
@@ -310,22 +318,34 @@ def run_analysis(store: Path, spec: Any, *, show_progress: bool = True) -> Any:
 
 
 def write_reports(
-    analysis: Any, json_path: Path | None, html_path: Path | None, *, all_ranks: bool = False
+    analysis: Any,
+    json_path: Path | None,
+    html_path: Path | None,
+    *,
+    all_ranks: bool = False,
+    summarised: Summarised | None = None,
 ) -> list[Path]:
     """Write summary.json and/or the HTML report atomically; returns what was written.
+    ``summarised``: the analysis' findings, advice and document when the caller built them
+    (``summary_json.summarise``), else built here once for both files.
 
     A report that cannot be written (full disk, quota, read-only folder) raises
     :class:`~rankscope.errors.OutputError`: one line naming it and the cause, the previous file
     untouched, no temporary file left (``rankscope.atomic``; docs/reliability.md).
     """
     from rankscope.analysis.render.report import render_html, render_json
+    from rankscope.analysis.render.summary_json import summarise
 
-    written = []
+    written: list[Path] = []
+    if json_path is None and html_path is None:
+        return written
+    built = summarise(analysis) if summarised is None else summarised
     if json_path is not None:
-        rundir.write_bytes_atomic(json_path, render_json(analysis).encode())
+        rundir.write_bytes_atomic(json_path, render_json(analysis, built).encode())
         written.append(json_path)
     if html_path is not None:
-        rundir.write_bytes_atomic(html_path, render_html(analysis, all_ranks=all_ranks).encode())
+        html = render_html(analysis, all_ranks=all_ranks, summarised=built)
+        rundir.write_bytes_atomic(html_path, html.encode())
         written.append(html_path)
     return written
 

@@ -250,3 +250,49 @@ def test_the_end_of_a_run_and_analyze_write_the_same_report(
     by_analyze = written()
     assert at_run_end == in_merge_job == by_analyze
     assert at_run_end["stragglers"], "the straggler of this run is in every one of them"
+
+
+def test_one_summary_per_analyze_shared_by_its_three_outputs(
+    data_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`rankscope analyze RUN` builds the findings, the advice and the summary document once
+    (summary_json.summarise) and hands them to the terminal, summary.json and report.html: the
+    advice is built once per analyze (it was built three times, once per rendering), and every
+    advice item, finding and straggler of summary.json is in the terminal's text and the HTML's."""
+    import html as html_text
+
+    import rankscope.analysis.conclude.advice as advice_module
+    import rankscope.analysis.conclude.kpis as kpis_module
+
+    calls = {"advice": 0, "kpis": 0}
+    real_advice, real_kpis = advice_module.advice, kpis_module.kpis
+
+    def counted_advice(*args: object, **kwargs: object) -> object:
+        calls["advice"] += 1
+        return real_advice(*args, **kwargs)  # type: ignore[arg-type]
+
+    def counted_kpis(*args: object, **kwargs: object) -> object:
+        calls["kpis"] += 1
+        return real_kpis(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(advice_module, "advice", counted_advice)
+    monkeypatch.setattr(kpis_module, "kpis", counted_kpis)
+    run = tmp_path / "run"
+    shutil.copytree(data_dir / "cpu_gloo_4rank_straggler", run)
+    assert cli_main(["analyze", str(run), "--scheduler", SYNCHRONOUS]) == 0
+    assert calls == {"advice": 1, "kpis": 1}
+    terminal = " ".join(capsys.readouterr().out.split())
+    doc = json.loads((run / "report" / "summary.json").read_text())
+    page = " ".join(html_text.unescape((run / "report" / "report.html").read_text()).split())
+    headlines = [" ".join(i["headline"].split()) for i in doc["advice"]]
+    headlines += [" ".join(f["headline"].split()) for f in doc["findings"]]
+    assert doc["advice"] and doc["findings"] and doc["stragglers"]
+    for headline in headlines:
+        assert headline in terminal, headline
+        assert headline in page, headline
+    for s in doc["stragglers"]:
+        assert f"rank {s['rank']}" in page
+        assert f"{s['wait_caused_s']:.4f}" in terminal

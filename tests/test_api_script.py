@@ -101,17 +101,21 @@ def test_plain_script_asking_for_forked_processes_runs_them_once(
 
 def test_forked_workers_pay_sooner_than_a_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where this process can fork, ``auto`` forks its workers once the work saves more than
-    their start (``FORK_START_S``, milliseconds) — all cores count, the parent only waits — and
+    their start (``FORK_START_S``: the fork, copy-on-write pages, results back) — all cores count, the parent only waits — and
     stays in-process below that; one core or one rank never forks."""
     from rankscope.analysis.engine import scheduler
 
     monkeypatch.setattr(scheduler, "can_fork", lambda: True)
     monkeypatch.setattr(scheduler, "_cores", lambda: 2)
     spec = scheduler.ClusterSpec()
-    # 2 workers: pays when the work is over 2 x FORK_START_S (0.4 s: 320,000 events)
+    # 2 workers: pays when the work is over 2 x FORK_START_S (1.0 s: 800,000 events)
     assert scheduler.choose(spec, 8, 1_000_000).scheduler == scheduler.PROCESSES
     assert "2 forked worker processes" in scheduler.choose(spec, 8, 1_000_000).reason
     assert scheduler.choose(spec, 8, 200_000).scheduler == scheduler.SYNCHRONOUS
+    # a small job pays no worker start-up: 8 ranks of ~2,500 events (~0.4 s of work with the
+    # fixed cost of each rank's task) save ~0.2 s on 2 workers, less than forking them costs
+    small = scheduler.choose(spec, 8, 20_000, scheduler.ANALYSIS_RANK_S)
+    assert small.scheduler == scheduler.SYNCHRONOUS and "too little" in small.reason
     assert scheduler.choose(spec, 1, 100_000_000).scheduler == scheduler.SYNCHRONOUS
     monkeypatch.setattr(scheduler, "_cores", lambda: 1)
     assert scheduler.choose(spec, 8, 100_000_000).scheduler == scheduler.SYNCHRONOUS

@@ -280,3 +280,40 @@ def test_reader_does_not_touch_its_input(tmp_path: Path) -> None:
     before = (copy.read_bytes(), copy.stat().st_mtime_ns)
     kineto.read_trace(copy)
     assert (copy.read_bytes(), copy.stat().st_mtime_ns) == before
+
+
+def _inflaters() -> list[object]:
+    import zlib
+
+    from isal import isal_zlib
+
+    return [zlib, isal_zlib]
+
+
+def test_gzip_is_inflated_by_isal_where_installed() -> None:
+    """ISA-L's inflate (~2x zlib's) reads gzip traces; zlib stays the path without it."""
+    from isal import isal_zlib
+
+    assert kineto_json.inflater() is isal_zlib
+
+
+@pytest.mark.parametrize("lib", _inflaters(), ids=lambda m: m.__name__)
+def test_both_inflaters_give_the_same_text_and_errors(tmp_path: Path, lib: object) -> None:
+    """The pure-zlib path and isal's: the same text of a multi-member gzip read in bounded
+    pieces, and the same one-line error for a cut or corrupt stream."""
+    text = GLOO.read_bytes()
+    two = tmp_path / "two.json.gz"  # two gzip members, as `cat a.gz b.gz` makes
+    two.write_bytes(gzip.compress(text[:5000]) + gzip.compress(text[5000:]))
+    pieces = list(kineto_json.text_pieces(two, lib))  # type: ignore[arg-type]
+    assert b"".join(pieces) == text
+    assert max(map(len, pieces)) <= kineto_json.TEXT_PIECE_BYTES
+    data = gzip.compress(text)
+    cut = tmp_path / "cut.json.gz"
+    cut.write_bytes(data[: len(data) // 2])
+    with pytest.raises(kineto_json.TraceReadError, match="truncated or corrupt gzip"):
+        list(kineto_json.text_pieces(cut, lib))  # type: ignore[arg-type]
+    bad = tmp_path / "bad.json.gz"
+    bad.write_bytes(data[:20] + bytes(255 - b for b in data[20:200]) + data[200:])
+    with pytest.raises(kineto_json.TraceReadError, match="truncated or corrupt gzip") as info:
+        list(kineto_json.text_pieces(bad, lib))  # type: ignore[arg-type]
+    assert "\n" not in str(info.value)

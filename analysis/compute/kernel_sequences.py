@@ -65,47 +65,57 @@ def kernel_sequences(
     operators: tuple[str, ...] = DEFAULT_OPERATORS,
     min_len: int = MIN_PATTERN_LEN,
 ) -> pd.DataFrame:
-    """The rank's kernel sequences per operator, most frequent first (``SEQUENCE_COLUMNS``)."""
-    frames = [
-        _sequences(events, lanes, rank, grid_phase_ns, drop_last_step, op, min_len)
-        for op in operators
-    ]
-    return pd.concat(frames, ignore_index=True).astype(SEQUENCE_COLUMNS)
+    """The rank's kernel sequences per operator, most frequent first (``SEQUENCE_COLUMNS``).
+
+    What does not depend on the operator (HTA's view of the events, the host threads' nesting,
+    each GPU event's launching host event) is built once for all of them (:class:`_Rank`)."""
+    prepared = _Rank(events, lanes, grid_phase_ns, drop_last_step)
+    rows = [row for op in operators for row in _sequences(prepared, rank, op, min_len)]
+    return pd.DataFrame(rows, columns=list(SEQUENCE_COLUMNS)).astype(SEQUENCE_COLUMNS)
 
 
-def _sequences(
-    events: pd.DataFrame,
-    lanes: pd.DataFrame,
-    rank: int,
-    grid_phase_ns: int,
-    drop_last_step: bool,
-    operator: str,
-    min_len: int,
-) -> pd.DataFrame:
-    empty = pd.DataFrame(columns=list(SEQUENCE_COLUMNS)).astype(SEQUENCE_COLUMNS)
-    ts, end, kept = hta_view(events, lanes, grid_phase_ns, drop_last_step)
-    n = len(ts)
-    lane = events["lane"].to_numpy().astype(np.int64)
-    stream = lane_streams(lanes)[lane] if len(lanes) else np.full(n, -1)
-    host = kept & (stream < 0)
-    rows = np.flatnonzero(host)
-    order = rows[np.lexsort((-end[rows], ts[rows], lane[rows]))]
-    parent = nest(order, lane, ts, end, n)
-    names = text_values(events["name"])
-    cand = host & (np.char.find(names.astype(str), operator) >= 0)
+class _Rank:
+    """One rank's events as every operator's sequences read them: HTA's view (``ts``, ``end``),
+    the host events' nesting (``parent``, ``depth``), the names as text, and each GPU event
+    with its launching host event (same correlation id: ``gpu``, ``launcher``)."""
+
+    def __init__(
+        self, events: pd.DataFrame, lanes: pd.DataFrame, grid_phase_ns: int, drop_last_step: bool
+    ) -> None:
+        ts, end, kept = hta_view(events, lanes, grid_phase_ns, drop_last_step)
+        n = len(ts)
+        lane = events["lane"].to_numpy().astype(np.int64)
+        stream = lane_streams(lanes)[lane] if len(lanes) else np.full(n, -1)
+        host = kept & (stream < 0)
+        rows = np.flatnonzero(host)
+        order = rows[np.lexsort((-end[rows], ts[rows], lane[rows]))]
+        self.ts, self.end, self.host = ts, end, host
+        self.parent = nest(order, lane, ts, end, n)
+        self.depth = _depths(self.parent, rows)
+        self.names = text_values(events["name"]).astype(str)
+        corr = events["corr"].to_numpy()
+        gpu = np.flatnonzero(kept & (stream >= 0) & (corr >= 0))
+        launcher_rows = rows[corr[rows] >= 0]
+        lc, first = np.unique(corr[launcher_rows], return_index=True)
+        launcher_rows = launcher_rows[first]
+        pos = np.searchsorted(lc, corr[gpu])
+        ok = (pos < len(lc)) & (lc[np.minimum(pos, max(len(lc) - 1, 0))] == corr[gpu])
+        self.gpu, self.launcher = gpu[ok], launcher_rows[pos[ok]]
+
+
+#: One row of :data:`SEQUENCE_COLUMNS`: rank, operator, pattern, count, kernels, gpu_ns, cpu_ns.
+Row = tuple[int, str, str, int, int, int, int]
+
+
+def _sequences(r: _Rank, rank: int, operator: str, min_len: int) -> list[Row]:
+    """The rows of one operator's sequences, most frequent first (ties: by pattern)."""
+    ts, end, names, parent, depth = r.ts, r.end, r.names, r.parent, r.depth
+    cand = r.host & (np.char.find(names, operator) >= 0)
     if not cand.any():
-        return empty
-    depth = _depths(parent, rows)
+        return []
     min_depth = depth[cand].min()
-    # each GPU event's launching host event (same correlation id), then its ancestor at min_depth
-    corr = events["corr"].to_numpy()
-    gpu = np.flatnonzero(kept & (stream >= 0) & (corr >= 0))
-    launcher_rows = rows[corr[rows] >= 0]
-    lc, first = np.unique(corr[launcher_rows], return_index=True)
-    launcher_rows = launcher_rows[first]
-    pos = np.searchsorted(lc, corr[gpu])
-    ok = (pos < len(lc)) & (lc[np.minimum(pos, max(len(lc) - 1, 0))] == corr[gpu])
-    gpu, owner = gpu[ok], launcher_rows[pos[ok]]
+    # each GPU event's launching host event, then its ancestor at min_depth
+    gpu, owner = r.gpu, r.launcher
     while True:  # climb to the depth of the candidates
         deeper = depth[owner] > min_depth
         if not deeper.any():
@@ -114,25 +124,34 @@ def _sequences(
     at_root = (depth[owner] == min_depth) & cand[owner]
     gpu, owner = gpu[at_root], owner[at_root]
     if not len(gpu):
-        return empty
-    k = pd.DataFrame({"owner": owner, "ts": ts[gpu], "name": names[gpu], "dur": end[gpu] - ts[gpu]})
-    k = k.sort_values(["owner", "ts"], kind="stable")
-    per = k.groupby("owner", sort=False).agg(
-        kernels=("name", "size"), seq=("name", SEPARATOR.join), gpu_ns=("dur", "sum")
-    )
-    per = per[per["kernels"] >= min_len]
-    if not len(per):
-        return empty
-    owners = per.index.to_numpy()
-    per["pattern"] = names[owners].astype(str) + SEPARATOR + per["seq"]
-    per["cpu_ns"] = end[owners] - ts[owners]
-    out = per.groupby("pattern", sort=False).agg(
-        count=("kernels", "size"),
-        kernels=("kernels", "first"),
-        gpu_ns=("gpu_ns", "sum"),
-        cpu_ns=("cpu_ns", "sum"),
-    )
-    out = out.reset_index().sort_values(["count", "pattern"], ascending=[False, True])
-    out["rank"] = rank
-    out["operator"] = operator
-    return out[list(SEQUENCE_COLUMNS)].reset_index(drop=True).astype(SEQUENCE_COLUMNS)
+        return []
+    # each owner's GPU events in start order (stable: ties keep their row order), then one
+    # group per owner: its kernels' count, names joined, durations summed
+    order = np.lexsort((ts[gpu], owner))
+    gpu, owner = gpu[order], owner[order]
+    starts = np.flatnonzero(np.r_[True, owner[1:] != owner[:-1]])
+    counts = np.diff(np.r_[starts, len(owner)])
+    gpu_ns = np.add.reduceat(end[gpu] - ts[gpu], starts)
+    keep = counts >= min_len
+    kernel_names = names[gpu].tolist()
+    owners = owner[starts[keep]]
+    # identical sequences counted, in the order they first occur: [count, kernels, gpu, cpu]
+    found: dict[str, list[int]] = {}
+    for head, a, c, g, cpu in zip(
+        names[owners].tolist(),
+        starts[keep].tolist(),
+        counts[keep].tolist(),
+        gpu_ns[keep].tolist(),
+        (end[owners] - ts[owners]).tolist(),
+        strict=True,
+    ):
+        pattern = head + SEPARATOR + SEPARATOR.join(kernel_names[a : a + c])
+        seen = found.get(pattern)
+        if seen is None:
+            found[pattern] = [1, c, g, cpu]
+        else:
+            seen[0] += 1
+            seen[2] += g
+            seen[3] += cpu
+    ranked = sorted(found.items(), key=lambda kv: (-kv[1][0], kv[0]))
+    return [(rank, operator, pattern, *v) for pattern, v in ranked]  # type: ignore[misc]

@@ -52,9 +52,13 @@ THREADS = "threads"
 #: where a LocalCluster's start-up does not (2 cores: merge + analysis of 64 ranks x 40 steps
 #: 17.2 s in-process, 12.9 s forked; docs/performance.md). Dask's own word for a process pool.
 PROCESSES = "processes"
-#: Seconds forked workers cost before and after their tasks (the fork, handing each result back
-#: through a pipe): 0.02 s measured for 2 workers, the rest a margin for the results' pickling.
-FORK_START_S = 0.2
+#: Seconds forked workers cost before and after their tasks: the fork itself (0.02 s for 2
+#: workers), then the copy-on-write pages the children touch (every object they read has its
+#: reference count written) and the results pickled back through a pipe. Measured as the CPU
+#: time 2 forked workers add to the same analysis in-process (parent + children, 8-rank
+#: ``param_dlrm_8rank``, 7 interleaved pairs on this project's 2-core machine): 0.51 s mean
+#: (-0.02 to 0.88 s); taken whole, as on a busy machine the workers do not overlap it.
+FORK_START_S = 0.5
 #: Events one core analyses per second in-process (measured on the 64-rank scale set:
 #: 15.8 M events in 20 s on this project's 2-core machine, docs/performance.md).
 IN_PROCESS_EVENTS_PER_S = 800_000

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from rankscope.analysis.conclude.findings import PIPELINE_KINDS, Finding, FindingKind, findings
+from rankscope.analysis.conclude.findings import PIPELINE_KINDS, Finding, FindingKind
 from rankscope.analysis.conclude.sections import Section
 from rankscope.analysis.render.format import (
     ADVICE_TITLE,
@@ -28,7 +28,7 @@ from rankscope.analysis.render.format import (
 )
 from rankscope.analysis.render.hta_section import hta_tables
 from rankscope.analysis.render.html_charts import _bars_svg, _lateness_svg, steps_table
-from rankscope.analysis.render.summary_json import summary
+from rankscope.analysis.render.summary_json import Summarised, summarise
 from rankscope.analysis.render.templating import finding, markup, render, table
 
 if TYPE_CHECKING:
@@ -279,26 +279,30 @@ def _run_steps(a: Analysis, doc: dict[str, Any]) -> dict[str, Any] | None:
     return view
 
 
-def render_html(a: Analysis, *, all_ranks: bool = False) -> str:
+def render_html(
+    a: Analysis, *, all_ranks: bool = False, summarised: Summarised | None = None
+) -> str:
     """The self-contained HTML report (inline CSS and SVG; opens offline).
 
     With more than :data:`MANY_RANKS` ranks (and not ``all_ranks``) the per-rank parts are
     summarised as in the terminal: the distribution over all ranks, the flagged ranks and the
     worst ones, hosts as aggregated bars (:func:`shown_ranks`); summary.json keeps every rank.
+    ``summarised``: :func:`summarise` of ``a`` when the caller renders it in other forms too
+    (built here when None).
     """
-    return render(TEMPLATE, **report_context(a, all_ranks=all_ranks))
+    return render(TEMPLATE, **report_context(a, all_ranks=all_ranks, summarised=summarised))
 
 
-def report_context(a: Analysis, *, all_ranks: bool = False) -> dict[str, Any]:
+def report_context(
+    a: Analysis, *, all_ranks: bool = False, summarised: Summarised | None = None
+) -> dict[str, Any]:
     """What :data:`TEMPLATE` takes: every section's rows, figures and words as plain values
     (the charts as ``Markup``); a section it leaves out is None. See :func:`render_html`."""
-    from rankscope.analysis.conclude.advice import advice
     from rankscope.analysis.render.memory_section import memory_view
     from rankscope.analysis.render.overview_section import overview_view
 
-    found = findings(a)
-    advised = advice(a, found)
-    doc = summary(a, found, advised)
+    built = summarise(a) if summarised is None else summarised
+    found, advised, doc = built.found, built.advised, built.doc
     # what compares ranks is left out where it does not apply (one rank: conclude/sections.py)
     sections = set(doc["sections"])
     strag = doc.get("stragglers", [])

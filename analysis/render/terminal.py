@@ -31,7 +31,7 @@ from rankscope.analysis.render.format import (
     short_names,
 )
 from rankscope.analysis.render.hta_section import hta_terminal_lines
-from rankscope.analysis.render.summary_json import summary
+from rankscope.analysis.render.summary_json import Summarised, summarise
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -81,7 +81,12 @@ def finding_markup(f: Finding) -> str:
 
 
 def print_summary(
-    a: Analysis, console: Console | None = None, *, top_ops: int = 8, all_ranks: bool = False
+    a: Analysis,
+    console: Console | None = None,
+    *,
+    top_ops: int = 8,
+    all_ranks: bool = False,
+    summarised: Summarised | None = None,
 ) -> None:
     """The terminal summary: per-rank table, stragglers with evidence, memory, clocks, top ops.
 
@@ -89,6 +94,8 @@ def print_summary(
     are summarised so the summary fits a screen: the median, p90 and worst rank of each column,
     every flagged rank (straggler, bottleneck) and the worst rank by total time and by wait,
     one row per host when there are few hosts, and one line saying what was left out.
+    ``summarised``: :func:`summarise` of ``a`` when the caller renders it in other forms too
+    (built here when None).
     """
     from rankscope.analysis.render.memory_section import print_memory
     from rich import box
@@ -96,11 +103,8 @@ def print_summary(
     from rich.table import Table
 
     console = console or Console()
-    from rankscope.analysis.conclude.advice import advice
-
-    found = findings(a)
-    advised = advice(a, found)
-    doc = summary(a, found, advised)
+    built = summarise(a) if summarised is None else summarised
+    found, advised, doc = built.found, built.advised, built.doc
     print_advice(advised, console)
     title = f"rankscope · {a.path} · {doc['ranks_present']} of {a.world_size} rank(s)"
     show_host = len({r["host"] for r in doc["ranks"]}) > 1

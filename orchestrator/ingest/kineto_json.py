@@ -25,6 +25,7 @@ import zlib
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
+from types import ModuleType
 from typing import Any, TypeVar
 
 import msgspec
@@ -130,11 +131,23 @@ BLOCK_DECODER = msgspec.json.Decoder(list[KEvent])
 BLOCK_DECODER_EXACT = msgspec.json.Decoder(list[KEventExact])
 
 
-def text_pieces(path: Path) -> Iterator[bytes]:
+def inflater() -> ModuleType:
+    """The inflater of gzip traces: ISA-L's (``isal.isal_zlib``, zlib's interface at ~2.2x its
+    speed on Kineto's JSON: 0.072 s vs 0.158 s of CPU for the 54 MB ``df_index_resolver``,
+    measured), or the standard library's ``zlib`` where isal is not installed (same output)."""
+    try:
+        from isal import isal_zlib
+    except ImportError:
+        return zlib
+    return isal_zlib
+
+
+def text_pieces(path: Path, inflate: ModuleType | None = None) -> Iterator[bytes]:
     """The file's JSON text in pieces (gunzipped on the fly); TraceReadError when unreadable.
 
     The only reader of trace bytes: the streaming decoder, :func:`read_bytes` and
     ``discovery.sniff`` all take their text from here, so gzip is handled in one place.
+    ``inflate``: a module with zlib's ``decompressobj`` and ``error`` (None: :func:`inflater`).
     """
     try:
         fh = path.open("rb")
@@ -147,7 +160,8 @@ def text_pieces(path: Path) -> Iterator[bytes]:
                 yield first
                 first = fh.read(READ_BYTES)
             return
-        dec = zlib.decompressobj(wbits=GZIP_WBITS)
+        lib = inflater() if inflate is None else inflate
+        dec = lib.decompressobj(wbits=GZIP_WBITS)
         limit = max(GZIP_FREE_BYTES, GZIP_MAX_RATIO * os.fstat(fh.fileno()).st_size)
         produced = 0
         piece = first
@@ -160,7 +174,7 @@ def text_pieces(path: Path) -> Iterator[bytes]:
                     data = dec.unconsumed_tail
                     if dec.eof and dec.unused_data:  # multi-member gzip
                         data = dec.unused_data
-                        dec = zlib.decompressobj(wbits=GZIP_WBITS)
+                        dec = lib.decompressobj(wbits=GZIP_WBITS)
                     if out:
                         produced += len(out)
                         if produced > limit:
@@ -169,7 +183,7 @@ def text_pieces(path: Path) -> Iterator[bytes]:
                                 f"{GZIP_MAX_RATIO}x its size (a gzip bomb?)"
                             )
                         yield out
-            except zlib.error as exc:
+            except (zlib.error, lib.error) as exc:
                 raise TraceReadError(f"truncated or corrupt gzip ({exc})") from None
             piece = fh.read(READ_BYTES)
         if not dec.eof:
