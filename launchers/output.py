@@ -81,6 +81,13 @@ class TracebackFilter:
     def __call__(self, line: bytes) -> bool:
         """Whether ``line`` belongs to a traceback (and is left out)."""
         body = _PREFIX_RE.sub(b"", line, count=1).rstrip(b"\r\n")
+        if self._state == _Tb.FRAME:
+            # the report holds the failed ranks' tracebacks (chained ones too): only its
+            # closing line of "=" ends it
+            stripped = body.strip()
+            if len(stripped) >= FRAME_MIN and set(stripped) == {ord("=")}:
+                self._state = _Tb.AFTER
+            return True
         if TRACEBACK_START_RE.match(line):
             self._state = _Tb.FRAMES
             return True
@@ -98,11 +105,6 @@ class TracebackFilter:
                 return True
             self._state = _Tb.OUT
             return False
-        if self._state == _Tb.FRAME:
-            stripped = body.strip()
-            if len(stripped) >= FRAME_MIN and set(stripped) == {ord("=")}:
-                self._state = _Tb.AFTER
-            return True
         return False
 
 
