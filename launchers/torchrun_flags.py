@@ -190,7 +190,6 @@ def read_flags(source: str) -> list[FlagSpec]:
     ]
     if len(stores) != 1:
         raise UnreadableParser("the parser is assigned more than once")
-    calls: list[ast.Call] = []
     for node in ast.walk(func):
         if (
             isinstance(node, ast.Attribute)
@@ -206,13 +205,13 @@ def read_flags(source: str) -> list[FlagSpec]:
             continue
         if node.attr != "add_argument":
             raise UnreadableParser(f"parser.{node.attr} is not modelled")
-    for node in ast.walk(func):
-        if (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Attribute)
-            and node.func.attr == "add_argument"
-        ):
-            calls.append(node)
+    calls = [
+        n
+        for n in ast.walk(func)
+        if isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Attribute)
+        and n.func.attr == "add_argument"
+    ]
     calls.sort(key=lambda c: (c.lineno, c.col_offset))  # argparse cares for positionals' order
     return [_flag(c) for c in calls]
 
