@@ -5,7 +5,8 @@ writes what changed back to ``run.json`` (queued → running → completed/faile
 so it works after the submitting process has exited. Prints the run, one row per Slurm task
 (node, host, state, exit code), the merge job, the store, and the failures with their ranks;
 while the job runs, the live line from its ranks' step logs (docs/live.md), and the changes the
-live monitor noticed (``RUN/changes.jsonl``).
+live monitor noticed (``RUN/changes.jsonl``). A job hung and left running (``--on-hang wait``) is
+shown ``hung``, kept running, with how to end it.
 ``--json`` prints the refreshed ``run.json`` instead.
 """
 
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from rankscope.launchers.rundir import RunState
+from rankscope.launchers.spec import LauncherKind
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -63,6 +65,12 @@ def describe(run_dir: Path, record: dict[str, Any]) -> dict[str, Any]:
         from rankscope.orchestrator.live import status_line
 
         out["live"] = status_line(run_dir, record)
+    hang = record.get("hang") or {}
+    if record.get("state") == RunState.RUNNING and hang.get("headline"):
+        # --on-hang wait: the processes live on (run.json says running, truthfully), but what a
+        # user asking needs first is that the job is hung, and how to end it
+        out["state"] = RunState.HUNG
+        out["kept_running"] = True
     changes = run_dir / rundir.CHANGES_FILE
     out["changes"] = changes.read_text().splitlines() if changes.is_file() else []
     return out
@@ -93,6 +101,13 @@ def print_status(info: dict[str, Any]) -> None:
         head += f"  (Slurm job {info['job_id']}: {info.get('slurm_state') or '?'}{escape(reason)})"
     if info.get("exit_code") is not None:
         head += f"  exit code {info['exit_code']}"
+    if info.get("kept_running"):
+        end = (
+            f"rankscope cancel {escape(info['run_dir'])}"
+            if info["launcher"] == LauncherKind.SLURM
+            else "Ctrl-C in its terminal"
+        )
+        head += f"  (kept running for a debugger, --on-hang wait: {end} ends it)"
     console.print(head)
     console.print(
         f"launcher {info['launcher']}, {info.get('world_size') or '?'} ranks, "

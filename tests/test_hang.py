@@ -32,20 +32,30 @@ EXIT_HUNG = 124
 #: --hang-after: far above it, so that the timeout, not the watch, notices the hang.
 PG_TIMEOUT_S = 10
 TIMEOUT_HANG_AFTER_S = 200
+#: rankscope run's flags for the jobs whose windows nobody reads: no merge, no analysis, and no
+#: window at all (--skip-first beyond their steps). A rank's first window costs ~3 s of CPU here
+#: before it records anything (torch's profiler imports torch._dynamo when it starts one: the
+#: example's docstring): a quarter of each of these jobs' CPU, for traces never read.
+UNREAD = ["--no-merge", "--no-analyze", "--skip-first", "1000"]
+#: The endless loop's job keeps its window, from its first step (--wait 0): the profiler's start
+#: (and that import) comes before the first step, under the rule for the start-up (3 x
+#: --hang-after, at least 120 s), not in the middle of step 1 as a 10 s pause the watch would
+#: rightly call a hang on a loaded machine.
+PROFILED = ["--wait", "0"]
 #: scenario -> the example's arguments (and rankscope run's extra flags)
 SCENARIOS: dict[str, tuple[list[str], list[str]]] = {
-    "loop": (["--hang", "loop", "--rank", "1", "--after", "4"], []),
-    "desync": (["--hang", "desync", "--rank", "1", "--after", "4"], ["--no-merge", "--no-analyze"]),
-    "kill": (["--hang", "kill", "--rank", "1", "--after", "4"], ["--no-merge", "--no-analyze"]),
+    "loop": (["--hang", "loop", "--rank", "1", "--after", "4"], PROFILED),
+    "desync": (["--hang", "desync", "--rank", "1", "--after", "4"], UNREAD),
+    "kill": (["--hang", "kill", "--rank", "1", "--after", "4"], UNREAD),
     "grow": (
         ["--grow", "0.2:3", "--steps", "4"],
-        ["--no-merge", "--no-analyze", "--hang-after", str(GROW_HANG_AFTER_S)],
+        [*UNREAD, "--hang-after", str(GROW_HANG_AFTER_S)],
     ),
     # rank 1's loader stops; rank 0's all_reduce times out after PG_TIMEOUT_S, long before
     # --hang-after: the timeout is the notice
     "timeout": (
         ["--hang", "loader", "--rank", "1", "--after", "4", "--pg-timeout", str(PG_TIMEOUT_S)],
-        ["--no-merge", "--no-analyze", "--hang-after", str(TIMEOUT_HANG_AFTER_S)],
+        [*UNREAD, "--hang-after", str(TIMEOUT_HANG_AFTER_S)],
     ),
 }
 

@@ -2,7 +2,8 @@
 examples/train_hang.py, one gloo rank per emulated node, rank 1 the odd one out.
 
 Four jobs at once (module fixture; the test cluster's nodes advertise enough CPUs for all of
-them and their merge jobs) to keep the suite short: an endless loop on rank 1 followed by
+them and their merge jobs) to keep the suite short: an endless loop on rank 1 (a poll for a file
+that never comes) followed by
 ``rankscope run --slurm --follow`` (the terminal's paragraph, exit 124, ``hung``); the same loop
 as a batch job nobody follows, with ``--on-hang wait`` (noticed by the first node's task and
 diagnosed while it is left running; cancelled afterwards, it is ``hung``); the same loop
@@ -34,12 +35,22 @@ JOB_TIMEOUT_S = 480
 #: Seconds the diagnosis of a hang left running may take after node 0 recorded the notice (a
 #: process that imports the analysis and reads two answers, on 2 loaded cores).
 DIAGNOSIS_TIMEOUT_S = 180
-LOOP = ["--hang", "loop", "--rank", "1", "--after", "4"]
+#: rank 1's endless loop: a poll for a file that never comes (``--hang poll``: it sleeps between
+#: looks; the spinning ``--hang loop`` is tests/test_hang.py's — three spinning ranks for the
+#: minute these jobs take would cost this module a core)
+LOOP = ["--hang", "poll", "--rank", "1", "--after", "4"]
+#: The window from the first step (tests/test_hang.py's PROFILED: the profiler's costly start
+#: before the first step), or none in the run (its UNREAD: the killed job's windows are never read)
+PROFILED = ["--wait", "0"]
+UNPROFILED = ["--skip-first", "1000"]
 #: scenario -> (rankscope run's extra flags, the example's arguments)
 SCENARIOS: dict[str, tuple[list[str], list[str]]] = {
-    "loop": (["--follow", "--no-analyze"], LOOP),
-    "kill": (["--follow", "--no-analyze"], ["--hang", "kill", "--rank", "1", "--after", "4"]),
-    "batch": (["--on-hang", "wait"], LOOP),
+    "loop": (["--follow", "--no-analyze", *PROFILED], LOOP),
+    "kill": (
+        ["--follow", "--no-analyze", *UNPROFILED],
+        ["--hang", "kill", "--rank", "1", "--after", "4"],
+    ),
+    "batch": (["--on-hang", "wait", *PROFILED], LOOP),
 }
 #: The sbatch template's job: its time limit (minutes) bounds it should nothing watch it.
 TEMPLATE = REPO / "slurm" / "rankscope.sbatch"
@@ -90,6 +101,7 @@ def _submit_template(cluster: LocalSlurm, out: Path) -> subprocess.CompletedProc
         RANKSCOPE_OUT=str(out),
         RANKSCOPE_PYTHON=sys.executable,
         RANKSCOPE_HANG_AFTER=str(HANG_AFTER_S),
+        RANKSCOPE_PROFILER=json.dumps({"wait": 0, "warmup": 1, "active": 3, "repeat": 1}),
     )
     out.mkdir(parents=True)
     return subprocess.run(
@@ -188,7 +200,7 @@ def _check_loop(result: dict[str, Any]) -> dict[str, Any]:
     assert hang["collective"]["op"] == "all_reduce"
     assert hang["collective"]["group_desc"] == "default_pg"
     ranks = {r["rank"]: r for r in hang["ranks"]}
-    loop = _line("while True:  # the endless loop")
+    loop = _line("while not NEVER_WRITTEN.exists():  # the endless poll")
     assert ranks[1]["state"] == "missing" and ranks[1]["line"] in (loop, loop + 1)
     assert Path(ranks[1]["file"]).name == "train_hang.py"
     assert ranks[0]["state"] == "waiting" and ranks[0]["line"] == _line("# the gradient all-reduce")
@@ -228,7 +240,11 @@ def test_a_batch_job_left_hung_is_diagnosed_while_it_runs(
     assert running["record"]["state"] == "running"  # left running
     assert running["record"]["hang"]["on_hang"] == "wait"
     headline = running["record"]["hang"]["headline"]
-    assert headline and headline in running["status"].stdout.replace("\n", " ")
+    said = running["status"].stdout
+    assert headline and headline in said.replace("\n", " ")
+    # `rankscope status` calls it hung while it is kept running, and says how to end it
+    assert ": hung" in said and "kept running for a debugger" in said, said
+    assert f"rankscope cancel {result['run']}" in said.replace("\n", ""), said
     hang = _check_loop(result)
     assert hang["headline"] == headline
     assert result["record"]["slurm"]["merge"]["analyze_exit_code"] == 0  # analysed by default
