@@ -18,7 +18,9 @@ int64:
 * ``cpu_ns`` / ``runq_ns`` — the training thread's scheduler counters when the step ended
   (Linux ``/proc/thread-self/schedstat`` fields 1 and 2, CUMULATIVE since the thread began: ns
   on a CPU, and ns it was runnable but another task held the core — the run-queue delay); a
-  step's share is the difference from the record before. :data:`UNKNOWN` where Linux does not
+  step's share is the difference from the record before (the kernel brings a running thread's
+  CPU time up to date at its ticks and switches, so one step's CPU share is coarse: ms; the
+  run-queue delay is added when the thread gets its CPU). :data:`UNKNOWN` where Linux does not
   say (another OS, a kernel without schedstats). The runtime reads them at every step end
   already (``stepping._thread_times``: one ``pread`` of an open file), so they cost the step
   log nothing more.

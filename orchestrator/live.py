@@ -256,7 +256,9 @@ def sentence(
     text = f"step {step:,}: " + "; ".join(parts)
     if host is not None:
         who = "the ranks" if job is not None else f"rank {drift.rank if drift else '?'}"
-        stolen = f" ({host.stolen_ms:.1f} of them the VM's stolen time)" if host.stolen_ms else ""
+        stolen = (
+            f" ({host.stolen_ms:.1f} of them the VM's stolen time)" if host.stolen_ms > 0.05 else ""
+        )
         text += (
             f": {who} waited {host.rise_ms:.1f} ms/step more for a CPU{stolen} — contention on "
             "the host, not the job; no profile taken"

@@ -120,19 +120,20 @@ def busy_loops(cores: list[int], per_core: int) -> list[subprocess.Popen[bytes]]
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_cpu_contention_on_the_host_is_said_and_not_profiled(tmp_path: Path) -> None:
-    """A real run (3 ranks, gloo, ~100 ms steps: 80 ms in the loader, 20 ms of the thread's
-    CPU time of fixed work, ``--cpu-work-ms``) whose job never changes; once rank 0 has done
+    """A real run (2 ranks, gloo, ~100 ms steps: 60 ms in the loader, 30 ms of the thread's
+    CPU time of fixed work, ``--cpu-work-ms``: a CPU share that falls shows) whose job never
+    changes; once rank 0 has done
     CONTEND_FROM steps (and BASELINE_STEPS since a change the machine's other load made, if
-    any), this test starts four busy loops pinned to every core: the ranks wait
+    any), this test starts six busy loops pinned to every core: the ranks wait
     for a CPU and the steps get slower for good. The monitor says it as the host's contention
     (its run-queue delays rose by the rise) and asks for NO window."""
     out = tmp_path / "out"
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "KINETO_LOG_LEVEL")}
     args = [
-        sys.executable, "-m", "rankscope", "run", "--nproc-per-node", "3",
+        sys.executable, "-m", "rankscope", "run", "--nproc-per-node", "2",
         "--skip-first", "1000", "--no-merge", "--no-analyze",
         "--out", str(out), str(EXAMPLE), "--steps", str(CONTEND_STEPS), "--hidden", "32",
-        "--layers", "1", "--batch-size", "8", "--input-delay-ms", "80", "--cpu-work-ms", "20",
+        "--layers", "1", "--batch-size", "8", "--input-delay-ms", "60", "--cpu-work-ms", "30",
     ]  # fmt: skip
     import time
 
@@ -156,7 +157,7 @@ def test_cpu_contention_on_the_host_is_said_and_not_profiled(tmp_path: Path) -> 
             )
             if len(steps) and steps[-1] >= max(CONTEND_FROM, since + BASELINE_STEPS):
                 started_at = int(steps[-1])
-                loops = busy_loops(sorted(os.sched_getaffinity(0)), 4)
+                loops = busy_loops(sorted(os.sched_getaffinity(0)), 6)
                 break
             time.sleep(0.05)
         output, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
@@ -175,11 +176,13 @@ def test_cpu_contention_on_the_host_is_said_and_not_profiled(tmp_path: Path) -> 
     assert changes and all(c["kind"] == "host" for c in changes), changes
     first = next(c for c in changes if c["step"] > started_at)
     assert first["step"] <= started_at + 40, (started_at, changes)
-    assert first["after_ms"] > first["before_ms"] * 1.1 and first["trigger"] is None
+    assert first["after_ms"] > first["before_ms"] and first["trigger"] is None
     assert first["host_ms"][1] > first["host_ms"][0]
     assert first["sentence"] in output and "no profile taken" in first["sentence"]
     assert not (run_dir / rundir.TRIGGER_FILE).exists()
-    assert not any("trigger" in w for meta in metas(run_dir) for w in meta["windows"])
+    for r in range(2):
+        meta = json.loads((rundir.rank_dir(run_dir, r) / rundir.META_JSON).read_text())
+        assert not any("trigger" in w for w in meta["windows"])
 
 
 def test_live_options_round_trip_through_run_json() -> None:
