@@ -520,3 +520,27 @@ def time_now_ns() -> int:
     import time
 
     return time.time_ns()
+
+
+def test_a_rank_that_drifts_because_it_waits_for_a_cpu_is_the_hosts() -> None:
+    """Rank 1 falls 30 ms behind from step 200 (the others wait 30 ms more for it in their
+    collectives): when its own run-queue delay rose by those 30 ms (another process on its core)
+    the drift is the host's; when its run queue stayed flat (its own work), the job's."""
+    for rng in seeds(3):
+        n, ranks = 300, 3
+        after = np.arange(n) >= HOST_FROM
+        wait = 5.0 + 0.5 * rng.standard_normal((ranks, n))
+        wait[[0, 2]] += 30.0 * after  # the others wait for rank 1
+        behind = sc.rank_behind_ms((wait * 1e6).astype(np.int64))
+        assert behind is not None
+        for runq_rise, host in ((30.0, True), (0.0, False)):
+            runq = 2.0 + 0.5 * rng.standard_normal((ranks, n))
+            runq[1] += runq_rise * after
+            cum = np.concatenate([np.zeros((ranks, 1)), np.cumsum(runq, axis=1)], axis=1)
+            delay = sc.host_delay_ms((cum * 1e6).astype(np.int64))
+            assert delay is not None
+            k = HOST_FROM + 12
+            drift = sc.detect_rank_drift(behind[:, :k], 90.0, DEFAULT)
+            assert drift is not None and drift.rank == 1
+            share = sc.drift_host(behind[:, :k], delay[:, :k], drift, 90.0, DEFAULT)
+            assert share.explained is host
