@@ -54,8 +54,9 @@ def build(work: Path, ranks: int, log_steps: int) -> tuple[Path, Path]:
                 records = np.zeros(log_steps, dtype=np.dtype(step_log.STEP_FIELDS))
                 records["steps"] = np.arange(1, log_steps + 1)
                 records["end_ns"] = end
-                records["wait_ns"] = step_log.UNKNOWN
-                (folder / step_log.STEP_LOG_FILE).write_bytes(records.tobytes())
+                for name in ("wait_ns", "cpu_ns", "runq_ns"):
+                    records[name] = step_log.UNKNOWN
+                (folder / step_log.STEP_LOG_FILE).write_bytes(step_log.to_bytes(records))
         runs.append(run)
     return runs[0], runs[1]
 

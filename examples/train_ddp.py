@@ -15,7 +15,8 @@ overhead benchmark's baseline); ``--step-times FILE`` writes per-step wall and m
 seconds (``{rank}`` in FILE is replaced by the rank); ``--straggler-steps N:K`` /
 ``--input-delay-steps N:K`` put the straggler's work / the slow batches only in the steps with
 ``step % N == K``, so that one run holds steps with and without the effect (the what-if test);
-``--straggler-from S`` starts the straggler's work at step S (a slow-down in the middle of the
+``--cpu-work-ms MS`` makes every rank compute MS of its thread's CPU time per step (fixed work:
+slower when other processes hold the cores); ``--straggler-from S`` starts the straggler's work at step S (a slow-down in the middle of the
 run: ``rankscope run --straggler-rank 2 --straggler-ms 30 --straggler-from 150``, the live
 monitor's test).
 
@@ -71,12 +72,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--straggler-mode",
-        choices=("wait", "busy"),
+        choices=("wait", "busy", "cpu"),
         default="wait",
-        help="wait: threading.Event().wait; busy: matmuls until the time is spent",
+        help="wait: threading.Event().wait; busy: matmuls until the time is spent; cpu: matmuls "
+        "until the thread's CPU time is spent",
     )
     p.add_argument(
         "--input-delay-ms", type=float, default=0.0, help="slow data loader, ms per batch"
+    )
+    p.add_argument(
+        "--cpu-work-ms",
+        type=float,
+        default=0.0,
+        help="every rank computes this much CPU time per step (a fixed amount of work: when "
+        "other processes take the cores, it takes longer; the live monitor's host test)",
     )
     p.add_argument(
         "--input-delay-rank", type=int, default=-1, help="rank with the slow loader (-1: all)"
@@ -178,9 +187,10 @@ def spend(ms: float, mode: str) -> None:
     if mode == "wait":
         threading.Event().wait(ms / 1000)
         return
-    deadline = time.perf_counter() + ms / 1000
+    clock = time.thread_time if mode == "cpu" else time.perf_counter
+    deadline = clock() + ms / 1000
     a = torch.randn(64, 64)
-    while time.perf_counter() < deadline:
+    while clock() < deadline:
         a = torch.tanh(a @ a)
 
 
@@ -297,6 +307,9 @@ def main(argv: list[str] | None = None) -> None:
         ):
             with record_function("straggler_work"):
                 spend(args.straggler_ms, args.straggler_mode)
+        if args.cpu_work_ms > 0:
+            with record_function("rankscope_example::cpu_work"):
+                spend(args.cpu_work_ms, "cpu")
         loss = nn.functional.mse_loss(model(x), y)
         if optimizer is not None:
             optimizer.zero_grad(set_to_none=True)

@@ -323,7 +323,7 @@ class HangProbe:
         self.dir = rundir.rank_dir(run_dir, rank)
         self.steps = 0
         self.last_step_ns: int | None = None
-        self.records: deque[tuple[int, int, int]] = deque()
+        self.records: deque[tuple[int, int, int, int, int]] = deque()
         """Step records not yet in the step log (appended by the training thread, taken by
         whoever flushes: a deque's ``append`` / ``popleft`` are atomic, no lock on the step)."""
         self._flush_lock = threading.RLock()
@@ -358,13 +358,21 @@ class HangProbe:
         self._thread.start()
         _ACTIVE[:] = [self]
 
-    def beat(self, steps: int, end_ns: int | None = None, wait_ns: int = step_log.UNKNOWN) -> None:
+    def beat(
+        self,
+        steps: int,
+        end_ns: int | None = None,
+        wait_ns: int = step_log.UNKNOWN,
+        cpu_ns: int = step_log.UNKNOWN,
+        runq_ns: int = step_log.UNKNOWN,
+    ) -> None:
         """A step ended (``steps`` done in all, at ``end_ns``, ns since the epoch; now when
-        None; ``wait_ns`` of it in collectives): kept for the step log, and progress.json
+        None; ``wait_ns`` of it in collectives; the training thread's CPU and run-queue ns so
+        far, cumulative): kept for the step log, and progress.json
         written now when BEAT_INTERVAL_S passed since the last write, else by the probe's
         thread within that time (so the last step before a hang is always on disk)."""
         now = time.time_ns() if end_ns is None else end_ns
-        self.records.append((steps, now, wait_ns))
+        self.records.append((steps, now, wait_ns, cpu_ns, runq_ns))
         self.steps = steps
         self.last_step_ns = now
         if now - self._written_ns >= BEAT_INTERVAL_S * 1e9 or steps == 1:

@@ -25,6 +25,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from rankscope.launchers.collective_wait import CLOCK as WAIT_CLOCK
+from rankscope.launchers.step_log import UNKNOWN
 
 if TYPE_CHECKING:
     from rankscope.launchers.hang_probe import HangProbe
@@ -188,7 +189,7 @@ class RankStepping:
         end_ns = time.time_ns()
         wait_ns = WAIT_CLOCK.take()
         current = self.prof.current_action
-        self._record_step_cpu(current in self._recording_actions)
+        mark = self._record_step_cpu(current in self._recording_actions)
         if current == self._save_action or self.prof.schedule(self.prof.step_num + 1) != current:
             # the profiler changes state (a window starts or ends, the trace is exported): a
             # Ctrl-C/SIGTERM in the middle would leave it half-way; let it land just after
@@ -197,23 +198,27 @@ class RankStepping:
         else:
             self.prof.step()
         self.meta["steps"] += 1
-        self.probe.beat(self.meta["steps"], end_ns, wait_ns)
+        cpu_ns, runq_ns = (mark[1], mark[2]) if mark is not None else (UNKNOWN, UNKNOWN)
+        self.probe.beat(self.meta["steps"], end_ns, wait_ns, cpu_ns, runq_ns)
         self._tag_window()
         # the next step begins now, as the trace's ProfilerStep#N does: the profiler's own work
         # in step() (starting a window, exporting one, counting FLOPs: milliseconds under load)
         # is not the training step's
         self._step_mark = _thread_times(self._schedstat)
 
-    def _record_step_cpu(self, recording: bool) -> None:
+    def _record_step_cpu(self, recording: bool) -> tuple[int, int, int] | None:
         """The step that ends now: its wall time, the main thread's CPU time and run-queue delay
-        (``step_cpu``), when it was recorded. The first step has no start mark and is skipped."""
+        (``step_cpu``), when it was recorded. The first step has no start mark and is skipped.
+        Returns the thread's counters now (the step log keeps them at every step), None where
+        Linux does not say."""
         mark = _thread_times(self._schedstat)
         before, self._step_mark = self._step_mark, None
         if not recording or before is None or mark is None:
-            return
+            return mark
         wall, cpu, runq = (now - then for now, then in zip(mark, before, strict=True))
         with self.lock:
             self.meta[STEP_CPU_KEY].setdefault(str(self.prof.step_num), [wall, cpu, runq])
+        return mark
 
     def _tag_window(self) -> None:
         """At the first recorded step of a window, add the rank's facts to the trace."""

@@ -18,15 +18,25 @@ rank: a file is never read twice), and
   before it gets there (``launchers/triggers.py``).
 
 Steps whose time is the profiler's (the windows' and each export step) are left out of the
-series the changes are judged on. Details and limits: docs/live.md.
+series the changes are judged on; a rise the host's CPU contention explains (the ranks'
+run-queue delays from the step logs, the host's stolen time sampled at every look:
+:class:`StealClock`) is said as the host's and not profiled. Details and limits: docs/live.md.
+
+Why one module: a look of the monitor — reading the step logs where it left them, judging,
+saying, asking for a window — is one loop over one state (the offsets, the baseline's start,
+the triggers, the steal samples), and ``rankscope status``'s line reuses its reading and
+rendering; the judging itself is the analysis' (``step_changes``).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import platform
 import sys
 import time
+from collections import deque
 from pathlib import Path
 from typing import IO, Any
 
@@ -46,16 +56,28 @@ LOG_LINE_S = 30.0
 TRIGGER_LEAD_S = 4 * REQUEST_POLL_S
 #: Seconds between two reads of rank 0's meta.json for the samples per step.
 SAMPLES_READ_S = 5.0
+#: The kernel's CPU counters (the host's stolen time: :class:`StealClock`).
+PROC_STAT = Path("/proc/stat")
+#: Samples of the stolen time kept (one a look: 0.1 s locally, hours of them).
+STEAL_SAMPLES = 100_000
 
 
 class RankSeries:
-    """One rank's step log as read so far: the byte offset reached, and the records by step."""
+    """One rank's step log as read so far: the byte offset reached, and the records by step
+    (``cpu_ns`` / ``runq_ns``: the training thread's cumulative counters at each step's end,
+    :data:`~rankscope.launchers.step_log.UNKNOWN` where not told)."""
+
+    FIELDS = ("end_ns", "wait_ns", "cpu_ns", "runq_ns")
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.offset = 0
+        self.layout: step_log.Layout | None = None
+        """The step log's version, once its first 8 bytes are written."""
         self.end_ns = np.zeros(1024, dtype=np.int64)
         self.wait_ns = np.full(1024, step_log.UNKNOWN, dtype=np.int64)
+        self.cpu_ns = np.full(1024, step_log.UNKNOWN, dtype=np.int64)
+        self.runq_ns = np.full(1024, step_log.UNKNOWN, dtype=np.int64)
         self.count = 0
         """Steps known (records 1 … count)."""
 
@@ -63,26 +85,78 @@ class RankSeries:
         """Read the whole records appended since the last read (none when the file is absent)."""
         try:
             with self.path.open("rb") as f:
+                if self.layout is None:
+                    self.layout = step_log.layout_of(f.read(len(step_log.MAGIC)))
+                    if self.layout is None:
+                        return
+                    self.offset = self.layout.header
                 f.seek(self.offset)
                 data = f.read()
         except OSError:
             return
-        recs = step_log.decode(data)
+        recs = step_log.decode(data, self.layout)
         if len(recs) == 0:
             return
-        self.offset += len(recs) * step_log.RECORD_SIZE
+        self.offset += len(recs) * self.layout.record_size
         top = int(recs["steps"].max())
         if top > len(self.end_ns):
             size = max(top, 2 * len(self.end_ns))
-            self.end_ns = np.resize(self.end_ns, size)
-            grown = np.full(size, step_log.UNKNOWN, dtype=np.int64)
-            grown[: self.count] = self.wait_ns[: self.count]
-            self.wait_ns = grown
+            for name in self.FIELDS:
+                old = getattr(self, name)
+                grown = np.full(size, 0 if name == "end_ns" else step_log.UNKNOWN, np.int64)
+                grown[: self.count] = old[: self.count]
+                setattr(self, name, grown)
         idx = recs["steps"] - 1
         ok = idx >= 0
-        self.end_ns[idx[ok]] = recs["end_ns"][ok]
-        self.wait_ns[idx[ok]] = recs["wait_ns"][ok]
+        for name in self.FIELDS:
+            getattr(self, name)[idx[ok]] = recs[name][ok]
         self.count = max(self.count, top)
+
+
+class StealClock:
+    """The host's stolen time, sampled at every look of the monitor (``/proc/stat``'s ``cpu``
+    line, ``steal``: the time the hypervisor ran other work while this VM's CPUs wanted to
+    run), so that the steps' share of it can be told afterwards (:meth:`fraction`). Read by
+    the monitor's process, never on the ranks' path; absent off Linux (then nothing is said)."""
+
+    def __init__(self, keep: int = STEAL_SAMPLES) -> None:
+        self.t_ns: deque[int] = deque(maxlen=keep)
+        self.steal_ns: deque[float] = deque(maxlen=keep)
+        """Stolen ns per CPU so far (the host's total over its CPUs / their count)."""
+        self.ok = True
+        try:
+            self._tick_ns = 1e9 / os.sysconf("SC_CLK_TCK")
+        except (ValueError, OSError, AttributeError):
+            self.ok = False
+
+    def sample(self) -> None:
+        """One reading (a failed one turns the clock off: nothing is guessed)."""
+        if not self.ok:
+            return
+        try:
+            with PROC_STAT.open("rb") as f:
+                head = f.read(4096).decode("ascii", "replace")
+            lines = head.splitlines()
+            cpus = sum(1 for x in lines if x.startswith("cpu") and x[3:4].isdigit())
+            steal = int(lines[0].split()[8]) * self._tick_ns / max(1, cpus)
+        except (OSError, ValueError, IndexError):
+            self.ok = False
+            return
+        self.t_ns.append(time.time_ns())
+        self.steal_ns.append(steal)
+
+    def fraction(self, end_ns: np.ndarray) -> np.ndarray | None:
+        """The fraction of each CPU's time stolen during each step (``end_ns``: one rank's step
+        ends, ns since the epoch on THIS host's clock; one value fewer than ends); None before
+        two samples. Steps outside the samples' span count none."""
+        if not self.ok or len(self.t_ns) < 2 or len(end_ns) < 2:
+            return None
+        t = np.asarray(self.t_ns, np.float64)
+        cum = np.interp(end_ns.astype(np.float64), t, np.asarray(self.steal_ns, np.float64))
+        span = np.diff(end_ns.astype(np.float64))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            f = np.where(span > 0, np.diff(cum) / span, 0.0)
+        return np.asarray(np.clip(f, 0.0, 1.0))
 
 
 def rank_series(run_dir: Path, world_size: int | None) -> list[RankSeries]:
@@ -160,9 +234,15 @@ class LineWriter:
         self.out.flush()
 
 
-def sentence(step: int, job: sc.JobChange | None, drift: sc.RankDrift | None) -> str:
+def sentence(
+    step: int,
+    job: sc.JobChange | None,
+    drift: sc.RankDrift | None,
+    host: sc.HostShare | None = None,
+) -> str:
     """The change in one line: ``step 4,210: step time 120 → 180 ms (+50 %); rank 12 is 60 ms
-    behind the median``."""
+    behind the median``; with ``host`` (the host's contention explains it), what the ranks
+    waited more for a CPU, and that no profile is taken."""
     parts = []
     if job is not None:
         parts.append(
@@ -173,7 +253,17 @@ def sentence(step: int, job: sc.JobChange | None, drift: sc.RankDrift | None) ->
             f"rank {drift.rank} is {drift.behind_ms:.1f} ms behind the median"
             + ("" if job is not None else f" (was {drift.before_ms:.1f} ms)")
         )
-    return f"step {step:,}: " + "; ".join(parts)
+    text = f"step {step:,}: " + "; ".join(parts)
+    if host is not None:
+        who = "the ranks" if job is not None else f"rank {drift.rank if drift else '?'}"
+        stolen = (
+            f" ({host.stolen_ms:.1f} of them the VM's stolen time)" if host.stolen_ms > 0.05 else ""
+        )
+        text += (
+            f": {who} waited {host.rise_ms:.1f} ms/step more for a CPU{stolen} — contention on "
+            "the host, not the job; no profile taken"
+        )
+    return text
 
 
 class LiveMonitor:
@@ -207,6 +297,9 @@ class LiveMonitor:
         self._last_start = 0
         """First recorded step of the newest trigger."""
         self.failed = False
+        self.steal = StealClock()
+        self._local: bool | None = None
+        """Whether every rank runs on this host (its stolen time is theirs); None: not known."""
 
     def poll(self) -> None:
         """One look: read what is new, notice a change, draw the line. The job's wait never
@@ -224,6 +317,7 @@ class LiveMonitor:
             self.series = rank_series(self.run_dir, self.world_size)
             if not self.series:
                 return
+        self.steal.sample()
         for s in self.series:
             s.read_new()
         done = min(s.count for s in self.series)
@@ -294,17 +388,66 @@ class LiveMonitor:
         drift = None if behind is None else sc.detect_rank_drift(behind[:, keep], level, rule)
         if job is None and drift is None:
             return
-        self._report(done, job, drift)
+        # what the host's CPU contention explains of it (the ranks' run-queue delays, steal)
+        delay = sc.host_delay_ms(np.stack([s.runq_ns[first - 1 : done] for s in self.series]))
+        job_host = drift_host = None
+        if delay is not None and job is not None:
+            steal = self.steal.fraction(end[0]) if self._ranks_local() else None
+            job_host = sc.job_change_host(
+                job_ms,
+                sc.job_host_ms(delay)[keep],
+                job,
+                rule,
+                None if steal is None else steal[keep],
+            )
+        if delay is not None and drift is not None and behind is not None:
+            drift_host = sc.drift_host(behind[:, keep], delay[:, keep], drift, level, rule)
+        host_job = job_host is not None and job_host.explained
+        host_drift = drift_host is not None and drift_host.explained
+        if (job is None or host_job) and (drift is None or host_drift):
+            share = job_host if host_job else drift_host
+            assert share is not None
+            self._report(done, job, drift, share)
+        else:
+            self._report(done, None if host_job else job, None if host_drift else drift)
 
-    def _report(self, done: int, job: sc.JobChange | None, drift: sc.RankDrift | None) -> None:
-        text = sentence(done, job, drift)
-        trigger = self._trigger(done, job, drift, text)
+    def _ranks_local(self) -> bool:
+        """Whether every rank runs on this host (their ``meta.json`` ``host``): only then is
+        this host's stolen time theirs. Asked only when a change was found; known once every
+        rank's record is there."""
+        if self._local is not None:
+            return self._local
+        me = platform.node()
+        for s in self.series:
+            try:
+                host = rundir.read_json(s.path.parent / rundir.META_JSON).get("host")
+            except (OSError, ValueError, AttributeError):
+                return False
+            if host != me:
+                self._local = False
+                return False
+        self._local = True
+        return True
+
+    def _report(
+        self,
+        done: int,
+        job: sc.JobChange | None,
+        drift: sc.RankDrift | None,
+        host: sc.HostShare | None = None,
+    ) -> None:
+        """Say, write and act on a change; ``host``: the host's contention explains it (said
+        as such, no window asked for)."""
+        text = sentence(done, job, drift, host)
+        trigger = None if host is not None else self._trigger(done, job, drift, text)
         if job is not None:
             kind, before, after = sc.ChangeKind.JOB, job.before_ms, job.after_ms
         elif drift is not None:
             kind, before, after = sc.ChangeKind.RANK, drift.before_ms, drift.after_ms
         else:
             return
+        if host is not None:
+            kind = sc.ChangeKind.HOST
         record = {
             "step": done,
             "kind": str(kind),
@@ -315,6 +458,7 @@ class LiveMonitor:
             "sentence": text,
             "noticed_ns": time.time_ns(),
             "trigger": trigger,
+            "host_ms": [host.before_ms, host.after_ms] if host is not None else None,
         }
         self.changes.append(record)
         profiled = f" (profiling steps {self._last_start:,}+)" if trigger is not None else ""
@@ -373,18 +517,21 @@ class LiveMonitor:
 
 
 def read_tail(path: Path, count: int) -> np.ndarray:
-    """The newest ``count`` whole records of a step log (one seek: the file is not read whole);
-    empty when it is absent."""
+    """The newest ``count`` whole records of a step log (either version; one seek: the file is
+    not read whole); empty when it is absent."""
     try:
         with path.open("rb") as f:
-            size = f.seek(0, 2)
-            whole = size - size % step_log.RECORD_SIZE
-            start = max(0, whole - count * step_log.RECORD_SIZE)
-            f.seek(start)
+            layout = step_log.layout_of(f.read(len(step_log.MAGIC)))
+            if layout is None:
+                return step_log.decode(b"")
+            size = f.seek(0, 2) - layout.header
+            whole = size - size % layout.record_size
+            start = max(0, whole - count * layout.record_size)
+            f.seek(layout.header + start)
             data = f.read(whole - start)
     except OSError:
-        data = b""
-    return step_log.decode(data)
+        return step_log.decode(b"")
+    return step_log.decode(data, layout)
 
 
 def status_line(run_dir: Path, record: dict[str, Any]) -> str | None:

@@ -145,6 +145,12 @@ def test_rankscope_step_drives_the_profiler(tmp_path: Path) -> None:
     assert (np.diff(log["end_ns"]) >= 0).all()
     assert m["started_ns"] <= log["end_ns"][0] and log["end_ns"][-1] <= m["ended_ns"]
     assert (log["wait_ns"] == step_log.UNKNOWN).all()
+    # and the training thread's scheduler counters at each step's end (Linux: known, cumulative;
+    # the kernel updates a running thread's CPU time at its ticks and switches, so a step may
+    # show none of it)
+    assert (log["cpu_ns"] > 0).all() and (log["runq_ns"] >= 0).all()
+    assert (np.diff(log["cpu_ns"]) >= 0).all() and (np.diff(log["runq_ns"]) >= 0).all()
+    assert log["cpu_ns"][-1] > log["cpu_ns"][0]
 
 
 RAISES_MID_WINDOW = """

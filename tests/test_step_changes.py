@@ -251,11 +251,11 @@ def test_the_monitor_reads_only_what_was_appended(tmp_path: Path) -> None:
     write_logs(tmp_path, 1, range(1, 11), 10.0, [1.0])
     series = RankSeries(rundir.rank_dir(tmp_path, 0) / step_log.STEP_LOG_FILE)
     series.read_new()
-    assert series.count == 10 and series.offset == 10 * step_log.RECORD_SIZE
+    assert series.count == 10 and series.offset == len(step_log.MAGIC) + 10 * step_log.RECORD_SIZE
     with series.path.open("ab") as f:  # a record cut in the middle of its write
         f.write(step_log.encode([(11, 110_000_000, 1_000_000)])[:7])
     series.read_new()
-    assert series.count == 10 and series.offset == 10 * step_log.RECORD_SIZE
+    assert series.count == 10 and series.offset == len(step_log.MAGIC) + 10 * step_log.RECORD_SIZE
     with series.path.open("ab") as f:
         f.write(step_log.encode([(11, 110_000_000, 1_000_000)])[7:])
     series.read_new()
@@ -333,3 +333,214 @@ def test_the_monitor_notices_writes_the_change_and_asks_for_a_window(tmp_path: P
     off = LiveMonitor(quiet, settings, LiveOptions(trigger=TriggerMode.OFF), 3, out=io.StringIO())
     off.poll()
     assert (quiet / rundir.CHANGES_FILE).is_file() and not (quiet / rundir.TRIGGER_FILE).exists()
+
+
+# ---------------------------------------------------------------- the host's CPU contention
+HOST_FROM = 200
+
+
+def host_job(
+    rng: np.random.Generator,
+    job_rise_ms: float,
+    runq_rise_ms: list[float],
+    steal_to: float = 0.0,
+    n: int = 300,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """3 ranks of a synchronous job (90 ms steps): from step HOST_FROM the job's own work takes
+    ``job_rise_ms`` more, rank r waits ``runq_rise_ms[r]`` more for a CPU, and ``steal_to`` of
+    the host's CPU time is stolen (the step's work waits that fraction of it longer). Each step
+    lasts as long as its slowest rank (the known truth). Returns the step log's cumulative
+    columns, ranks × (n + 1): end_ns, cpu_ns, runq_ns; and the steal fraction per step."""
+    ranks = len(runq_rise_ms)
+    after = np.arange(n) >= HOST_FROM
+    runq = 2.0 + 0.5 * rng.standard_normal((ranks, n)).clip(-3, 3)
+    runq += np.outer(runq_rise_ms, after)
+    steal = np.where(after, steal_to, 0.0) + 0.01 * rng.random(n)
+    cpu = np.full((ranks, n), 10.0)
+    own = 80.0 + cpu + job_rise_ms * after + rng.standard_normal((ranks, n)).clip(-3, 3)
+    step = (own + runq).max(axis=0) + steal * 90.0
+
+    def cumulative(x: np.ndarray) -> np.ndarray:
+        return np.concatenate([np.zeros((ranks, 1)), np.cumsum(x, axis=1)], axis=1) * 1e6
+
+    end = cumulative(np.broadcast_to(step, (ranks, n))) + 1.7e18
+    return (
+        end.astype(np.int64),
+        cumulative(cpu).astype(np.int64),
+        cumulative(runq).astype(np.int64),
+        steal,
+    )
+
+
+def attribute(
+    end: np.ndarray, runq: np.ndarray, steal: np.ndarray | None
+) -> tuple[sc.JobChange, sc.HostShare]:
+    """The rule fed the series as it grows (as the monitor does); at its first notice, the
+    host's share."""
+    job = sc.job_step_ms(end)
+    n = first_notice(job, DEFAULT)
+    assert n is not None and HOST_FROM < n <= HOST_FROM + 20, n
+    change = sc.detect_job_change(job[:n], DEFAULT)
+    assert change is not None
+    delay = sc.host_delay_ms(runq)
+    assert delay is not None
+    told = None if steal is None else steal[:n]
+    return change, sc.job_change_host(job[:n], sc.job_host_ms(delay)[:n], change, DEFAULT, told)
+
+
+def test_a_rise_the_ranks_run_queue_explains_is_the_hosts() -> None:
+    """Rank 1 waits 30 ms more per step for a CPU (another process on its core): the step time
+    rises by it, the host's share rises by it: contention on the host, in 5 of 5 series."""
+    for rng in seeds(5):
+        end, _, runq, steal = host_job(rng, 0.0, [0.0, 30.0, 0.0])
+        change, host = attribute(end, runq, steal)
+        assert change.rise > 0.25 and host.explained
+        assert host.rise_ms == pytest.approx(30.0, abs=2.0)
+
+
+def test_a_rise_of_the_job_with_a_flat_run_queue_is_the_jobs() -> None:
+    """The job's own work takes 30 ms more, the run queues stay as they were: the job's."""
+    for rng in seeds(5):
+        end, _, runq, steal = host_job(rng, 30.0, [0.0, 0.0, 0.0])
+        change, host = attribute(end, runq, steal)
+        assert change.rise > 0.25 and not host.explained
+        assert abs(host.rise_ms) < 2.0
+
+
+def test_a_rise_the_host_explains_only_in_part_is_the_jobs() -> None:
+    """The job's work takes 40 ms more AND every rank waits 25 ms more for a CPU: the 40 ms the
+    host does not explain are a change of the job (profiled)."""
+    for rng in seeds(5):
+        end, _, runq, steal = host_job(rng, 40.0, [25.0, 25.0, 25.0])
+        _, host = attribute(end, runq, steal)
+        assert not host.explained and host.rise_ms == pytest.approx(25.0, abs=2.0)
+
+
+def test_stolen_time_is_the_hosts_too() -> None:
+    """From step 200 the hypervisor steals 35 % of the CPUs (no run-queue change): the 90 ms
+    steps take 31.5 ms more. Told the steal, the rise is the host's; without it (a monitor on
+    another host than the ranks'), the job's."""
+    for rng in seeds(3):
+        end, _, runq, steal = host_job(rng, 0.0, [0.0, 0.0, 0.0], steal_to=0.35)
+        _, host = attribute(end, runq, steal)
+        assert host.explained and host.stolen_ms == pytest.approx(0.35 * 90, abs=3.0)
+        _, blind = attribute(end, runq, None)
+        assert not blind.explained and blind.stolen_ms == 0.0
+
+
+def test_a_few_steps_of_large_host_delay_do_not_hide_a_rise_of_the_job() -> None:
+    """The job's work takes 30 ms more from step 200, and in 3 steps of each 10 rank 0 also
+    waits 60 ms for a CPU while the others are still busy (it had that much slack: the step is
+    no longer). The residual's median, not its floor, still rises: the job's."""
+    for rng in seeds(5):
+        end, _, runq, steal = host_job(rng, 30.0, [0.0, 0.0, 0.0])
+        spikes = np.zeros((3, end.shape[1] - 1))
+        for k in (0, 3, 6):
+            spikes[0, HOST_FROM + k :: 10] = 60.0
+        extra = np.concatenate([np.zeros((3, 1)), np.cumsum(spikes, axis=1)], axis=1) * 1e6
+        _, host = attribute(end, runq + extra.astype(np.int64), steal)
+        assert not host.explained
+
+
+def test_unknown_counters_attribute_nothing() -> None:
+    """A step log without the counters (version 1, another OS): no host share is computed."""
+    _, _, runq, _ = host_job(np.random.default_rng(0), 0.0, [0.0, 30.0, 0.0])
+    runq[1, 5] = step_log.UNKNOWN
+    assert sc.host_delay_ms(runq) is None
+
+
+def test_a_version_1_step_log_is_still_read(tmp_path: Path) -> None:
+    """Step logs written before the run-queue fields (no header, three int64 per record) read
+    the same, their counters UNKNOWN: by the merge's reader, the monitor and ``status``."""
+    import struct
+
+    from rankscope.orchestrator.live import read_tail
+
+    path = tmp_path / step_log.STEP_LOG_FILE
+    old = b"".join(struct.pack("<qqq", k, k * 10_000_000, 2_000) for k in range(1, 201))
+    path.write_bytes(old + old[:5])  # and a record cut short
+    records = step_log.read_steps(path)
+    assert records["steps"].tolist() == list(range(1, 201))
+    assert (records["wait_ns"] == 2_000).all() and (records["runq_ns"] == step_log.UNKNOWN).all()
+    series = RankSeries(path)
+    series.read_new()
+    assert series.count == 200 and series.end_ns[199] == 2_000_000_000
+    assert (series.cpu_ns[:200] == step_log.UNKNOWN).all()
+    assert read_tail(path, 5)["steps"].tolist() == [196, 197, 198, 199, 200]
+    new = tmp_path / "new.bin"
+    step_log.append(new, [(1, 10, 20, 30, 40)])
+    step_log.append(new, [(2, 11, 21, 31, 41)])
+    assert new.read_bytes().startswith(step_log.MAGIC)
+    assert step_log.read_steps(new)["runq_ns"].tolist() == [40, 41]
+    assert read_tail(new, 1)["cpu_ns"].tolist() == [31]
+
+
+def test_the_monitor_says_host_contention_and_asks_for_no_window(tmp_path: Path) -> None:
+    """Real step logs with the counters: the same rise (+30 ms from step 200) is said as the
+    host's, with no window asked for, when rank 1's run-queue delay rose by it; and as the
+    job's, with a window, when the run queues stayed flat."""
+    import json
+
+    from rankscope.launchers.spec import ProfilerSettings
+    from rankscope.orchestrator.live import LiveMonitor
+    from rankscope.orchestrator.live_options import LiveOptions
+
+    settings = ProfilerSettings(skip_first=10_000)
+    for name, job_rise, runq_rise in (("host", 0.0, 30.0), ("job", 30.0, 0.0)):
+        run = tmp_path / name
+        end, cpu, runq, _ = host_job(np.random.default_rng(1), job_rise, [0.0, runq_rise, 0.0])
+        end += int(time_now_ns() - end[0, -1])
+        out = io.StringIO()
+        monitor = LiveMonitor(run, settings, LiveOptions(), 3, out=out)
+        for upto in (HOST_FROM, HOST_FROM + 20):
+            for r in range(3):
+                folder = rundir.rank_dir(run, r)
+                folder.mkdir(parents=True, exist_ok=True)
+                records = [
+                    (k, int(end[r, k - 1]), -1, int(cpu[r, k - 1]), int(runq[r, k - 1]))
+                    for k in range(upto - 19 if upto > HOST_FROM else 1, upto + 1)
+                ]
+                step_log.append(folder / step_log.STEP_LOG_FILE, records)
+            monitor.poll()
+        (change,) = [json.loads(x) for x in (run / rundir.CHANGES_FILE).read_text().splitlines()]
+        assert change["kind"] == name
+        if name == "host":
+            assert change["trigger"] is None and not (run / rundir.TRIGGER_FILE).exists()
+            assert change["sentence"].endswith(
+                "contention on the host, not the job; no profile taken"
+            )
+            assert ": the ranks waited " in change["sentence"]
+            assert change["host_ms"][1] - change["host_ms"][0] == pytest.approx(30.0, abs=2.0)
+        else:
+            assert change["trigger"] == 1 and (run / rundir.TRIGGER_FILE).is_file()
+        assert change["sentence"] in out.getvalue()
+
+
+def time_now_ns() -> int:
+    import time
+
+    return time.time_ns()
+
+
+def test_a_rank_that_drifts_because_it_waits_for_a_cpu_is_the_hosts() -> None:
+    """Rank 1 falls 30 ms behind from step 200 (the others wait 30 ms more for it in their
+    collectives): when its own run-queue delay rose by those 30 ms (another process on its core)
+    the drift is the host's; when its run queue stayed flat (its own work), the job's."""
+    for rng in seeds(3):
+        n, ranks = 300, 3
+        after = np.arange(n) >= HOST_FROM
+        wait = 5.0 + 0.5 * rng.standard_normal((ranks, n))
+        wait[[0, 2]] += 30.0 * after  # the others wait for rank 1
+        behind = sc.rank_behind_ms((wait * 1e6).astype(np.int64))
+        assert behind is not None
+        for runq_rise, host in ((30.0, True), (0.0, False)):
+            runq = 2.0 + 0.5 * rng.standard_normal((ranks, n))
+            runq[1] += runq_rise * after
+            cum = np.concatenate([np.zeros((ranks, 1)), np.cumsum(runq, axis=1)], axis=1)
+            delay = sc.host_delay_ms((cum * 1e6).astype(np.int64))
+            assert delay is not None
+            k = HOST_FROM + 12
+            drift = sc.detect_rank_drift(behind[:, :k], 90.0, DEFAULT)
+            assert drift is not None and drift.rank == 1
+            share = sc.drift_host(behind[:, :k], delay[:, :k], drift, 90.0, DEFAULT)
+            assert share.explained is host

@@ -30,6 +30,13 @@ Pure functions of the step log's series (numpy only; the live monitor of ``ranks
   end is against the others' is the scheduler's noise after the last collective (a real run on
   a loaded machine "drifted" 5–11 ms that way twice in 300 steps with no slow rank). Then no
   rank is named live; the profile of the change names it.
+* :func:`host_delay_ms` / :func:`job_host_ms` / :func:`host_explains` /
+  :func:`job_change_host` — whether the HOST caused a rise: per step, how long the ranks'
+  training threads waited for a CPU (their run-queue delay from the step log, the largest over
+  the ranks: any rank can hold a synchronous step up), plus the VM's stolen time (its fraction
+  of the step); a rise whose series, less that share, does not itself rise for good (the same
+  rule, on the window's median) is contention on the host, not the job — reported, never
+  profiled (docs/live.md).
 * :func:`live_figures` — what the live line shows: steps done, the job's p50 step time over the
   last N steps, throughput, the slowest rank and by how much.
 
@@ -38,11 +45,12 @@ Units: step times and lateness in ms (float), times in ns since the epoch (int64
 
 from __future__ import annotations
 
-import enum
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+from rankscope.analysis.store import schema
 
 #: Scale of the MAD to a normal distribution's standard deviation.
 MAD_TO_SD = 1.4826
@@ -102,13 +110,8 @@ class WindowSizes:
     """Most steps of baseline kept."""
 
 
-class ChangeKind(enum.StrEnum):
-    """What changed (``kind`` of ``changes.jsonl``)."""
-
-    JOB = "job"
-    """The job's step time rose."""
-    RANK = "rank"
-    """One rank drifted behind the others."""
+#: What changed (``kind`` of ``changes.jsonl``): the store's words (``schema.ChangeKind``).
+ChangeKind = schema.ChangeKind
 
 
 @dataclass(frozen=True)
@@ -160,10 +163,22 @@ def _floor(x: np.ndarray, axis: int = -1) -> np.ndarray:
     return np.partition(x, 1, axis=axis).take(1, axis=axis)
 
 
-def lasting_rise(x: np.ndarray, rule: ChangeRule, min_effect: float, step_ms: float) -> Rise | None:
+def _median(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    """A window's median (the statistic of :func:`host_explains`' residual)."""
+    return np.asarray(np.median(x, axis=axis))
+
+
+def lasting_rise(
+    x: np.ndarray,
+    rule: ChangeRule,
+    min_effect: float,
+    step_ms: float,
+    stat: Callable[..., np.ndarray] = _floor,
+) -> Rise | None:
     """Whether the last window of ``x`` rose for good above the values before them (module
     docstring); ``min_effect``: the smallest rise that counts, in ``x``'s unit; ``step_ms``: the
-    job's step time, which sets the window's size (:meth:`ChangeRule.sizes`).
+    job's step time, which sets the window's size (:meth:`ChangeRule.sizes`); ``stat``: the
+    statistic of a window (its second-lowest value, :func:`_floor`, unless told).
 
     ``x`` must hold no NaN (leave out the steps that are not comparable, e.g. profiled ones).
     """
@@ -174,13 +189,13 @@ def lasting_rise(x: np.ndarray, rule: ChangeRule, min_effect: float, step_ms: fl
         return None
     base = x[max(0, n - w - sizes.baseline_max) : n - w]
     recent = x[n - w :]
-    rolling = _floor(np.lib.stride_tricks.sliding_window_view(base, w), axis=1)
+    rolling = stat(np.lib.stride_tricks.sliding_window_view(base, w), axis=1)
     center = float(np.median(rolling))
     spread = MAD_TO_SD * float(np.median(np.abs(rolling - center)))
     base_sd = MAD_TO_SD * float(np.median(np.abs(base - np.median(base))))
     spread = max(spread, base_sd / math.sqrt(w))
     bar = max(center + rule.z * spread, float(rolling.max()), center + min_effect)
-    level = float(_floor(recent))
+    level = float(stat(recent))
     if level <= bar:
         return None
     above = np.flatnonzero(recent > bar)
@@ -245,6 +260,109 @@ def detect_rank_drift(behind_ms: np.ndarray, job_ms: float, rule: ChangeRule) ->
         if best is None or drift.behind_ms > best.behind_ms:
             best = drift
     return best
+
+
+def host_delay_ms(runq_ns: np.ndarray) -> np.ndarray | None:
+    """How long each rank's training thread waited for a CPU per step (ranks × steps, ms): its
+    run-queue delay, the time it was runnable while another task held the core (the step log's
+    cumulative ``runq_ns``, ranks × (steps + 1): the record before the first step included, as
+    for :func:`job_step_ms`). None unless every counter is known (>= 0) and never goes back."""
+    if runq_ns.shape[1] < 2 or not (runq_ns >= 0).all():
+        return None
+    runq = np.diff(runq_ns.astype(np.float64), axis=1) / 1e6
+    if (runq < 0).any():
+        return None
+    return np.asarray(runq)
+
+
+def job_host_ms(delay_ms: np.ndarray) -> np.ndarray:
+    """The run queue's share of the job's step time per step (ms): the LARGEST of the ranks'
+    :func:`host_delay_ms`. In a synchronous job every collective waits for the slowest rank, so
+    a delay of any one rank can hold up the step: the largest is the most the run queues can
+    explain (a bound; which rank is critical is not known without the waits)."""
+    return np.asarray(delay_ms.max(axis=0))
+
+
+@dataclass(frozen=True)
+class HostShare:
+    """What the host's CPU contention explains of a rise (:func:`host_explains`)."""
+
+    explained: bool
+    """The rise, less the host's delays, is no lasting rise: contention on the host."""
+    before_ms: float
+    """The host's delay per step (ms, median) in the baseline."""
+    after_ms: float
+    """The host's delay per step (ms, median) in the recent window."""
+    stolen_ms: float = 0.0
+    """Of the rise, what the hypervisor's stolen time accounts for (ms per step)."""
+
+    @property
+    def rise_ms(self) -> float:
+        """How much longer per step the job waited for a CPU (ms)."""
+        return self.after_ms - self.before_ms
+
+
+def host_explains(
+    series_ms: np.ndarray, host_ms: np.ndarray, rule: ChangeRule, min_effect: float, step_ms: float
+) -> HostShare:
+    """Whether the host's CPU contention accounts for a rise of ``series_ms`` (the job's step
+    time, or one rank's lateness; ms per step) found by the rule: ``host_ms`` is the host's
+    share of each of those steps (ms). The series less the host's share must itself rise for
+    good, by at least ``min_effect`` ms, for the rise to be the job's; otherwise the host
+    explains it within the noise. The residual is judged by :func:`lasting_rise` with the
+    window's MEDIAN (not its floor: a few steps with a large host delay are not allowed to hide
+    a rise of the job in the others).
+
+    Both series must hold the same steps (profiled ones left out of both); ``step_ms`` sets
+    the window's size as for the rise itself."""
+    sizes = rule.sizes(step_ms)
+    n, w = len(series_ms), sizes.window
+    base = host_ms[max(0, n - w - sizes.baseline_max) : n - w]
+    recent = host_ms[n - w :]
+    before = float(np.median(base)) if base.size else 0.0
+    after = float(np.median(recent)) if recent.size else 0.0
+    residual = lasting_rise(series_ms - host_ms, rule, min_effect, step_ms, stat=_median)
+    return HostShare(explained=residual is None, before_ms=before, after_ms=after)
+
+
+def job_change_host(
+    step_ms: np.ndarray,
+    runq_ms: np.ndarray,
+    change: JobChange,
+    rule: ChangeRule,
+    steal: np.ndarray | None = None,
+) -> HostShare:
+    """:func:`host_explains` for a rise of the job's step time (``step_ms``, the series the
+    change was found in; ``runq_ms``: :func:`job_host_ms` of the same steps): the part the host
+    does not explain must be at least ``rule.min_rise`` of the step time before.
+
+    ``steal``: per step, the fraction of the host's CPU time its hypervisor gave to other work
+    (``/proc/stat``, when the ranks run on the host it was read on). A vCPU taken away for a
+    fraction f of a step delays the step's work by about f of the step time (first order: the
+    work of ``before_ms`` waits f × before_ms), on top of the run-queue delays (Linux counts
+    the time stolen while a thread waits in its run queue in both: an upper bound)."""
+    typical = float(np.median(step_ms)) if step_ms.size else 0.0
+    host = runq_ms
+    stolen = 0.0
+    if steal is not None:
+        lost = np.clip(np.asarray(steal, np.float64), 0.0, 1.0) * change.before_ms
+        host = runq_ms + lost
+        sizes = rule.sizes(typical)
+        n, w = len(step_ms), sizes.window
+        base = lost[max(0, n - w - sizes.baseline_max) : n - w]
+        stolen = float(np.median(lost[n - w :]) - (np.median(base) if base.size else 0.0))
+    share = host_explains(step_ms, host, rule, rule.min_rise * change.before_ms, typical)
+    return HostShare(share.explained, share.before_ms, share.after_ms, stolen)
+
+
+def drift_host(
+    behind_ms: np.ndarray, delay_ms: np.ndarray, drift: RankDrift, job_ms: float, rule: ChangeRule
+) -> HostShare:
+    """:func:`host_explains` for one rank's drift (``behind_ms``, ``delay_ms``: ranks × steps,
+    the same steps): the host's share of its lateness is how much longer it waited for a CPU
+    than the median rank (the stolen time is the whole host's: it explains no one rank)."""
+    own = delay_ms[drift.rank] - np.median(delay_ms, axis=0)
+    return host_explains(behind_ms[drift.rank], own, rule, rule.min_rise * job_ms, job_ms)
 
 
 @dataclass(frozen=True)

@@ -152,7 +152,7 @@ STEP_LOG_COLUMNS: dict[str, str] = {
 #: the job ran (``RUN/changes.jsonl``, one row per line; empty for runs without any).
 CHANGE_COLUMNS: dict[str, str] = {
     "step": "int64",  # steps the job had done when the change was noticed
-    "kind": "str",  # ChangeKind: "job" (the job's step time) or "rank" (one rank drifting away)
+    "kind": "str",  # ChangeKind: "job" (the job's step time), "rank" (one rank drifting away), "host"
     "before_ms": "float64",  # step time before the change, ms per step
     "after_ms": "float64",  # step time after it, ms per step
     "rank": "int32",  # the rank drifting away (or named for a job-wide change), -1 for none
@@ -170,6 +170,10 @@ class ChangeKind(enum.StrEnum):
     """A lasting rise (or fall) of the job's step time."""
     RANK = "rank"
     """One rank drifting away from the others."""
+    HOST = "host"
+    """The job's step time (or one rank's lateness) rose, and the ranks' longer waits for a CPU
+    (run-queue delay, the VM's stolen time) account for it: contention on the host, not the
+    job (``step_changes.host_explains``); no window is triggered for it."""
 
 
 #: Columns of ``Store.clock()``: one row per rank.
