@@ -236,8 +236,8 @@ def name_matches(names: pd.Series, pattern: str) -> np.ndarray:
         codes = names.cat.codes.to_numpy()
         used = np.flatnonzero(np.bincount(codes[codes >= 0], minlength=len(cats)))
         table = np.zeros(len(cats), bool)
-        for c in used:
-            table[c] = rx.match(str(cats[c])) is not None
+        # the categories as an array once: indexing the Index per name cost half the call
+        table[used] = [rx.match(str(t)) is not None for t in np.asarray(cats, object)[used]]
         return np.where(codes >= 0, table[np.maximum(codes, 0)], False)
     return np.fromiter((rx.match(str(n)) is not None for n in names), bool, len(names))
 
