@@ -252,3 +252,83 @@ def test_commands_start_without_jinja2() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.splitlines()[-1] == "[]"
+
+
+@pytest.fixture
+def cache_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A fresh ``$XDG_CACHE_HOME`` and environment (made again on each call of the returned
+    function, as a new process would), and a count of the templates Jinja2 compiles."""
+    import jinja2
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    compiled: list[str] = []
+    real = jinja2.Environment.compile
+
+    def counting(self: Any, source: Any, name: Any = None, *a: Any, **kw: Any) -> Any:
+        compiled.append(str(name))
+        return real(self, source, name, *a, **kw)
+
+    monkeypatch.setattr(jinja2.Environment, "compile", counting)
+
+    def fresh() -> list[str]:
+        templating.environment.cache_clear()
+        compiled.clear()
+        return compiled
+
+    yield fresh
+    templating.environment.cache_clear()
+
+
+def _page(reports: dict[str, Any]) -> str:
+    return templating.render(
+        html_report.TEMPLATE, **html_report.report_context(reports["pipeline"])
+    )
+
+
+def test_templates_are_compiled_once_not_in_every_process(
+    reports: dict[str, Any], cache_home: Any
+) -> None:
+    """The report's templates compiled in one process are read from the user's cache by the
+    next (a fresh environment): none is compiled again, and the page is the same."""
+    compiled = cache_home()
+    first = _page(reports)
+    assert html_report.TEMPLATE in compiled
+    assert sorted(p.name for p in templating.bytecode_dir().iterdir())  # kept in the cache
+    compiled = cache_home()
+    assert _page(reports) == first
+    assert compiled == []
+
+
+@pytest.mark.parametrize(
+    "damage", ["cache home is a file", "folder replaced by a file", "garbage", "folders"]
+)
+def test_a_cache_that_cannot_be_used_never_fails_a_report(
+    reports: dict[str, Any], cache_home: Any, tmp_path: Path, damage: str
+) -> None:
+    """A cache folder that cannot be made, one removed under a running process (neither read
+    nor written: what a read-only or full cache makes writes raise, OSError, is skipped alike),
+    entries that cannot be read (damaged) and entries that can be neither read nor replaced (a
+    folder in the way): the report renders, the same page, compiled afresh."""
+    cache_home()
+    expected = _page(reports)
+    folder = templating.bytecode_dir()
+    entries = sorted(folder.iterdir())
+    assert entries
+    compiled = cache_home()
+    if damage == "cache home is a file":
+        shutil.rmtree(tmp_path / "cache")
+        (tmp_path / "cache").write_text("not a folder")
+    elif damage == "folder replaced by a file":
+        templating.environment()  # made with its cache, then the folder goes
+        shutil.rmtree(folder)
+        folder.write_text("not a folder")
+    for entry in entries if damage in ("garbage", "folders") else []:
+        entry.unlink()
+        if damage == "garbage":
+            entry.write_bytes(b"j2" + bytes(range(256)) * 4)
+        else:
+            entry.mkdir()
+    assert _page(reports) == expected
+    assert html_report.TEMPLATE in compiled  # a miss, compiled afresh
+    cache_home()
+    assert _page(reports) == expected  # and again (garbage replaced; the rest still in the way)

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from rankscope.analysis.store.frames import typed
 
 #: A collective's end is a sync point when no rank computed through most of its last phase
 #: (from the last arrival to the end, and at least this long, ns): they all waited for it.
@@ -136,7 +137,7 @@ def arrival_points(
         out[f"{prefix}input_ns"] = values.get("input_ns", zeros)
         out[f"{prefix}idle_ns"] = idle
         out[f"{prefix}comm_ns"] = values.get("comm_exposed_ns", zeros)
-    return out[list(POINT_COLUMNS)].astype(POINT_COLUMNS)
+    return typed(out, POINT_COLUMNS)
 
 
 def arrival_windows(points: pd.DataFrame) -> pd.DataFrame:

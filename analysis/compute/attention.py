@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
+from rankscope.analysis.store.frames import empty
 
 if TYPE_CHECKING:
     from rankscope.analysis.compute.finding import Finding
@@ -204,9 +205,7 @@ def attention_calls(
 
 
 def _empty() -> pd.DataFrame:
-    return pd.DataFrame(
-        {c: pd.Series(dtype=d if d != "str" else object) for c, d in ATTENTION_CALL_COLUMNS.items()}
-    )
+    return empty({c: d if d != "str" else "object" for c, d in ATTENTION_CALL_COLUMNS.items()})
 
 
 #: Columns of :func:`attention_by_backend` (ns; ``share``: of the rank's SDPA host time).

@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 from rankscope.analysis.compute import breakdown as bd
 from rankscope.analysis.compute.kernel_names import HostMemory, htod_source
+from rankscope.analysis.store.frames import from_rows
 from rankscope.analysis.store.schema import EventKind, text_values
 
 #: Runtime calls that block the host until the GPU's work (the stream, the device) is done: a
@@ -65,7 +66,7 @@ BLOCKING_COPY_COLUMNS: dict[str, str] = {
 
 
 def _frame(rows: Any, columns: dict[str, str]) -> pd.DataFrame:
-    return pd.DataFrame(rows, columns=list(columns)).astype(columns)
+    return from_rows(rows, columns)
 
 
 def _launch_starts(events: pd.DataFrame, gpu: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -32,7 +32,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from rankscope.analysis.compute.breakdown import gpu_lanes, hta_view
-from rankscope.analysis.store.schema import EventKind, text_values
+from rankscope.analysis.store.frames import from_rows, typed
+from rankscope.analysis.store.schema import EventKind, text_values, tid_numbers
 
 #: HTA's ``consecutive_kernel_delay`` default (30) in the trace's unit, µs: a gap shorter than
 #: this between two kernels whose launch came in time is launch overhead ("kernel wait").
@@ -113,7 +114,7 @@ QUEUE_SUMMARY_COLUMNS: dict[str, str] = {
 
 
 def _frame(rows: Any, columns: dict[str, str]) -> pd.DataFrame:
-    return pd.DataFrame(rows, columns=list(columns)).astype(columns)
+    return from_rows(rows, columns)
 
 
 def lane_streams(lanes: pd.DataFrame) -> np.ndarray:
@@ -121,8 +122,7 @@ def lane_streams(lanes: pd.DataFrame) -> np.ndarray:
     out = np.full(len(lanes), -1, np.int64)
     ok = gpu_lanes(lanes)
     if len(ok):
-        tid = lanes["tid"].astype(str).str.extract(r"(-?\d+)\s*$")[0]
-        num = tid.fillna("-1").astype(np.int64).to_numpy()
+        num = np.asarray([-1 if n is None else n for n in tid_numbers(lanes)], np.int64)
         out[ok] = num[ok]
     return out
 
@@ -191,7 +191,7 @@ def launches(
     j = cpu.merge(dev, on="corr", how="inner")
     j["delay_ns"] = (j["gpu_ts"] - j["cpu_ts"] - j["cpu_ns"]).clip(lower=0)
     j["rank"] = rank
-    return j[list(LAUNCH_COLUMNS)].astype(LAUNCH_COLUMNS)
+    return typed(j, LAUNCH_COLUMNS)
 
 
 def launch_summary(launch_rows: pd.DataFrame, rank: int) -> pd.DataFrame:
@@ -246,7 +246,7 @@ def queue_length(
     )
     both["queue_length"] = both.groupby("stream")["delta"].cumsum()
     both["rank"] = rank
-    return both[list(QUEUE_COLUMNS)].reset_index(drop=True).astype(QUEUE_COLUMNS)
+    return typed(both.reset_index(drop=True), QUEUE_COLUMNS)
 
 
 def queue_summary(series: pd.DataFrame) -> pd.DataFrame:

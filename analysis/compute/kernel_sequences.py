@@ -21,6 +21,7 @@ import pandas as pd
 from rankscope.analysis.compute.breakdown import hta_view
 from rankscope.analysis.compute.kernel_launches import lane_streams
 from rankscope.analysis.compute.op_nesting import nest
+from rankscope.analysis.store.frames import from_rows
 from rankscope.analysis.store.schema import text_values
 
 #: HTA's ``min_pattern_len`` default: an operator launching fewer GPU events is no candidate.
@@ -71,7 +72,7 @@ def kernel_sequences(
     each GPU event's launching host event) is built once for all of them (:class:`_Rank`)."""
     prepared = _Rank(events, lanes, grid_phase_ns, drop_last_step)
     rows = [row for op in operators for row in _sequences(prepared, rank, op, min_len)]
-    return pd.DataFrame(rows, columns=list(SEQUENCE_COLUMNS)).astype(SEQUENCE_COLUMNS)
+    return from_rows(rows, SEQUENCE_COLUMNS)
 
 
 class _Rank:

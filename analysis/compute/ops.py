@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 from rankscope.analysis.compute import op_nesting
+from rankscope.analysis.store.frames import empty, typed
 from rankscope.analysis.store.schema import EventKind, text_codes, text_values
 
 #: Event kinds summarised as operators (host ops, kernels, copies, collectives).
@@ -61,9 +62,7 @@ def op_stats(
     """
     sel = events[np.isin(events["kind"].to_numpy(), [int(k) for k in kinds])]
     if len(sel) == 0:
-        return pd.DataFrame(
-            {c: pd.Series(dtype=d if d != "str" else object) for c, d in OP_STAT_COLUMNS.items()}
-        )
+        return empty(_objects(OP_STAT_COLUMNS))
     code, text = text_codes(sel["name"])
     names = pd.Series(code, index=sel.index, name="name")
     g = sel.groupby([names, sel["kind"]], sort=False, observed=True)["dur"]
@@ -80,9 +79,7 @@ def op_stats(
     )
     out["kind"] = [EventKind(int(k)).name for k in out["kind"]]
     out.insert(0, "rank", rank)
-    return out[list(OP_STAT_COLUMNS)].astype(
-        {k: v for k, v in OP_STAT_COLUMNS.items() if v != "str"}
-    )
+    return typed(out, _kept(OP_STAT_COLUMNS))
 
 
 def _walls(
@@ -411,13 +408,21 @@ def op_table(
     out["kind"] = [EventKind(int(k)).name for k in out["kind"]]
     out.insert(0, "rank", rank)
     out = out.sort_values([col, "name"], ascending=[False, True], kind="stable")
-    return out[list(OP_TABLE_COLUMNS)].astype(_dtypes(OP_TABLE_COLUMNS)).reset_index(drop=True)
+    return typed(out.reset_index(drop=True), _kept(OP_TABLE_COLUMNS))
 
 
 def _empty(columns: dict[str, str]) -> pd.DataFrame:
-    return pd.DataFrame(
-        {c: pd.Series(dtype=d if d != "str" else object) for c, d in columns.items()}
-    )
+    return empty(_objects(columns))
+
+
+def _objects(columns: dict[str, str]) -> dict[str, str]:
+    """``columns`` with its text columns as ``object`` (how these frames hold text)."""
+    return {k: ("object" if v == "str" else v) for k, v in columns.items()}
+
+
+def _kept(columns: dict[str, str]) -> dict[str, str | None]:
+    """``columns`` with its text columns kept as they are (object), not made ``str``."""
+    return {k: (None if v == "str" else v) for k, v in columns.items()}
 
 
 def _dtypes(columns: dict[str, str]) -> dict[str, str]:

@@ -112,13 +112,12 @@ def rank_clock(
     got = measure(lo, times)
     zeros = np.zeros(len(times), np.int64)
     stall = got.get("idle_input_ns" if device is bd.Device.GPU else "input_ns", zeros)
-    return pd.DataFrame(
-        {
-            "time_ns": times,
-            "exposed_ns": np.asarray(got.get("comm_exposed_ns", zeros), np.int64),
-            "input_ns": np.asarray(stall, np.int64),
-        }
-    ).astype(CLOCK_COLUMNS)
+    clock = {
+        "time_ns": times,
+        "exposed_ns": np.asarray(got.get("comm_exposed_ns", zeros), np.int64),
+        "input_ns": np.asarray(stall, np.int64),
+    }
+    return pd.DataFrame({c: clock[c].astype(d) for c, d in CLOCK_COLUMNS.items()})
 
 
 def own_points(steps: pd.DataFrame, collectives: pd.DataFrame) -> pd.DataFrame:

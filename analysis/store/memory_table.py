@@ -30,6 +30,7 @@ from typing import Any, TypeGuard
 
 import numpy as np
 import pandas as pd
+from rankscope.analysis.store import frames
 
 #: Columns of the memory table (one row per ``[memory]`` event), in order, with their dtypes.
 MEMORY_COLUMNS: dict[str, str] = {
@@ -81,7 +82,7 @@ def device_name(device_type: int, device_id: int) -> str:
 
 def empty_memory() -> pd.DataFrame:
     """A memory table without rows, with the dtypes of :data:`MEMORY_COLUMNS`."""
-    return pd.DataFrame({c: pd.Series([], dtype=d) for c, d in MEMORY_COLUMNS.items()})
+    return frames.empty(MEMORY_COLUMNS)
 
 
 # -- from a decoded trace ----------------------------------------------------------------------

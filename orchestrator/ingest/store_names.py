@@ -17,6 +17,7 @@ import hashlib
 import os
 from pathlib import Path
 
+from rankscope import user_cache
 from rankscope.launchers import rundir
 
 #: The store of one trace file: its name without ``.json`` / ``.json.gz``, then this suffix.
@@ -24,7 +25,7 @@ TRACE_STORE_SUFFIX = ".rankscope.h5"
 #: Trace name endings dropped before :data:`TRACE_STORE_SUFFIX` is added (longest first).
 TRACE_ENDINGS = (".json.gz", ".json", ".gz")
 #: Folder, under the user's cache, of the stores of traces in folders that cannot be written.
-CACHE_SUBDIR = Path("rankscope") / "stores"
+CACHE_SUBDIR = Path(user_cache.FOLDER) / "stores"
 #: Hex digits of the trace's path digest in a cached store's name (collisions: 16^-12).
 DIGEST_CHARS = 12
 
@@ -41,8 +42,7 @@ def trace_store_name(trace: Path) -> str:
 
 def cache_dir() -> Path:
     """``$XDG_CACHE_HOME/rankscope/stores`` (``~/.cache/rankscope/stores`` without it)."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path("~/.cache").expanduser())
-    return Path(base) / CACHE_SUBDIR
+    return user_cache.cache_home() / CACHE_SUBDIR
 
 
 def cached_store(trace: Path) -> Path:

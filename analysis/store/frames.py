@@ -1,0 +1,87 @@
+"""Typed result frames built in one step: :func:`from_rows` and :func:`typed`.
+
+Why: the analyses' results are small frames (a row per step, per stream, per op) with a fixed
+schema (``*_COLUMNS``: column → dtype, ``"str"`` for text). Built the plain way —
+``pd.DataFrame(rows, columns=…).astype(COLUMNS)`` or ``frame[list(COLUMNS)].astype(COLUMNS)`` —
+pandas converts column by column, making a new frame per column and joining them (~1–5 ms per
+frame whatever its size; pandas 3 also builds each text column as an Arrow string array and
+converts it again). A rank's analysis builds dozens of such frames, which made them a large
+share of a small job's analysis (issue 31). Here each column is converted once, as a numpy or
+pandas array, and the frame is made once from them.
+
+The result is the plain way's, exactly (values, dtypes, index and column labels; checked
+against it in ``tests/test_frames.py``): numeric columns go through numpy's ``astype`` where
+it is pandas' own conversion (between bool, integer and float dtypes, except float → integer,
+where pandas refuses missing values); every other column (``"str"``, object sources, other
+dtypes) through pandas' ``Series.astype``, as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+#: numpy dtype kinds between which numpy's astype is pandas' (bool, signed, unsigned, float).
+_NUMERIC_KINDS = "biuf"
+
+
+def _converted(values: Any, dtype: str | None, index: pd.Index) -> Any:
+    """One column as ``dtype`` (None: kept as it is), ready for ``pd.DataFrame``."""
+    if isinstance(values, pd.Series):
+        series = values
+    else:
+        arr = np.asarray(values)
+        if arr.dtype == object:
+            arr = arr.astype(object)  # a Series keeps object; a bare array would be inferred
+        series = pd.Series(arr, index=index, copy=False)
+    if dtype is not None and dtype != "str" and isinstance(series.dtype, np.dtype):
+        src, want = series.dtype, np.dtype(dtype)
+        if (
+            src.kind in _NUMERIC_KINDS
+            and want.kind in _NUMERIC_KINDS
+            and not (src.kind == "f" and want.kind in "iu")
+        ):
+            return series.to_numpy().astype(want)
+    if dtype is not None:
+        series = series.astype(dtype)
+    if series.dtype == object:
+        return pd.Series(series.to_numpy(), index=index, dtype=object, copy=False)
+    return series.array if not isinstance(series.dtype, np.dtype) else series.to_numpy()
+
+
+def typed(frame: pd.DataFrame, columns: Mapping[str, str | None]) -> pd.DataFrame:
+    """``frame[list(columns)].astype(…)``: ``frame``'s columns named in ``columns``, in its order,
+    each as its dtype (None: as it is), ``frame``'s index kept."""
+    data = {c: _converted(frame[c], d, frame.index) for c, d in columns.items()}
+    return pd.DataFrame(data, index=frame.index, copy=False) if data else frame[[]].copy()
+
+
+def from_rows(rows: Sequence[Sequence[Any]], columns: Mapping[str, str | None]) -> pd.DataFrame:
+    """``pd.DataFrame(rows, columns=list(columns)).astype(…)``: one row per tuple (in
+    ``columns``' order), each column as its dtype (None: as pandas infers it)."""
+    rows = list(rows)
+    index = pd.RangeIndex(len(rows))
+    cells = list(zip(*rows, strict=True)) if rows else [()] * len(columns)
+    data = {
+        c: _converted(pd.Series(list(col), index=index, dtype=None if rows else object), d, index)
+        for (c, d), col in zip(columns.items(), cells, strict=True)
+    }
+    return pd.DataFrame(data, index=index, copy=False)
+
+
+def empty(columns: Mapping[str, str]) -> pd.DataFrame:
+    """``pd.DataFrame({c: pd.Series([], dtype=d) for c, d in columns.items()})``: no rows, each
+    column of its dtype (``"str"``, ``object`` and numpy dtypes)."""
+    index = pd.RangeIndex(0)
+    data: dict[str, Any] = {}
+    for c, d in columns.items():
+        if d == "str":
+            data[c] = pd.array([], dtype="str")
+        elif np.dtype(d) == object:
+            data[c] = pd.Series([], index=index, dtype=object)
+        else:
+            data[c] = np.empty(0, np.dtype(d))
+    return pd.DataFrame(data, index=index, copy=False)

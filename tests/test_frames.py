@@ -1,0 +1,98 @@
+"""Typed result frames built in one step (``analysis/store/frames.py``, issue 31) are the plain
+pandas ways' frames exactly — values, dtypes, index and column labels — on the project's own
+result schemas; and a lane's stream number is read as pandas' ``str.extract`` read it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+from pandas.testing import assert_frame_equal
+from rankscope.analysis.compute import host_feed, kernel_launches, kernel_sequences
+from rankscope.analysis.compute.arrivals import POINT_COLUMNS
+from rankscope.analysis.compute.attention import ATTENTION_CALL_COLUMNS
+from rankscope.analysis.compute.breakdown import gpu_lanes
+from rankscope.analysis.compute.ops import OP_STAT_COLUMNS, OP_TABLE_COLUMNS
+from rankscope.analysis.store.frames import empty, from_rows, typed
+from rankscope.analysis.store.memory_table import MEMORY_COLUMNS
+from rankscope.analysis.store.schema import LaneKind, tid_numbers
+
+SCHEMAS = {
+    "blocking copies": host_feed.BLOCKING_COPY_COLUMNS,
+    "host wait": host_feed.HOST_WAIT_COLUMNS,
+    "idle": kernel_launches.IDLE_COLUMNS,
+    "launches": kernel_launches.LAUNCH_COLUMNS,
+    "queue": kernel_launches.QUEUE_COLUMNS,
+    "sequences": kernel_sequences.SEQUENCE_COLUMNS,
+    "points": POINT_COLUMNS,
+    "memory": MEMORY_COLUMNS,
+}
+
+
+def _same(a: pd.DataFrame, b: pd.DataFrame) -> None:
+    assert_frame_equal(a, b, check_exact=True, check_index_type=True, check_column_type=True)
+
+
+def _cell(dtype: str, i: int) -> Any:
+    """A value of row ``i`` for a column of ``dtype`` (text, whole numbers, floats, flags)."""
+    if dtype == "str":
+        return f"name {i} <&>"
+    kind = np.dtype(dtype).kind
+    return {"b": i % 2 == 0, "f": i * 1.5, "O": f"o{i}"}.get(kind, i * 7 - 3)
+
+
+@pytest.mark.parametrize("schema", list(SCHEMAS))
+@pytest.mark.parametrize("n", [0, 1, 5])
+def test_from_rows_and_typed_are_the_plain_frames(schema: str, n: int) -> None:
+    columns = SCHEMAS[schema]
+    rows = [tuple(_cell(d, i) for d in columns.values()) for i in range(n)]
+    plain = pd.DataFrame(rows, columns=list(columns)).astype(columns)
+    _same(from_rows(rows, columns), plain)
+    # typed: a wider frame (other columns, another order, a filtered index) cut to the schema
+    wide = pd.DataFrame(rows, columns=list(columns)).iloc[:, ::-1]
+    wide["extra"] = np.arange(n)
+    wide.index = pd.Index(np.arange(n) * 3 + 2)
+    _same(typed(wide, columns), wide[list(columns)].astype(columns))
+    kept = {c: (None if d == "str" else d) for c, d in columns.items()}
+    raw = pd.DataFrame({c: pd.Series([str(_cell(d, i)) for i in range(n)], dtype=object)
+                        if d == "str" else [_cell(d, i) for i in range(n)]
+                        for c, d in columns.items()})  # fmt: skip
+    _same(typed(raw, kept), raw[list(columns)].astype({c: d for c, d in kept.items() if d}))
+
+
+@pytest.mark.parametrize("columns", [MEMORY_COLUMNS, ATTENTION_CALL_COLUMNS, OP_STAT_COLUMNS,
+                                     OP_TABLE_COLUMNS])  # fmt: skip
+def test_empty_is_the_plain_empty_frame(columns: dict[str, str]) -> None:
+    as_object = {c: ("object" if d == "str" else d) for c, d in columns.items()}
+    for schema in (columns, as_object):
+        _same(empty(schema), pd.DataFrame({c: pd.Series([], dtype=d) for c, d in schema.items()}))
+
+
+def test_conversions_pandas_refuses_are_refused_alike() -> None:
+    """A missing value into an integer column: pandas' own error, not numpy's garbage."""
+    frame = pd.DataFrame({"a": [1.0, np.nan]})
+    with pytest.raises(ValueError) as plain:
+        frame.astype({"a": "int64"})
+    with pytest.raises(ValueError) as ours:
+        typed(frame, {"a": "int64"})
+    assert type(ours.value) is type(plain.value)
+    with pytest.raises(ValueError):
+        from_rows([(1.0,), (None,)], {"a": "int64"})
+
+
+def test_stream_numbers_are_read_as_pandas_extract_read_them() -> None:
+    tids = ["stream 7", "stream -3 ", "12", "stream", None, "thread 4 stream 15", "x٣"]
+    lanes = pd.DataFrame(
+        {
+            "lane": np.arange(len(tids), dtype=np.int32),
+            "kind": int(LaneKind.GPU_STREAM),
+            "tid": pd.Series(tids, dtype="str"),
+        }
+    )
+    extracted = lanes["tid"].astype(str).str.extract(r"(-?\d+)\s*$")[0]
+    want = [None if pd.isna(v) else int(v) for v in extracted]
+    assert tid_numbers(lanes) == want == [7, -3, 12, None, None, 15, 3]
+    assert gpu_lanes(lanes).tolist() == [0, 2, 3, 4, 5, 6]  # every stream but the negative one
+    assert kernel_launches.lane_streams(lanes).tolist() == [7, -1, 12, -1, -1, 15, 3]
