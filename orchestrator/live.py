@@ -54,6 +54,12 @@ LOG_LINE_S = 30.0
 #: Seconds the ranks get to see a trigger.json before its first warm-up step: their probes look
 #: every REQUEST_POLL_S; four looks allow for threads that wake late on a loaded machine.
 TRIGGER_LEAD_S = 4 * REQUEST_POLL_S
+#: ... and never fewer steps than this: a rank's probe thread can wake far later than four looks
+#: on a loaded machine (a CI run: rank 0 of a Slurm job saw the file after its first warm-up
+#: step with the 0.2 s lead, and refused a window the other ranks recorded). Six steps keep the
+#: window within the ten steps after the notice that docs/live.md promises (six, the warm-up,
+#: and the newest record's age), and give every rank several of its own steps to see the file.
+TRIGGER_LEAD_STEPS = 6
 #: Seconds between two reads of rank 0's meta.json for the samples per step.
 SAMPLES_READ_S = 5.0
 #: The kernel's CPU counters (the host's stolen time: :class:`StealClock`).
@@ -498,12 +504,13 @@ class LiveMonitor:
 
     def trigger_start(self, step_s: float) -> int | None:
         """The first recorded step of an extra window: where the fastest rank will be once
-        :data:`TRIGGER_LEAD_S` passed (from its newest record, its age and the step time),
+        :data:`TRIGGER_LEAD_S` passed (from its newest record, its age and the step time; at
+        least :data:`TRIGGER_LEAD_STEPS` steps),
         plus the warm-up steps, moved past any window it would overlap."""
         newest = max(s.count for s in self.series)
         last_end = max(int(s.end_ns[s.count - 1]) for s in self.series if s.count)
         age_s = max(0.0, (time.time_ns() - last_end) / 1e9)
-        ahead = math.ceil((age_s + TRIGGER_LEAD_S) / step_s)
+        ahead = max(math.ceil((age_s + TRIGGER_LEAD_S) / step_s), TRIGGER_LEAD_STEPS)
         start = newest + ahead + self.settings.warmup
         active = self.settings.active
         for candidate in range(start, start + 4 * (self.settings.cycle + active) + 1):
