@@ -85,7 +85,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=float,
         default=0.0,
         help="every rank computes this much CPU time per step (a fixed amount of work: when "
-        "other processes take the cores, it takes longer; the live monitor's host test)",
+        "other processes take the cores, it takes longer)",
     )
     p.add_argument(
         "--input-delay-rank", type=int, default=-1, help="rank with the slow loader (-1: all)"

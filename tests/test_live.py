@@ -9,9 +9,13 @@ so the detector's window is its 10 steps — shorter steps get a window of >= 1 
 in the run (``--skip-first 1000``): the only window is the one the monitor asks for, so the
 run's analysis is that window's.
 
-And one more short run whose job never changes but whose host does: other processes take the
-cores mid-run (``test_cpu_contention_on_the_host_is_said_and_not_profiled``): said as the host's
-contention, never profiled.
+(The host rule — contention on the host said, never profiled — is tested on generated series
+and on real step-log files in tests/test_step_changes.py. A real run with busy loops started
+mid-run was tried here and removed: in a CI run with the other worker's load the steps got
+FASTER after the loops started (130 -> 105 ms, run-queue delay 35 -> 12 ms: the other load
+ended as the loops began, and CFS lets a thread that wakes from its loader's sleep preempt busy
+loops), so nothing was noticed and the test failed: its premise does not hold on a shared
+machine. docs/live.md.)
 """
 
 from __future__ import annotations
@@ -101,92 +105,6 @@ def test_a_slowdown_is_noticed_profiled_and_named(
     stragglers = summary["stragglers"]
     assert [s["rank"] for s in stragglers] == [2], stragglers
     assert stragglers[0]["cause"] == "own compute", stragglers[0]
-
-
-#: The host test: other processes take the cores from this step of rank 0 on.
-CONTEND_FROM = 100
-#: Steps of the host test's run.
-CONTEND_STEPS = 260
-#: Steps of a new baseline before a change is judged (ChangeRule: 64 + the 10-step window).
-BASELINE_STEPS = 80
-
-
-def busy_loops(cores: list[int], per_core: int) -> list[subprocess.Popen[bytes]]:
-    """Other processes on the host: ``per_core`` busy loops pinned to each of ``cores``."""
-    code = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True:\n    pass\n"
-    return [
-        subprocess.Popen([sys.executable, "-c", code, str(core)])
-        for core in cores
-        for _ in range(per_core)
-    ]
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_cpu_contention_on_the_host_is_said_and_not_profiled(tmp_path: Path) -> None:
-    """A real run (2 ranks, gloo, ~100 ms steps: 60 ms in the loader, 30 ms of the thread's
-    CPU time of fixed work, ``--cpu-work-ms``: a CPU share that falls shows) whose job never
-    changes; once rank 0 has done
-    CONTEND_FROM steps (and BASELINE_STEPS since a change the machine's other load made, if
-    any), this test starts six busy loops pinned to every core: the ranks wait
-    for a CPU and the steps get slower for good. The monitor says it as the host's contention
-    (its run-queue delays rose by the rise) and asks for NO window."""
-    out = tmp_path / "out"
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "KINETO_LOG_LEVEL")}
-    args = [
-        sys.executable, "-m", "rankscope", "run", "--nproc-per-node", "2",
-        "--skip-first", "1000", "--no-merge", "--no-analyze",
-        "--out", str(out), str(EXAMPLE), "--steps", str(CONTEND_STEPS), "--hidden", "32",
-        "--layers", "1", "--batch-size", "8", "--input-delay-ms", "60", "--cpu-work-ms", "30",
-    ]  # fmt: skip
-    import time
-
-    loops: list[subprocess.Popen[bytes]] = []
-    proc = subprocess.Popen(
-        args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-    )
-    try:
-        deadline = time.monotonic() + 300
-        started_at = None
-        while proc.poll() is None and time.monotonic() < deadline:
-            logs = list(out.glob(f"*/{rundir.RANKS_DIR}/00000/{step_log.STEP_LOG_FILE}"))
-            steps = step_log.read_steps(logs[0])["steps"] if logs else []
-            # a change the machine's other load made before: its level is the new baseline,
-            # which needs BASELINE_STEPS steps before the contention is judged against it
-            said = list(out.glob(f"*/{rundir.CHANGES_FILE}"))
-            since = (
-                max((json.loads(x)["step"] for x in said[0].read_text().splitlines()), default=0)
-                if said
-                else 0
-            )
-            if len(steps) and steps[-1] >= max(CONTEND_FROM, since + BASELINE_STEPS):
-                started_at = int(steps[-1])
-                loops = busy_loops(sorted(os.sched_getaffinity(0)), 6)
-                break
-            time.sleep(0.05)
-        output, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-    finally:
-        for loop in loops:
-            loop.kill()
-            loop.wait()
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0 and started_at is not None, output[-3000:]
-    (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
-    changes = [
-        json.loads(line) for line in (run_dir / rundir.CHANGES_FILE).read_text().splitlines()
-    ]
-    assert changes and all(c["kind"] == "host" for c in changes), changes
-    first = next(c for c in changes if c["step"] > started_at)
-    assert first["step"] <= started_at + 40, (started_at, changes)
-    assert first["after_ms"] > first["before_ms"] and first["trigger"] is None
-    assert first["host_ms"][1] > first["host_ms"][0]
-    assert first["sentence"] in output and "no profile taken" in first["sentence"]
-    assert not (run_dir / rundir.TRIGGER_FILE).exists()
-    for r in range(2):
-        meta = json.loads((rundir.rank_dir(run_dir, r) / rundir.META_JSON).read_text())
-        assert not any("trigger" in w for w in meta["windows"])
 
 
 def test_live_options_round_trip_through_run_json() -> None:
