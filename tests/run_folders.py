@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -27,3 +28,16 @@ def failed_local_run(tmp_path: Path) -> Path:
     (run_dir / rundir.RANKS_DIR).mkdir(parents=True)
     rundir.write_json_atomic(run_dir / rundir.RUN_JSON, dict(FAILED_LOCAL_RUN))
     return run_dir
+
+
+def first_job_change(run_dir: Path) -> dict[str, Any]:
+    """The first change of kind ``job`` in ``RUN/changes.jsonl`` (the live monitor's notices);
+    before it, only the host's contention may have been said (a loaded machine), never
+    profiled."""
+    lines = (run_dir / rundir.CHANGES_FILE).read_text().splitlines()
+    changes = [json.loads(line) for line in lines]
+    first = next((c for c in changes if c["kind"] == "job"), None)
+    assert first is not None, changes
+    before = changes[: changes.index(first)]
+    assert all(c["kind"] == "host" and c["trigger"] is None for c in before), changes
+    return first

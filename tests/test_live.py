@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 from rankscope.launchers import rundir, step_log
+from run_folders import first_job_change
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "train_ddp.py"
@@ -78,15 +79,8 @@ def test_a_slowdown_is_noticed_profiled_and_named(
         log = step_log.read_steps(rundir.rank_dir(run_dir, r) / step_log.STEP_LOG_FILE)
         assert log["steps"].tolist() == list(range(1, 301))
     # the change: noticed live within 20 steps of step 150, one line on the terminal
-    changes = [
-        json.loads(line) for line in (run_dir / rundir.CHANGES_FILE).read_text().splitlines()
-    ]
-    # before it, only the host's contention may have been said (a loaded machine: never profiled)
-    first = next((c for c in changes if c["kind"] == "job"), None)
-    assert first is not None, changes
-    before = changes[: changes.index(first)]
-    assert all(c["kind"] == "host" and c["trigger"] is None for c in before), changes
-    assert SLOW_FROM < first["step"] <= SLOW_FROM + 20, changes
+    first = first_job_change(run_dir)
+    assert SLOW_FROM < first["step"] <= SLOW_FROM + 20, first
     assert first["after_ms"] > first["before_ms"] + 20
     assert first["sentence"] in proc.stdout
     assert first["trigger"] == 1

@@ -24,7 +24,7 @@ from rankscope.launchers.slurm.node import node_torchrun_args
 from rankscope.launchers.slurm.options import SlurmOptions, load_defaults, slurm_options_from_args
 from rankscope.launchers.slurm.records import task_states
 from rankscope.launchers.torchrun import TORCHELASTIC_DIR
-from run_folders import failed_local_run
+from run_folders import failed_local_run, first_job_change
 from slurm_cluster import REPO, LocalSlurm, interruptible, rankscope
 
 EXAMPLE = REPO / "examples" / "train_ddp.py"
@@ -522,17 +522,22 @@ def test_time_limit_gives_timeout_and_a_merged_store(
         ["scontrol", "show", "job", job_id], capture_output=True, text=True, env=env, timeout=60
     )
     assert "TimeLimit=00:01:00" in shown.stdout, shown.stdout + shown.stderr
+
+    def set_limit(minutes: int) -> None:
+        """The job's time limit changed as an admin may (``scontrol update``)."""
+        done = subprocess.run(
+            ["scontrol", "update", f"JobId={job_id}", f"TimeLimit={minutes}"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+
     # the limit lifted while the ranks start: on a loaded machine four ranks' imports and first
     # window can take longer than the minute (CI: no window in 420 s, the job ended by its limit
     # first); the test is that Slurm's limit ends the job, not how fast the ranks start
-    lifted = subprocess.run(
-        ["scontrol", "update", f"JobId={job_id}", "TimeLimit=15"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
-    assert lifted.returncode == 0, lifted.stderr
+    set_limit(15)
 
     def every_rank_wrote_a_window() -> bool:
         ranks = run_dir / rundir.RANKS_DIR
@@ -542,14 +547,7 @@ def test_time_limit_gives_timeout_and_a_merged_store(
         )
 
     wait_until("a window from every rank", every_rank_wrote_a_window)
-    cut = subprocess.run(
-        ["scontrol", "update", f"JobId={job_id}", "TimeLimit=0"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
-    assert cut.returncode == 0, cut.stderr
+    set_limit(0)
     wait_until("the merge job", lambda: merge_finished(run_dir))
     rankscope("status", str(run_dir), env=slurm_cluster.env())
     rec = record(run_dir)
@@ -593,14 +591,9 @@ def test_sbatch_template_by_hand(tmp_path: Path, slurm_cluster: LocalSlurm) -> N
     assert store_ranks(tmp_path / "again.h5") == [0, 1, 2, 3]
     said = (tmp_path / f"rankscope-{job_id}.out").read_text()
     # the first node's monitor: the change noticed after the slow-down, said in the job's output
-    changes = [json.loads(ln) for ln in (run_dir / rundir.CHANGES_FILE).read_text().splitlines()]
-    # before it, only the host's contention may have been said (a loaded machine: never profiled)
-    first = next((c for c in changes if c["kind"] == "job"), None)
-    assert first is not None, changes
-    before = changes[: changes.index(first)]
-    assert all(c["kind"] == "host" and c["trigger"] is None for c in before), changes
-    assert first["step"] > SLOWDOWN_FROM, changes
-    assert first["after_ms"] > first["before_ms"] + 20, changes
+    first = first_job_change(run_dir)
+    assert first["step"] > SLOWDOWN_FROM, first
+    assert first["after_ms"] > first["before_ms"] + 20, first
     assert first["sentence"] in said and first["trigger"] == 1, said[-3000:]
     # ... and profiled: one extra window from the same step on every rank, after the notice
     trigger = json.loads((run_dir / rundir.TRIGGER_FILE).read_text())
