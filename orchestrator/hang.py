@@ -83,8 +83,20 @@ def dead_ranks(run_dir: Path) -> dict[int, dict[str, Any]]:
                 out[int(meta["rank"])] = {
                     "error": f"{err.get('type')}: {err.get('message')}",
                     "user_frame": err.get("user_frame"),
+                    "time_ns": err.get("time_ns"),
                 }
     return out
+
+
+def _ended_by_us(
+    rank: int, death: dict[str, Any], answers: dict[int, dict[str, Any]], notice: HangNotice
+) -> bool:
+    """Whether a rank's recorded error came after it answered the hang notice: then the
+    hang's ending (rankscope's SIGTERM to the job, which Slurm's scancel also sends to the
+    rank's data-loader workers, whose death torch raises in the rank before the rank's own
+    SIGTERM handler runs) made it, and the rank is placed by its answer, not as dead."""
+    at = death.get("time_ns")
+    return rank in answers and isinstance(at, int) and at >= notice.noticed_ns
 
 
 def say_who_and_where(run_dir: Path, notice: HangNotice) -> None:
@@ -103,7 +115,9 @@ def say_who_and_where(run_dir: Path, notice: HangNotice) -> None:
         last = doc.get("last_step_ns")
         since = None if last is None else (notice.noticed_ns - int(last)) / 1e9
         progress[rank] = (int(doc.get("steps") or 0), since)
-    dead = dead_ranks(run_dir)
+    dead = {
+        r: d for r, d in dead_ranks(run_dir).items() if not _ended_by_us(r, d, answers, notice)
+    }
     silent = [r for r in range(world) if r not in answers and r not in dead]
     stacks = text_stacks(run_dir, silent, notice.noticed_ns)
     diag = diagnose(answers, world, dead, progress, stacks=stacks)

@@ -137,3 +137,37 @@ def test_text_stacks_of_an_earlier_hang_are_not_read(tmp_path: Path) -> None:
     diag = diagnose({0: ANSWER}, 2, stacks=text_stacks(run, [1], later))
     rank1 = next(p for p in diag.places if p.rank == 1)
     assert rank1.state == RankState.SILENT and rank1.user_frame is None
+
+
+SCANCELLED = Path(__file__).parent / "data" / "hang_ended_by_scancel"
+
+
+def test_errors_the_hangs_ending_made_do_not_make_a_rank_dead(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Real files of a Slurm job ended by scancel after both ranks answered: the SIGTERM that
+    killed each rank's data-loader worker made torch raise in the rank (its meta.json's error,
+    after the notice). The culprit is the rank that never arrived, placed by its answer; dying
+    of the ending is not the rank's own death (it was called dead once in CI)."""
+    run = tmp_path / "run"
+    shutil.copytree(SCANCELLED, run)
+    noticed = json.loads((run / rundir.RUN_JSON).read_text())["hang"]["noticed_ns"]
+    for rank in (0, 1):  # the premise: each rank has the ending's error, made after the notice
+        error = json.loads((rundir.rank_dir(run, rank) / rundir.META_JSON).read_text())["error"]
+        assert "killed by signal: Terminated" in error["message"] and not error["interrupted"]
+        assert error["time_ns"] > noticed
+    notice = HangNotice(
+        idle_s=10.5,
+        threshold_s=10.0,
+        before_first_step=False,
+        ranks=[RankProgress(r, None, 4, noticed - 10 * 10**9) for r in (0, 1)],
+        noticed_ns=noticed,
+    )
+    say_who_and_where(run, notice)
+    said = capsys.readouterr().err
+    assert "the others wait for rank 1" in said and "dead" not in said
+    report = json.loads((run / rundir.REPORT_DIR / rundir.HANG_REPORT).read_text())
+    assert report["culprits"] == [1] and report["collective"]["op"] == "all_reduce"
+    ranks = {r["rank"]: r for r in report["ranks"]}
+    assert ranks[1]["state"] == "missing" and ranks[1]["line"] == 152
+    assert ranks[0]["state"] == "waiting"
