@@ -115,9 +115,7 @@ def say_who_and_where(run_dir: Path, notice: HangNotice) -> None:
         last = doc.get("last_step_ns")
         since = None if last is None else (notice.noticed_ns - int(last)) / 1e9
         progress[rank] = (int(doc.get("steps") or 0), since)
-    dead = {
-        r: d for r, d in dead_ranks(run_dir).items() if not _ended_by_us(r, d, answers, notice)
-    }
+    dead = {r: d for r, d in dead_ranks(run_dir).items() if not _ended_by_us(r, d, answers, notice)}
     silent = [r for r in range(world) if r not in answers and r not in dead]
     stacks = text_stacks(run_dir, silent, notice.noticed_ns)
     diag = diagnose(answers, world, dead, progress, stacks=stacks)
