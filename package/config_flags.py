@@ -303,18 +303,13 @@ def flag_of(cls: type, name: str) -> str:
 def field_docs(cls: type) -> dict[str, str]:
     """Each field's docstring (the string literal right after its annotated line in the class
     body), whitespace collapsed, for ``cls`` and its bases (its own win). Read once per class
-    from the source; a class whose source cannot be read gives none."""
+    from its module's syntax tree (:func:`_class_bodies`); a class whose source cannot be read
+    gives none."""
     import ast
-    import inspect
-    import textwrap
 
     docs: dict[str, str] = {}
     for klass in reversed(cls.__mro__[:-1]):  # object last: no source
-        try:
-            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
-        except (OSError, TypeError, SyntaxError):
-            continue
-        body = next((n.body for n in tree.body if isinstance(n, ast.ClassDef)), [])
+        body = _class_bodies(klass.__module__).get(klass.__qualname__, [])
         for node, nxt in itertools.pairwise(body):
             if (
                 isinstance(node, ast.AnnAssign)
@@ -325,6 +320,38 @@ def field_docs(cls: type) -> dict[str, str]:
             ):
                 docs[node.target.id] = " ".join(nxt.value.value.split())
     return docs
+
+
+@functools.cache
+def _class_bodies(module: str) -> dict[str, list[Any]]:
+    """Qualified class name → its body's statements (``ast`` nodes), for every class of
+    ``module``, from one parse of the module's source: ``inspect.getsource`` per class parsed the
+    whole module, tokenized it and parsed the class again (~20 ms a class, paid by every command
+    that builds its flags' help). ``{}`` when the source cannot be read."""
+    import ast
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(module)
+        origin = spec.origin if spec is not None else None
+        if origin is None or not origin.endswith(".py"):
+            return {}
+        tree = ast.parse(Path(origin).read_bytes())
+    except (OSError, ImportError, ValueError, SyntaxError):
+        return {}
+    out: dict[str, list[Any]] = {}
+
+    def visit(nodes: list[ast.stmt], prefix: str) -> None:
+        for node in nodes:
+            if isinstance(node, ast.ClassDef):
+                name = prefix + node.name
+                out.setdefault(name, node.body)
+                visit(node.body, name + ".")
+            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                visit(node.body, f"{prefix}{node.name}.<locals>.")
+
+    visit(tree.body, "")
+    return out
 
 
 def shown(value: Any) -> str:

@@ -117,6 +117,25 @@ def test_a_docstring_per_field_gives_each_flag_its_help() -> None:
     assert field_docs(MoreKnobs)["extra"] == "one more" and field_docs(MoreKnobs)["ratio"]
 
 
+def test_docstrings_of_classes_inside_functions_and_classes_are_read() -> None:
+    """The docs are read from the module's syntax tree by qualified name: a dataclass made
+    inside a function (``f.<locals>.C``) or inside another class gets its own fields' docs,
+    not a same-named class's elsewhere in the module."""
+
+    @dataclasses.dataclass
+    class Knobs:  # same name as the module's: its own docs win
+        ratio: float = 0.5
+        """a local fraction"""
+
+        @dataclasses.dataclass
+        class Inner:
+            depth: int = 1
+            """how deep"""
+
+    assert field_docs(Knobs) == {"ratio": "a local fraction"}
+    assert field_docs(Knobs.Inner) == {"depth": "how deep"}
+
+
 def test_values_come_back_typed_and_only_when_given() -> None:
     flags = Flags(Knobs)
     parser = _parser(flags)
