@@ -53,6 +53,7 @@ from rankscope.launchers.hang_probe import (
     innermost_user_frame,
     is_collective_timeout,
 )
+from rankscope.launchers.profiler import make_profile
 from rankscope.launchers.spec import LauncherKind, ProfilerSettings, check_samples
 from rankscope.launchers.stepping import DEFERRED_SIGNALS as DEFERRED_SIGNALS
 from rankscope.launchers.stepping import STEP_CPU_KEY as STEP_CPU_KEY
@@ -170,7 +171,7 @@ class RankRuntime(RankStepping, RankWindows, RankTriggers):
         """Describe the rank, hook torch, and start the profiler."""
         import torch
         from torch.optim.optimizer import register_optimizer_step_post_hook
-        from torch.profiler import ProfilerAction, ProfilerActivity, profile, schedule
+        from torch.profiler import ProfilerAction, ProfilerActivity, schedule
 
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
@@ -203,7 +204,7 @@ class RankRuntime(RankStepping, RankWindows, RankTriggers):
         )
         a = ProfilerAction
         self._actions = {"warmup": a.WARMUP, "record": a.RECORD, "save": a.RECORD_AND_SAVE}
-        self.prof = profile(
+        self.prof = make_profile(
             activities=activities,
             schedule=self._schedule,  # the settings' schedule, plus triggered windows
             on_trace_ready=self._on_trace_ready,
