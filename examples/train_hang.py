@@ -29,9 +29,9 @@ The update is plain SGD written out, and each step ends with ``rankscope.step()`
 ``torch.optim`` optimizer, because the first one built imports ``torch._dynamo`` (its
 ``add_param_group`` is wrapped by ``torch._compile._disable_dynamo``): ~3 s of CPU per process
 on a 2-core machine, more than this job's own work, paid by every rank of each of the test
-suite's hung jobs. (torch's profiler imports it too when a window starts — ``prepare_trace``
-asks ``hasattr(torch, "_inductor")`` — so a job profiled from its first steps pays it once
-there.) A job with an optimizer is stepped by its optimizer's hook instead
+suite's hung jobs. (torch's own profiler imports it too when a window starts —
+``prepare_trace`` asks ``hasattr(torch, "_inductor")`` —; rankscope's runtime does not:
+``launchers/profiler.py``.) A job with an optimizer is stepped by its optimizer's hook instead
 (examples/train_ddp.py); the hang diagnosis is the same.
 """
 

@@ -33,14 +33,11 @@ EXIT_HUNG = 124
 PG_TIMEOUT_S = 10
 TIMEOUT_HANG_AFTER_S = 200
 #: rankscope run's flags for the jobs whose windows nobody reads: no merge, no analysis, and no
-#: window at all (--skip-first beyond their steps). A rank's first window costs ~3 s of CPU here
-#: before it records anything (torch's profiler imports torch._dynamo when it starts one: the
-#: example's docstring): a quarter of each of these jobs' CPU, for traces never read.
+#: window at all (--skip-first beyond their steps): no CPU spent on traces never read.
 UNREAD = ["--no-merge", "--no-analyze", "--skip-first", "1000"]
 #: The endless loop's job keeps its window, from its first step (--wait 0): the profiler's start
-#: (and that import) comes before the first step, under the rule for the start-up (3 x
-#: --hang-after, at least 120 s), not in the middle of step 1 as a 10 s pause the watch would
-#: rightly call a hang on a loaded machine.
+#: comes before the first step, under the rule for the start-up (3 x --hang-after, at least
+#: 120 s), not inside a step, where any pause on a loaded machine counts against the 10 s.
 PROFILED = ["--wait", "0"]
 #: scenario -> the example's arguments (and rankscope run's extra flags)
 SCENARIOS: dict[str, tuple[list[str], list[str]]] = {
