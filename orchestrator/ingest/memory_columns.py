@@ -84,11 +84,12 @@ class MemoryColumns:
             return False  # NaN or infinite
         if not (min(ts) > -TS_LIMIT_US and max(ts) < TS_LIMIT_US):
             return False
+        values: dict[str, list[Any]] = {}
         for attr, lo, hi in _MEMORY_LIMITS:
-            values = list(map(attrgetter(attr), args))
-            if set(map(type, values)) != {int} or not (lo <= min(values) and max(values) <= hi):
+            got = values[attr] = list(map(attrgetter(attr), args))
+            if set(map(type, got)) != {int} or not (lo <= min(got) and max(got) <= hi):
                 return False
-        self.memory.extend(mem)
+        self._keep_memory(mem, us_to_ns(np.fromiter(ts, np.float64, len(ts))), values)
         return True
 
     def _memory_event(self, ev: KEvent) -> None:
@@ -146,14 +147,22 @@ class MemoryColumns:
         else:
             ts = us_to_ns(np.fromiter(map(_TS, mem), np.float64, n))
         args = list(map(_ARGS, mem))
+        self._keep_memory(
+            mem, ts, {attr: list(map(attrgetter(attr), args)) for _, attr, _ in _MEMORY_ARGS}
+        )
+        self.memory = []
+
+    def _keep_memory(self, mem: list[KEvent], ts: np.ndarray, values: dict[str, list[Any]]) -> None:
+        """Append kept memory events as columns: ``ts`` in ns (before the time base), ``values``
+        the six ``KArgs`` fields of each event by attribute (read once, by the check or here)."""
+        n = len(mem)
         part = self.memory_parts
         part.setdefault("ts", []).append(ts)
         for col, attr, dtype in _MEMORY_ARGS:
-            part.setdefault(col, []).append(np.fromiter(map(attrgetter(attr), args), dtype, n))
+            part.setdefault(col, []).append(np.fromiter(values[attr], dtype, n))
         self.memory_threads.extend(
             zip(map(str, map(_PID, mem)), map(str, map(_TID, mem)), strict=True)
         )
-        self.memory = []
 
     def _memory_columns(self, cols: dict[str, np.ndarray], base: int) -> dict[str, np.ndarray]:
         """The kept memory events as columns, with op, scope and step from the events' own
