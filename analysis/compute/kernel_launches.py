@@ -237,16 +237,24 @@ def queue_length(
     gpu = kept & (stream >= 0) & (corr >= 0)
     gpu &= np.isin(corr, corr[call])
     call &= np.isin(corr, corr[gpu])
-    g = pd.DataFrame({"corr": corr[gpu], "stream": stream[gpu]}).drop_duplicates("corr")
-    c = pd.DataFrame({"corr": corr[call], "ts": ts[call], "delta": 1}).merge(g, on="corr")
-    k = pd.DataFrame({"ts": ts[gpu], "delta": -1, "stream": stream[gpu]})
-    both = pd.concat([c[["ts", "delta", "stream"]], k], ignore_index=True)
-    both = both.sort_values(
-        ["stream", "ts", "delta"], ascending=[True, True, not launch_first], kind="stable"
-    )
-    both["queue_length"] = both.groupby("stream")["delta"].cumsum()
-    both["rank"] = rank
-    return typed(both.reset_index(drop=True), QUEUE_COLUMNS)
+    # in numpy (a pandas merge, concat, sort and grouped cumsum were most of the function):
+    # each call on the stream of the first GPU event of its correlation id (every call has
+    # one), +1 per call then -1 per GPU start, ordered by stream, time, then the launch first
+    # (stable: ties keep that order), the running sum restarted per stream
+    g_corr, g_stream = corr[gpu], stream[gpu]
+    known, first = np.unique(g_corr, return_index=True)
+    c_stream = g_stream[first][np.searchsorted(known, corr[call])]
+    n_call = int(call.sum())
+    at = np.concatenate([ts[call], ts[gpu]]).astype(np.int64)
+    on = np.concatenate([c_stream, g_stream]).astype(np.int64)
+    delta = np.concatenate([np.ones(n_call, np.int64), np.full(len(g_corr), -1, np.int64)])
+    order = np.lexsort((-delta if launch_first else delta, at, on))
+    at, on, delta = at[order], on[order], delta[order]
+    running = np.cumsum(delta)
+    starts = np.flatnonzero(np.r_[True, on[1:] != on[:-1]]) if len(on) else np.zeros(0, np.int64)
+    before = np.repeat(running[starts] - delta[starts], np.diff(np.r_[starts, len(on)]))
+    out = {"rank": np.full(len(on), rank), "stream": on, "ts": at, "queue_length": running - before}
+    return typed(pd.DataFrame(out), QUEUE_COLUMNS)
 
 
 def queue_summary(series: pd.DataFrame) -> pd.DataFrame:

@@ -64,22 +64,44 @@ def op_stats(
     if len(sel) == 0:
         return empty(_objects(OP_STAT_COLUMNS))
     code, text = text_codes(sel["name"])
-    names = pd.Series(code, index=sel.index, name="name")
-    g = sel.groupby([names, sel["kind"]], sort=False, observed=True)["dur"]
-    out = g.agg(count="size", total_ns="sum", max_ns="max").reset_index()
-    out["name"] = text[out["name"].to_numpy(np.int64)]
+    kind = sel["kind"].to_numpy()
+    dur = sel["dur"].to_numpy()
+    # pandas' groupby(sort=False) on (name, kind) in numpy: groups numbered in the order of
+    # their first row, count / sum / max per group (a pandas groupby, its frame and its
+    # reset_index cost more than the rest of the function on a small rank)
+    group, first = _first_seen_groups(code, kind.astype(np.int64))
+    n = len(first)
+    by_group = np.argsort(group, kind="stable")
+    starts = np.searchsorted(group[by_group], np.arange(n))
     ts = sel["ts"].to_numpy(np.int64)
-    end = ts + sel["dur"].to_numpy(np.int64)
+    end = ts + dur.astype(np.int64)
     clip = spans is not None and len(spans) > 0
     lo = hi = np.empty(0, np.int64)
     if spans is not None and clip:
         lo, hi = spans["start"].to_numpy(np.int64), spans["end"].to_numpy(np.int64)
-    out["wall_ns"] = _walls(
-        g.ngroup().to_numpy(np.int64), ts, end, len(out), lo if clip else None, hi
+    out = pd.DataFrame(
+        {
+            "rank": np.full(n, rank, np.int64),
+            "name": text[code[first]],
+            "kind": [EventKind(int(k)).name for k in kind[first]],
+            "count": np.bincount(group, minlength=n).astype(np.int64),
+            "total_ns": np.add.reduceat(dur[by_group], starts),
+            "wall_ns": _walls(group, ts, end, n, lo if clip else None, hi),
+            "max_ns": np.maximum.reduceat(dur[by_group], starts),
+        }
     )
-    out["kind"] = [EventKind(int(k)).name for k in out["kind"]]
-    out.insert(0, "rank", rank)
     return typed(out, _kept(OP_STAT_COLUMNS))
+
+
+def _first_seen_groups(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(group of each row, first row of each group) of the pairs (a, b) (non-negative int64),
+    groups numbered in the order of their first row: pandas' ``groupby(sort=False).ngroup()``."""
+    key = a * (int(b.max()) + 1) + b if len(b) else a
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")
+    renumber = np.empty(len(first), np.int64)
+    renumber[order] = np.arange(len(first))
+    return renumber[inverse.reshape(-1)], first[order]
 
 
 def _walls(
