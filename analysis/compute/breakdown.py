@@ -459,10 +459,8 @@ def rank_breakdown(events: pd.DataFrame, lanes: pd.DataFrame, rank: int = 0) -> 
 
 
 def measure_windows(measure: Any, device: Device, windows: pd.DataFrame, rank: int) -> pd.DataFrame:
-    """Breakdown rows (``BREAKDOWN_COLUMNS``) for ``windows`` (step, start, end) of one rank.
-
-    Built as numpy columns and one frame (a frame per column assignment cost more than the
-    measuring on a small rank)."""
+    """Breakdown rows (``BREAKDOWN_COLUMNS``) for ``windows`` (step, start, end) of one rank, as
+    numpy columns and one frame (a frame per column set cost more than measuring a small rank)."""
     n = len(windows)
     step = windows["step"].to_numpy(np.int32)
     start = windows["start"].to_numpy(np.int64)
@@ -492,16 +490,9 @@ def measure_windows(measure: Any, device: Device, windows: pd.DataFrame, rank: i
             out[col] = np.full(len(rows) + 1, str(device), dtype=object)
             continue
         picked = v[rows]
-        if col == "step":
-            last = WHOLE_RUN_STEP
-        elif col == "start":
-            last = picked.min()
-        elif col == "end":
-            last = picked.max()
-        elif col.endswith("_ns"):
-            last = picked.sum()
-        else:
-            last = picked[0]
+        last = {"step": WHOLE_RUN_STEP, "start": picked.min(), "end": picked.max()}.get(col)
+        if last is None:
+            last = picked.sum() if col.endswith("_ns") else picked[0]
         out[col] = np.append(picked, np.asarray(last, picked.dtype))
     return pd.DataFrame(out)
 

@@ -184,20 +184,31 @@ def launches(
     stream = lane_streams(lanes)[events["lane"].to_numpy()] if len(lanes) else np.full(len(ts), -1)
     call = kept & (stream < 0) & np.isin(names, list(LAUNCH_STAT_CALLS)) & (corr >= 0)
     gpu = kept & (stream >= 0) & np.isin(corr, corr[call])
-    cpu = pd.DataFrame({"corr": corr[call], "cpu_ts": ts[call], "cpu_ns": end[call] - ts[call]})
-    dev = pd.DataFrame(
-        {"corr": corr[gpu], "kernel": names[gpu], "gpu_ts": ts[gpu], "gpu_ns": end[gpu] - ts[gpu]}
-    )
-    j = cpu.merge(dev, on="corr", how="inner")
-    j["delay_ns"] = (j["gpu_ts"] - j["cpu_ts"] - j["cpu_ns"]).clip(lower=0)
-    j["rank"] = rank
-    return typed(j, LAUNCH_COLUMNS)
+    # pandas' inner merge of the calls with the GPU events on the correlation id, in numpy: the
+    # calls in their order, each with its GPU events in theirs
+    c_rows, g_rows = np.flatnonzero(call), np.flatnonzero(gpu)
+    by_corr = g_rows[np.argsort(corr[g_rows], kind="stable")]
+    lo = np.searchsorted(corr[by_corr], corr[c_rows], side="left")
+    hi = np.searchsorted(corr[by_corr], corr[c_rows], side="right")
+    n = hi - lo
+    c = np.repeat(c_rows, n)
+    g = by_corr[np.repeat(lo - np.cumsum(n) + n, n) + np.arange(int(n.sum()))]
+    cpu_ns = end[c] - ts[c]
+    j = {
+        "rank": np.full(len(c), rank),
+        "corr": corr[c],
+        "kernel": names[g],
+        "cpu_ns": cpu_ns,
+        "gpu_ns": end[g] - ts[g],
+        "delay_ns": np.maximum(ts[g] - ts[c] - cpu_ns, 0),
+    }
+    return typed(pd.DataFrame(j), LAUNCH_COLUMNS)
 
 
 def launch_summary(launch_rows: pd.DataFrame, rank: int) -> pd.DataFrame:
     """One rank's launches summed (``LAUNCH_SUMMARY_COLUMNS``), outliers with HTA's cut-offs."""
-    d = launch_rows
-    cpu, gpu, delay = d["cpu_ns"], d["gpu_ns"], d["delay_ns"]
+    d = launch_rows  # its int64 columns as arrays: pandas' sum / mean / median are numpy's here
+    cpu, gpu, delay = (d[c].to_numpy(np.int64) for c in ("cpu_ns", "gpu_ns", "delay_ns"))
     row = (
         rank,
         len(d),
@@ -205,7 +216,7 @@ def launch_summary(launch_rows: pd.DataFrame, rank: int) -> pd.DataFrame:
         int(gpu.sum()),
         int(delay.sum()),
         float(delay.mean()) if len(d) else float("nan"),
-        float(delay.median()) if len(d) else float("nan"),
+        float(np.median(delay)) if len(d) else float("nan"),
         int(delay.max()) if len(d) else 0,
         int(((cpu <= RUNTIME_CUTOFF_NS) & (gpu < cpu)).sum()),
         int((cpu > RUNTIME_CUTOFF_NS).sum()),

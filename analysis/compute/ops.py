@@ -93,10 +93,15 @@ def op_stats(
     return typed(out, _kept(OP_STAT_COLUMNS))
 
 
-def _first_seen_groups(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(group of each row, first row of each group) of the pairs (a, b) (non-negative int64),
-    groups numbered in the order of their first row: pandas' ``groupby(sort=False).ngroup()``."""
-    key = a * (int(b.max()) + 1) + b if len(b) else a
+def _first_seen_groups(*keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(group of each row, first row of each group) of the rows' key tuples (non-negative
+    integer arrays of one length), groups numbered in the order of their first row: pandas'
+    ``groupby(keys, sort=False).ngroup()``."""
+    key = np.asarray(keys[0], np.int64)
+    for more in keys[1:]:
+        if len(key):  # renumbered densely first: the combined key stays far below 2**63
+            key = np.unique(key, return_inverse=True)[1].reshape(-1).astype(np.int64)
+            key = key * (int(more.max()) + 1) + np.asarray(more, np.int64)
     _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
     order = np.argsort(first, kind="stable")
     renumber = np.empty(len(first), np.int64)
@@ -402,33 +407,36 @@ def op_table(
     rows = np.concatenate([tree["row"].to_numpy(np.int64), dev])
     zeros = np.zeros(len(dev), np.int64)
     name_code, name_text = text_codes(events["name"])
-    frame = pd.DataFrame(
-        {
-            "name": name_code[rows],
-            "kind": kind[rows],
-            "count": np.ones(len(rows), np.int64),
-            "self_cpu_ns": np.concatenate([tree["self_cpu_ns"].to_numpy(np.int64), zeros]),
-            "cpu_total_ns": np.concatenate([dur[tree["row"].to_numpy(np.int64)], zeros]),
-            "self_device_ns": np.concatenate([tree["self_device_ns"].to_numpy(np.int64), dur[dev]]),
-            "device_total_ns": np.concatenate(
-                [tree["device_total_ns"].to_numpy(np.int64), dur[dev]]
-            ),
-        }
-    )
     if group_by_shape and "shapes" in events.columns:
         shape_code, shape_text = text_codes(events["shapes"], missing="")
-        frame["shapes"] = shape_code[rows]
+        shapes = shape_code[rows]
     else:
-        frame["shapes"] = 0
+        shapes = np.zeros(len(rows), np.int64)
         shape_text = np.asarray([""], dtype=object)
-    if not len(frame):
+    if not len(rows):
         return _empty(OP_TABLE_COLUMNS)
-    # grouped on integer codes (hashing each row's strings was most of the table's time)
-    out = frame.groupby(["name", "kind", "shapes"], sort=False).sum().reset_index()
-    out["name"] = name_text[out["name"].to_numpy(np.int64)]
-    out["shapes"] = shape_text[out["shapes"].to_numpy(np.int64)]
-    out["kind"] = [EventKind(int(k)).name for k in out["kind"]]
-    out.insert(0, "rank", rank)
+    tree_rows = tree["row"].to_numpy(np.int64)
+    sums = {
+        "self_cpu_ns": np.concatenate([tree["self_cpu_ns"].to_numpy(np.int64), zeros]),
+        "cpu_total_ns": np.concatenate([dur[tree_rows], zeros]),
+        "self_device_ns": np.concatenate([tree["self_device_ns"].to_numpy(np.int64), dur[dev]]),
+        "device_total_ns": np.concatenate([tree["device_total_ns"].to_numpy(np.int64), dur[dev]]),
+    }
+    # grouped on integer codes (hashing each row's strings was most of the table's time), in
+    # numpy: pandas' groupby(sort=False).sum() on (name, kind, shapes), groups in first-row order
+    group, first = _first_seen_groups(name_code[rows], kind[rows], shapes)
+    by_group = np.argsort(group, kind="stable")
+    starts = np.searchsorted(group[by_group], np.arange(len(first)))
+    out = pd.DataFrame(
+        {
+            "rank": np.full(len(first), rank, np.int64),
+            "name": name_text[name_code[rows][first]],
+            "kind": [EventKind(int(k)).name for k in kind[rows][first]],
+            "shapes": shape_text[shapes[first]],
+            "count": np.bincount(group, minlength=len(first)).astype(np.int64),
+            **{c: np.add.reduceat(v[by_group], starts) for c, v in sums.items()},
+        }
+    )
     out = out.sort_values([col, "name"], ascending=[False, True], kind="stable")
     return typed(out.reset_index(drop=True), _kept(OP_TABLE_COLUMNS))
 
