@@ -85,14 +85,14 @@ def arrival_points(
     ends = np.maximum(rows["end"].to_numpy(np.int64), arrival)
     real_steps = steps[steps["step"] >= 0] if len(steps) else steps
     n = len(arrival)
-    out = pd.DataFrame(
-        {
-            "coll": rows["coll"].to_numpy(np.int64),
-            "rank": np.full(n, rank, np.int32),
-            "arrival": arrival,
-            "end": ends,
-        }
-    )
+    # the columns as arrays, one frame at the end (a frame column set per figure cost more
+    # than the measuring on a small rank)
+    out: dict[str, Any] = {
+        "coll": rows["coll"].to_numpy(np.int64),
+        "rank": np.full(n, rank, np.int32),
+        "arrival": arrival,
+        "end": ends,
+    }
     st = real_steps.sort_values("start", kind="stable")
     s_start = st["start"].to_numpy(np.int64)
     s_end = st["end"].to_numpy(np.int64)
@@ -137,7 +137,7 @@ def arrival_points(
         out[f"{prefix}input_ns"] = values.get("input_ns", zeros)
         out[f"{prefix}idle_ns"] = idle
         out[f"{prefix}comm_ns"] = values.get("comm_exposed_ns", zeros)
-    return typed(out, POINT_COLUMNS)
+    return typed(pd.DataFrame(out), POINT_COLUMNS)
 
 
 def arrival_windows(points: pd.DataFrame) -> pd.DataFrame:

@@ -459,34 +459,42 @@ def rank_breakdown(events: pd.DataFrame, lanes: pd.DataFrame, rank: int = 0) -> 
 
 
 def measure_windows(measure: Any, device: Device, windows: pd.DataFrame, rank: int) -> pd.DataFrame:
-    """Breakdown rows (``BREAKDOWN_COLUMNS``) for ``windows`` (step, start, end) of one rank."""
-    out = pd.DataFrame(
-        {
-            "rank": np.full(len(windows), rank, np.int32),
-            "step": windows["step"].to_numpy(np.int32),
-            "device": str(device),
-            "start": windows["start"].to_numpy(np.int64),
-            "end": windows["end"].to_numpy(np.int64),
-        }
-    )
-    out["total_ns"] = out["end"] - out["start"]
-    values = measure(out["start"].to_numpy(), out["end"].to_numpy()) if len(out) else {}
+    """Breakdown rows (``BREAKDOWN_COLUMNS``) for ``windows`` (step, start, end) of one rank, as
+    numpy columns and one frame (a frame per column set cost more than measuring a small rank)."""
+    n = len(windows)
+    step = windows["step"].to_numpy(np.int32)
+    start = windows["start"].to_numpy(np.int64)
+    end = windows["end"].to_numpy(np.int64)
+    values = measure(start, end) if n else {}
+    cols: dict[str, Any] = {
+        "rank": np.full(n, rank, np.int32),
+        "step": step,
+        "device": str(device),
+        "start": start,
+        "end": end,
+        "total_ns": end - start,
+    }
     for col, dtype in BREAKDOWN_COLUMNS.items():
-        if col not in out.columns:
-            out[col] = values.get(col, np.zeros(len(out), np.int64)).astype(dtype)
-    out = out[list(BREAKDOWN_COLUMNS)]
-    steps = out[out["step"] >= 0].sort_values("step", kind="stable")
-    if len(steps):
-        # the whole-run row sums the steps: time between profiler windows was not recorded
-        whole = steps.iloc[:1].copy()
-        whole["step"] = np.int32(WHOLE_RUN_STEP)
-        whole["start"] = steps["start"].min()
-        whole["end"] = steps["end"].max()
-        for col in BREAKDOWN_COLUMNS:
-            if col.endswith("_ns"):
-                whole[col] = steps[col].sum()
-        out = pd.concat([steps, whole], ignore_index=True)
-    return out.reset_index(drop=True)
+        if col not in cols:
+            cols[col] = values.get(col, np.zeros(n, np.int64)).astype(dtype)
+    cols = {c: cols[c] for c in BREAKDOWN_COLUMNS}
+    stepped = np.flatnonzero(step >= 0)
+    if not len(stepped):
+        return pd.DataFrame(cols)
+    # the steps in step order, then the whole-run row: it sums the steps (time between
+    # profiler windows was not recorded), spans them, and is the first step's otherwise
+    rows = stepped[np.argsort(step[stepped], kind="stable")]
+    out: dict[str, Any] = {}
+    for col, v in cols.items():
+        if col == "device":
+            out[col] = np.full(len(rows) + 1, str(device), dtype=object)
+            continue
+        picked = v[rows]
+        last = {"step": WHOLE_RUN_STEP, "start": picked.min(), "end": picked.max()}.get(col)
+        if last is None:
+            last = picked.sum() if col.endswith("_ns") else picked[0]
+        out[col] = np.append(picked, np.asarray(last, picked.dtype))
+    return pd.DataFrame(out)
 
 
 # -- HTA 0.5.0 temporal breakdown and comm/compute overlap -----------------------------------

@@ -16,13 +16,14 @@ import pandas as pd
 from rankscope.analysis.compute import kernel_launches as kl
 from rankscope.analysis.compute.host_feed import BLOCKING_COPY_COLUMNS, HOST_WAIT_COLUMNS
 from rankscope.analysis.compute.kernel_sequences import SEQUENCE_COLUMNS
+from rankscope.analysis.store.frames import empty
 
 #: How many sequences per rank the summaries keep (the most frequent).
 TOP_SEQUENCES = 5
 
 
 def _empty(columns: dict[str, str]) -> pd.DataFrame:
-    return pd.DataFrame(columns=list(columns)).astype(columns)
+    return empty(columns)
 
 
 @dataclasses.dataclass

@@ -184,20 +184,31 @@ def launches(
     stream = lane_streams(lanes)[events["lane"].to_numpy()] if len(lanes) else np.full(len(ts), -1)
     call = kept & (stream < 0) & np.isin(names, list(LAUNCH_STAT_CALLS)) & (corr >= 0)
     gpu = kept & (stream >= 0) & np.isin(corr, corr[call])
-    cpu = pd.DataFrame({"corr": corr[call], "cpu_ts": ts[call], "cpu_ns": end[call] - ts[call]})
-    dev = pd.DataFrame(
-        {"corr": corr[gpu], "kernel": names[gpu], "gpu_ts": ts[gpu], "gpu_ns": end[gpu] - ts[gpu]}
-    )
-    j = cpu.merge(dev, on="corr", how="inner")
-    j["delay_ns"] = (j["gpu_ts"] - j["cpu_ts"] - j["cpu_ns"]).clip(lower=0)
-    j["rank"] = rank
-    return typed(j, LAUNCH_COLUMNS)
+    # pandas' inner merge of the calls with the GPU events on the correlation id, in numpy: the
+    # calls in their order, each with its GPU events in theirs
+    c_rows, g_rows = np.flatnonzero(call), np.flatnonzero(gpu)
+    by_corr = g_rows[np.argsort(corr[g_rows], kind="stable")]
+    lo = np.searchsorted(corr[by_corr], corr[c_rows], side="left")
+    hi = np.searchsorted(corr[by_corr], corr[c_rows], side="right")
+    n = hi - lo
+    c = np.repeat(c_rows, n)
+    g = by_corr[np.repeat(lo - np.cumsum(n) + n, n) + np.arange(int(n.sum()))]
+    cpu_ns = end[c] - ts[c]
+    j = {
+        "rank": np.full(len(c), rank),
+        "corr": corr[c],
+        "kernel": names[g],
+        "cpu_ns": cpu_ns,
+        "gpu_ns": end[g] - ts[g],
+        "delay_ns": np.maximum(ts[g] - ts[c] - cpu_ns, 0),
+    }
+    return typed(pd.DataFrame(j), LAUNCH_COLUMNS)
 
 
 def launch_summary(launch_rows: pd.DataFrame, rank: int) -> pd.DataFrame:
     """One rank's launches summed (``LAUNCH_SUMMARY_COLUMNS``), outliers with HTA's cut-offs."""
-    d = launch_rows
-    cpu, gpu, delay = d["cpu_ns"], d["gpu_ns"], d["delay_ns"]
+    d = launch_rows  # its int64 columns as arrays: pandas' sum / mean / median are numpy's here
+    cpu, gpu, delay = (d[c].to_numpy(np.int64) for c in ("cpu_ns", "gpu_ns", "delay_ns"))
     row = (
         rank,
         len(d),
@@ -205,7 +216,7 @@ def launch_summary(launch_rows: pd.DataFrame, rank: int) -> pd.DataFrame:
         int(gpu.sum()),
         int(delay.sum()),
         float(delay.mean()) if len(d) else float("nan"),
-        float(delay.median()) if len(d) else float("nan"),
+        float(np.median(delay)) if len(d) else float("nan"),
         int(delay.max()) if len(d) else 0,
         int(((cpu <= RUNTIME_CUTOFF_NS) & (gpu < cpu)).sum()),
         int((cpu > RUNTIME_CUTOFF_NS).sum()),
@@ -237,16 +248,24 @@ def queue_length(
     gpu = kept & (stream >= 0) & (corr >= 0)
     gpu &= np.isin(corr, corr[call])
     call &= np.isin(corr, corr[gpu])
-    g = pd.DataFrame({"corr": corr[gpu], "stream": stream[gpu]}).drop_duplicates("corr")
-    c = pd.DataFrame({"corr": corr[call], "ts": ts[call], "delta": 1}).merge(g, on="corr")
-    k = pd.DataFrame({"ts": ts[gpu], "delta": -1, "stream": stream[gpu]})
-    both = pd.concat([c[["ts", "delta", "stream"]], k], ignore_index=True)
-    both = both.sort_values(
-        ["stream", "ts", "delta"], ascending=[True, True, not launch_first], kind="stable"
-    )
-    both["queue_length"] = both.groupby("stream")["delta"].cumsum()
-    both["rank"] = rank
-    return typed(both.reset_index(drop=True), QUEUE_COLUMNS)
+    # in numpy (a pandas merge, concat, sort and grouped cumsum were most of the function):
+    # each call on the stream of the first GPU event of its correlation id (every call has
+    # one), +1 per call then -1 per GPU start, ordered by stream, time, then the launch first
+    # (stable: ties keep that order), the running sum restarted per stream
+    g_corr, g_stream = corr[gpu], stream[gpu]
+    known, first = np.unique(g_corr, return_index=True)
+    c_stream = g_stream[first][np.searchsorted(known, corr[call])]
+    n_call = int(call.sum())
+    at = np.concatenate([ts[call], ts[gpu]]).astype(np.int64)
+    on = np.concatenate([c_stream, g_stream]).astype(np.int64)
+    delta = np.concatenate([np.ones(n_call, np.int64), np.full(len(g_corr), -1, np.int64)])
+    order = np.lexsort((-delta if launch_first else delta, at, on))
+    at, on, delta = at[order], on[order], delta[order]
+    running = np.cumsum(delta)
+    starts = np.flatnonzero(np.r_[True, on[1:] != on[:-1]]) if len(on) else np.zeros(0, np.int64)
+    before = np.repeat(running[starts] - delta[starts], np.diff(np.r_[starts, len(on)]))
+    out = {"rank": np.full(len(on), rank), "stream": on, "ts": at, "queue_length": running - before}
+    return typed(pd.DataFrame(out), QUEUE_COLUMNS)
 
 
 def queue_summary(series: pd.DataFrame) -> pd.DataFrame:

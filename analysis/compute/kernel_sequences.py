@@ -22,7 +22,7 @@ from rankscope.analysis.compute.breakdown import hta_view
 from rankscope.analysis.compute.kernel_launches import lane_streams
 from rankscope.analysis.compute.op_nesting import nest
 from rankscope.analysis.store.frames import from_rows
-from rankscope.analysis.store.schema import text_values
+from rankscope.analysis.store.schema import text_codes
 
 #: HTA's ``min_pattern_len`` default: an operator launching fewer GPU events is no candidate.
 MIN_PATTERN_LEN = 3
@@ -93,7 +93,12 @@ class _Rank:
         self.ts, self.end, self.host = ts, end, host
         self.parent = nest(order, lane, ts, end, n)
         self.depth = _depths(self.parent, rows)
-        self.names = text_values(events["name"]).astype(str)
+        # the names as text, and as codes into their distinct texts: an operator's name test runs
+        # once per distinct name, not once per event (numpy's char.find on a fixed-width array
+        # of every event's name was a third of the function)
+        self.codes, texts = text_codes(events["name"])
+        self.names = texts[self.codes]  # text_values: the same array
+        self.distinct: list[str] = texts.tolist()
         corr = events["corr"].to_numpy()
         gpu = np.flatnonzero(kept & (stream >= 0) & (corr >= 0))
         launcher_rows = rows[corr[rows] >= 0]
@@ -111,7 +116,8 @@ Row = tuple[int, str, str, int, int, int, int]
 def _sequences(r: _Rank, rank: int, operator: str, min_len: int) -> list[Row]:
     """The rows of one operator's sequences, most frequent first (ties: by pattern)."""
     ts, end, names, parent, depth = r.ts, r.end, r.names, r.parent, r.depth
-    cand = r.host & (np.char.find(names, operator) >= 0)
+    named = np.fromiter((operator in t for t in r.distinct), bool, len(r.distinct))
+    cand = r.host & named[r.codes] if len(r.distinct) else np.zeros(len(r.host), bool)
     if not cand.any():
         return []
     min_depth = depth[cand].min()

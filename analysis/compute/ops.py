@@ -64,22 +64,49 @@ def op_stats(
     if len(sel) == 0:
         return empty(_objects(OP_STAT_COLUMNS))
     code, text = text_codes(sel["name"])
-    names = pd.Series(code, index=sel.index, name="name")
-    g = sel.groupby([names, sel["kind"]], sort=False, observed=True)["dur"]
-    out = g.agg(count="size", total_ns="sum", max_ns="max").reset_index()
-    out["name"] = text[out["name"].to_numpy(np.int64)]
+    kind = sel["kind"].to_numpy()
+    dur = sel["dur"].to_numpy()
+    # pandas' groupby(sort=False) on (name, kind) in numpy: groups numbered in the order of
+    # their first row, count / sum / max per group (a pandas groupby, its frame and its
+    # reset_index cost more than the rest of the function on a small rank)
+    group, first = _first_seen_groups(code, kind.astype(np.int64))
+    n = len(first)
+    by_group = np.argsort(group, kind="stable")
+    starts = np.searchsorted(group[by_group], np.arange(n))
     ts = sel["ts"].to_numpy(np.int64)
-    end = ts + sel["dur"].to_numpy(np.int64)
+    end = ts + dur.astype(np.int64)
     clip = spans is not None and len(spans) > 0
     lo = hi = np.empty(0, np.int64)
     if spans is not None and clip:
         lo, hi = spans["start"].to_numpy(np.int64), spans["end"].to_numpy(np.int64)
-    out["wall_ns"] = _walls(
-        g.ngroup().to_numpy(np.int64), ts, end, len(out), lo if clip else None, hi
+    out = pd.DataFrame(
+        {
+            "rank": np.full(n, rank, np.int64),
+            "name": text[code[first]],
+            "kind": [EventKind(int(k)).name for k in kind[first]],
+            "count": np.bincount(group, minlength=n).astype(np.int64),
+            "total_ns": np.add.reduceat(dur[by_group], starts),
+            "wall_ns": _walls(group, ts, end, n, lo if clip else None, hi),
+            "max_ns": np.maximum.reduceat(dur[by_group], starts),
+        }
     )
-    out["kind"] = [EventKind(int(k)).name for k in out["kind"]]
-    out.insert(0, "rank", rank)
     return typed(out, _kept(OP_STAT_COLUMNS))
+
+
+def _first_seen_groups(*keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(group of each row, first row of each group) of the rows' key tuples (non-negative
+    integer arrays of one length), groups numbered in the order of their first row: pandas'
+    ``groupby(keys, sort=False).ngroup()``."""
+    key = np.asarray(keys[0], np.int64)
+    for more in keys[1:]:
+        if len(key):  # renumbered densely first: the combined key stays far below 2**63
+            key = np.unique(key, return_inverse=True)[1].reshape(-1).astype(np.int64)
+            key = key * (int(more.max()) + 1) + np.asarray(more, np.int64)
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")
+    renumber = np.empty(len(first), np.int64)
+    renumber[order] = np.arange(len(first))
+    return renumber[inverse.reshape(-1)], first[order]
 
 
 def _walls(
@@ -380,33 +407,36 @@ def op_table(
     rows = np.concatenate([tree["row"].to_numpy(np.int64), dev])
     zeros = np.zeros(len(dev), np.int64)
     name_code, name_text = text_codes(events["name"])
-    frame = pd.DataFrame(
-        {
-            "name": name_code[rows],
-            "kind": kind[rows],
-            "count": np.ones(len(rows), np.int64),
-            "self_cpu_ns": np.concatenate([tree["self_cpu_ns"].to_numpy(np.int64), zeros]),
-            "cpu_total_ns": np.concatenate([dur[tree["row"].to_numpy(np.int64)], zeros]),
-            "self_device_ns": np.concatenate([tree["self_device_ns"].to_numpy(np.int64), dur[dev]]),
-            "device_total_ns": np.concatenate(
-                [tree["device_total_ns"].to_numpy(np.int64), dur[dev]]
-            ),
-        }
-    )
     if group_by_shape and "shapes" in events.columns:
         shape_code, shape_text = text_codes(events["shapes"], missing="")
-        frame["shapes"] = shape_code[rows]
+        shapes = shape_code[rows]
     else:
-        frame["shapes"] = 0
+        shapes = np.zeros(len(rows), np.int64)
         shape_text = np.asarray([""], dtype=object)
-    if not len(frame):
+    if not len(rows):
         return _empty(OP_TABLE_COLUMNS)
-    # grouped on integer codes (hashing each row's strings was most of the table's time)
-    out = frame.groupby(["name", "kind", "shapes"], sort=False).sum().reset_index()
-    out["name"] = name_text[out["name"].to_numpy(np.int64)]
-    out["shapes"] = shape_text[out["shapes"].to_numpy(np.int64)]
-    out["kind"] = [EventKind(int(k)).name for k in out["kind"]]
-    out.insert(0, "rank", rank)
+    tree_rows = tree["row"].to_numpy(np.int64)
+    sums = {
+        "self_cpu_ns": np.concatenate([tree["self_cpu_ns"].to_numpy(np.int64), zeros]),
+        "cpu_total_ns": np.concatenate([dur[tree_rows], zeros]),
+        "self_device_ns": np.concatenate([tree["self_device_ns"].to_numpy(np.int64), dur[dev]]),
+        "device_total_ns": np.concatenate([tree["device_total_ns"].to_numpy(np.int64), dur[dev]]),
+    }
+    # grouped on integer codes (hashing each row's strings was most of the table's time), in
+    # numpy: pandas' groupby(sort=False).sum() on (name, kind, shapes), groups in first-row order
+    group, first = _first_seen_groups(name_code[rows], kind[rows], shapes)
+    by_group = np.argsort(group, kind="stable")
+    starts = np.searchsorted(group[by_group], np.arange(len(first)))
+    out = pd.DataFrame(
+        {
+            "rank": np.full(len(first), rank, np.int64),
+            "name": name_text[name_code[rows][first]],
+            "kind": [EventKind(int(k)).name for k in kind[rows][first]],
+            "shapes": shape_text[shapes[first]],
+            "count": np.bincount(group, minlength=len(first)).astype(np.int64),
+            **{c: np.add.reduceat(v[by_group], starts) for c, v in sums.items()},
+        }
+    )
     out = out.sort_values([col, "name"], ascending=[False, True], kind="stable")
     return typed(out.reset_index(drop=True), _kept(OP_TABLE_COLUMNS))
 

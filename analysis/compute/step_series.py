@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from rankscope.analysis.store.frames import empty
 
 #: Most bins of the whole run's step-time plot (a run of 100,000 steps draws 200 points a line).
 PLOT_BINS = 200
@@ -112,9 +113,13 @@ class RunSteps:
 
 
 def _frame(data: Any, columns: Mapping[str, str]) -> pd.DataFrame:
-    """``data`` (columns, dict rows or tuple rows in ``columns``' order) typed by ``columns``."""
+    """``data`` (columns, dict rows or tuple rows in ``columns``' order) typed by ``columns``
+    (text as object). No rows (most runs: no step logs): built directly, the same frame."""
+    kinds = {k: ("object" if v == "str" else v) for k, v in columns.items()}
+    if isinstance(data, list) and not data:
+        return empty(kinds)
     frame = pd.DataFrame(data, columns=list(columns))
-    return frame.astype({k: ("object" if v == "str" else v) for k, v in columns.items()})
+    return frame.astype(kinds)
 
 
 def no_steps() -> RunSteps:

@@ -329,33 +329,45 @@ def _number(value: Any) -> float | None:
 
 def _step_comm(a: Analysis, steps: pd.DataFrame) -> pd.DataFrame:
     """Wait and transfer (ns) per (rank, step): the collectives whose arrival lies in the step."""
-    rows = []
+    # per rank in numpy, one frame at the end (a frame per rank and their concat cost more than
+    # the sums)
     w = a.waits
-    for rank, g in steps.groupby("rank", sort=True):
-        g = g.sort_values("start")
-        starts, ends = g["start"].to_numpy(np.int64), g["end"].to_numpy(np.int64)
-        mine = w[w["rank"] == rank] if len(w) else w
-        wait = np.zeros(len(g))
-        transfer = np.zeros(len(g))
-        if len(mine):
-            arrival = mine["arrival"].to_numpy(np.int64)
+    rank_of = steps["rank"].to_numpy()
+    step_all = steps["step"].to_numpy()
+    start_all = steps["start"].to_numpy(np.int64)
+    end_all = steps["end"].to_numpy(np.int64)
+    w_rank = w["rank"].to_numpy() if len(w) else np.zeros(0, np.int64)
+    w_arrival = w["arrival"].to_numpy(np.int64) if len(w) else np.zeros(0, np.int64)
+    w_wait = w["wait_ns"].to_numpy(np.float64) if len(w) else np.zeros(0)
+    w_transfer = w["transfer_ns"].to_numpy(np.float64) if len(w) else np.zeros(0)
+    ranks, steps_out, waits, transfers = [], [], [], []
+    for rank in np.unique(rank_of):
+        at = np.flatnonzero(rank_of == rank)
+        at = at[np.argsort(start_all[at])]  # as sort_values("start") orders them
+        starts, ends = start_all[at], end_all[at]
+        wait = np.zeros(len(at))
+        transfer = np.zeros(len(at))
+        mine = w_rank == rank
+        if mine.any():
+            arrival = w_arrival[mine]
             i = np.searchsorted(starts, arrival, side="right") - 1
             ok = (i >= 0) & (arrival < ends[np.clip(i, 0, None)])
-            np.add.at(wait, i[ok], mine["wait_ns"].to_numpy(np.float64)[ok])
-            np.add.at(transfer, i[ok], mine["transfer_ns"].to_numpy(np.float64)[ok])
-        rows.append(
-            pd.DataFrame(
-                {
-                    "rank": rank,
-                    "step": g["step"].to_numpy(),
-                    "wait_ns": wait,
-                    "transfer_ns": transfer,
-                }
-            )
-        )
-    if not rows:
+            np.add.at(wait, i[ok], w_wait[mine][ok])
+            np.add.at(transfer, i[ok], w_transfer[mine][ok])
+        ranks.append(np.full(len(at), rank))
+        steps_out.append(step_all[at])
+        waits.append(wait)
+        transfers.append(transfer)
+    if not ranks:
         return pd.DataFrame(columns=["rank", "step", "wait_ns", "transfer_ns"])
-    return pd.concat(rows, ignore_index=True)
+    return pd.DataFrame(
+        {
+            "rank": np.concatenate(ranks),
+            "step": np.concatenate(steps_out),
+            "wait_ns": np.concatenate(waits),
+            "transfer_ns": np.concatenate(transfers),
+        }
+    )
 
 
 def _summary_row(kpi: Kpi, rank: int, values: Any) -> dict[str, Any]:

@@ -339,6 +339,9 @@ def analyze(
     whole = breakdown[breakdown["step"] == bd.WHOLE_RUN_STEP]
     profiled = whole.set_index("rank")["total_ns"] if len(whole) else None
     op_table = cat("op_stats")
+    from rankscope.analysis.compute.hta_across import join
+
+    # every field given here, so that no default factory builds a frame only to be replaced
     out = Analysis(
         path=store_path,
         meta=meta,
@@ -367,18 +370,17 @@ def analyze(
         scheduler=choice,
         memory=mem.memory_analysis((r.memory for r in results), requested=mem.requested_in(meta)),
         unmatched_comm=cat("unmatched_comm"),
+        gpu_feed=join(results),
+        run_steps=run_steps,
+        op_table=cat("op_table"),
+        attention_calls=cat("attention"),
+        gc=cat("gc"),
     )
     from rankscope.analysis.compute.attention import attention_by_backend
-    from rankscope.analysis.compute.hta_across import join
     from rankscope.analysis.compute.ops import op_sort_of, op_table_across_ranks
     from rankscope.analysis.store.devices import rank_capability
 
-    out.gpu_feed = join(results)
-    out.run_steps = run_steps
-    out.op_table = cat("op_table")
     out.op_table_across = op_table_across_ranks(out.op_table, sort_by=op_sort_of(out.op_table))
-    out.attention_calls = cat("attention")
-    out.gc = cat("gc")
     out.capability = {
         int(r): cc for r, m in rank_metas.items() if (cc := rank_capability(m)) is not None
     }

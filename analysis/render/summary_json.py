@@ -16,6 +16,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from rankscope.analysis.conclude.findings import Finding, findings, point_to_point
+from rankscope.analysis.store.frames import rows
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -64,7 +65,7 @@ def what_if_summary(table: Any) -> dict[str, Any] | None:
                 "saving_s": _s(r.saving_ns),
                 "saving_share": share(float(r.saving_pct)),
             }
-            for r in table.itertuples(index=False)
+            for r in rows(table)
         ],
     }
 
@@ -110,7 +111,7 @@ def summary(
     totals = a.comm_totals.set_index("rank") if len(a.comm_totals) else None
     verdicts = a.verdicts.set_index("rank") if len(a.verdicts) else None
     ranks = []
-    for r in a.whole().itertuples(index=False):
+    for r in rows(a.whole()):
         t = totals.loc[r.rank] if totals is not None and r.rank in totals.index else None
         v = verdicts.loc[r.rank] if verdicts is not None and r.rank in verdicts.index else None
         ranks.append(
@@ -145,7 +146,7 @@ def summary(
             "input_s": _s(r.input_ns),
             "idle_s": _s(r.idle_ns),
         }
-        for r in a.breakdown[a.breakdown["step"] >= 0].itertuples(index=False)
+        for r in rows(a.breakdown[a.breakdown["step"] >= 0])
     ]
     stragglers = [
         {
@@ -160,7 +161,7 @@ def summary(
             "cause": s.cause,
             "masked_by": int(s.masked_by),
         }
-        for s in a.stragglers.itertuples(index=False)
+        for s in rows(a.stragglers)
         if s.is_straggler
     ]
     clock = [
@@ -172,7 +173,7 @@ def summary(
             "uncertainty_ns": int(c.uncertainty_ns),
             "method": str(c.method),
         }
-        for c in a.clock.itertuples(index=False)
+        for c in rows(a.clock)
     ]
     by_op = collective_summary(a.waits)
     pairs, unmatched = point_to_point(a)
@@ -193,7 +194,7 @@ def summary(
                 "wait_s": _s(o.wait_ns),
                 "transfer_s": _s(o.transfer_ns),
             }
-            for o in by_op.itertuples(index=False)
+            for o in rows(by_op)
         ],
     }
     hta = [
@@ -205,7 +206,7 @@ def summary(
             "kernel_time_us": round(h.kernel_time_ns / 1e3, 3),
             "overlap_pct": _finite(round(float(h.overlap_pct), 2)),
         }
-        for h in a.hta.itertuples(index=False)
+        for h in rows(a.hta)
     ]
     from rankscope.analysis.render.memory_section import memory_summary
 
@@ -233,7 +234,7 @@ def summary(
                     "wait_caused_s": round(float(p.wait_caused_s), 6),
                     "cause": p.cause,
                 }
-                for p in a.pipeline.itertuples(index=False)
+                for p in rows(a.pipeline)
                 if p.is_bottleneck
             ],
         },
@@ -242,7 +243,7 @@ def summary(
         "hta": hta,
         "problems": [
             {"file": str(p.file), "rank": int(p.rank), "problem": str(p.problem)}
-            for p in a.problems.itertuples(index=False)
+            for p in rows(a.problems)
         ],
         "findings": [f.as_json() for f in found],
     }
@@ -285,7 +286,7 @@ def summary(
                 "group": int(r.group),
                 "is_slow": bool(r.is_slow),
             }
-            for r in links.itertuples(index=False)
+            for r in rows(links)
         ]
     attention = attention_summary(getattr(a, "attention", None))
     if attention:  # additive: only when the run called scaled_dot_product_attention
@@ -307,7 +308,7 @@ def op_table_summary(table: pd.DataFrame | None) -> list[dict[str, Any]]:
     if table is None or not len(table):
         return []
     out = []
-    for r in table.itertuples(index=False):
+    for r in rows(table):
         out.append(
             {
                 "name": str(r.name),
@@ -342,7 +343,7 @@ def attention_summary(table: pd.DataFrame | None) -> list[dict[str, Any]]:
             "device_s": round(float(r.device_ns) / 1e9, 9),
             "share": round(float(r.share), 4),
         }
-        for r in table.itertuples(index=False)
+        for r in rows(table)
     ]
 
 
