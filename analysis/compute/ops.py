@@ -71,8 +71,7 @@ def op_stats(
     # reset_index cost more than the rest of the function on a small rank)
     group, first = _first_seen_groups(code, kind.astype(np.int64))
     n = len(first)
-    by_group = np.argsort(group, kind="stable")
-    starts = np.searchsorted(group[by_group], np.arange(n))
+    by_group, starts = _group_runs(group, n)
     ts = sel["ts"].to_numpy(np.int64)
     end = ts + dur.astype(np.int64)
     clip = spans is not None and len(spans) > 0
@@ -107,6 +106,14 @@ def _first_seen_groups(*keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     renumber = np.empty(len(first), np.int64)
     renumber[order] = np.arange(len(first))
     return renumber[inverse.reshape(-1)], first[order]
+
+
+def _group_runs(group: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(rows in group order, each group's first position in that order) of ``n`` groups
+    numbered 0..n-1, every one holding a row: what ``np.add.reduceat(values[rows], starts)``
+    needs to sum each group."""
+    by_group = np.argsort(group, kind="stable")
+    return by_group, np.searchsorted(group[by_group], np.arange(n))
 
 
 def _walls(
@@ -425,8 +432,7 @@ def op_table(
     # grouped on integer codes (hashing each row's strings was most of the table's time), in
     # numpy: pandas' groupby(sort=False).sum() on (name, kind, shapes), groups in first-row order
     group, first = _first_seen_groups(name_code[rows], kind[rows], shapes)
-    by_group = np.argsort(group, kind="stable")
-    starts = np.searchsorted(group[by_group], np.arange(len(first)))
+    by_group, starts = _group_runs(group, len(first))
     out = pd.DataFrame(
         {
             "rank": np.full(len(first), rank, np.int64),

@@ -30,21 +30,15 @@ _MEMORY_ARGS = (
 )
 
 
-# The ranges of memory_field_limits(), as plain ints for the reader's inline test.
-_DEVICE_TYPE_LO, _DEVICE_TYPE_HI = memory_field_limits()["device_type"]
-_DEVICE_ID_LO, _DEVICE_ID_HI = memory_field_limits()["device_id"]
-_ADDR_HI = memory_field_limits()["addr"][1]
-_INT64_LO, _INT64_HI = memory_field_limits()["bytes"]
-
-
-#: The inline test of ``EventColumns._memory_event`` per ``KArgs`` attribute: (attribute, lo, hi).
+_LIMITS = memory_field_limits()
+#: The bounds of each ``KArgs`` field of a kept memory event, as plain ints: (attribute, lo, hi).
 _MEMORY_LIMITS = (
-    ("device_type", _DEVICE_TYPE_LO, _DEVICE_TYPE_HI),
-    ("device_id", _DEVICE_ID_LO, _DEVICE_ID_HI),
-    ("addr", 0, _ADDR_HI),
-    ("nbytes", _INT64_LO, _INT64_HI),
-    ("total_allocated", 0, _INT64_HI),
-    ("total_reserved", 0, _INT64_HI),
+    ("device_type", *_LIMITS["device_type"]),
+    ("device_id", *_LIMITS["device_id"]),
+    ("addr", 0, _LIMITS["addr"][1]),
+    ("nbytes", *_LIMITS["bytes"]),
+    ("total_allocated", 0, _LIMITS["bytes"][1]),
+    ("total_reserved", 0, _LIMITS["bytes"][1]),
 )
 
 
@@ -95,10 +89,10 @@ class MemoryColumns:
     def _memory_event(self, ev: KEvent) -> None:
         """Keep one ``[memory]`` event (its values checked now; the rest waits for finish).
 
-        Well-formed events (plain ints in range, a finite ts) pass one inline test, 5x cheaper
-        than :func:`rankscope.analysis.store.memory_table.bad_memory_field`, which only sees the
-        others to name what is wrong (a trace can hold 10^5 memory events: this is the reader's
-        hot path).
+        Called for the events of a block :meth:`_memory_block` did not keep at once (one of
+        them is not well-formed): well-formed ones (plain ints in range, a finite ts) pass the
+        same test, event by event; :func:`rankscope.analysis.store.memory_table.bad_memory_field`
+        only sees the others, to name what is wrong.
         """
         a = ev.args
         t = ev.ts
@@ -106,18 +100,10 @@ class MemoryColumns:
             a is not None
             and (type(t) is int or (type(t) is float and t - t == 0))
             and -TS_LIMIT_US < t < TS_LIMIT_US
-            and type(a.device_type) is int
-            and type(a.device_id) is int
-            and type(a.addr) is int
-            and type(a.nbytes) is int
-            and type(a.total_allocated) is int
-            and type(a.total_reserved) is int
-            and _DEVICE_TYPE_LO <= a.device_type <= _DEVICE_TYPE_HI
-            and _DEVICE_ID_LO <= a.device_id <= _DEVICE_ID_HI
-            and 0 <= a.addr <= _ADDR_HI
-            and _INT64_LO <= a.nbytes <= _INT64_HI
-            and 0 <= a.total_allocated <= _INT64_HI
-            and 0 <= a.total_reserved <= _INT64_HI
+            and all(
+                type(v := getattr(a, attr)) is int and lo <= v <= hi
+                for attr, lo, hi in _MEMORY_LIMITS
+            )
         ):
             self.memory.append(ev)
             return
@@ -206,6 +192,7 @@ class MemoryColumns:
                 np.int64,
                 len(self.memory_threads),
             )
+            texts = np.array(strings, dtype=object)
             for a, b in pairwise(cuts):
                 if a == b:
                     continue
@@ -213,7 +200,7 @@ class MemoryColumns:
                 rows = order[a:b]
                 rows = rows[holding(c_ts[rows], c_end[rows], out["ts"][lane_ids == lane_i])]
                 if len(rows):
-                    names = np.array(strings, dtype=object)[c_name[rows]].tolist()
+                    names = texts[c_name[rows]].tolist()
                     ranges[lane_key[lane_i]] = list(
                         zip(
                             c_ts[rows].tolist(),
