@@ -4,8 +4,9 @@ Three stages (DESIGN, "Clock alignment"), all pure functions on numpy / pandas:
 
 1. **Runtime samples** (``meta.json`` ``clock.samples``, NTP-style t1..t4, ns): per clock domain,
    keep the lowest-RTT round of each phase, fit ``offset(t) = offset + drift·(t - t_ref)``
-   (Theil-Sen slope, robust to a bad phase). The true offset lies within ±RTT_min/2 of a
-   round's estimate: that is the hard bound.
+   (Theil-Sen slope over every pair of phases, weighted by the time between them; robust to a
+   bad phase). The true offset lies within ±RTT_min/2 of a round's estimate: that is the hard
+   bound.
 2. **Collectives**: matched synchronizing collectives (allreduce & co.) end nearly together on all
    ranks. With runtime samples, GPU collectives refine them (per rank, the median over
    collectives of ``(consensus end) - (rank's end)``, :func:`collective_offsets`) only when its
@@ -19,10 +20,12 @@ Three stages (DESIGN, "Clock alignment"), all pure functions on numpy / pandas:
    0 (``same-host``) while causality allows it (docs/format.md, "/clock"); without either, the
    raw clock.
 3. **Causality**: no rank can finish a synchronizing collective before its last participant
-   started it. Violations are counted before and after; the remaining ones are repaired with the
-   smallest per-rank shifts satisfying every constraint ``a_q - a_r <= end_r - start_q``
+   started it. Violations are counted before and after; the remaining ones are repaired with
+   small per-rank shifts satisfying every constraint ``a_q - a_r <= end_r - start_q``
    (difference constraints, solved by Bellman-Ford — the controlled-logical-clock idea applied
-   to whole ranks, which keeps each rank's own intervals intact).
+   to whole ranks, which keeps each rank's own intervals intact). A measured clock moves only
+   inside its measurement's bound (the reference's domain not at all): violations that no clock
+   inside the bounds removes are not clock errors, and they stay counted.
 
 The transform of rank r (all ns, int64 except the drift term)::
 
@@ -104,11 +107,16 @@ def fit_samples(samples: pd.DataFrame) -> RuntimeFit | None:
     half_rtt = best["rtt"].to_numpy(np.float64) / 2
     drift = 0.0
     if len(best) >= 2 and np.ptp(x) > MIN_DRIFT_SPAN_S:
+        # Every pair of phases at least MIN_DRIFT_SPAN_S apart, in either order (the phases are
+        # in RTT order here, not in time order), each slope weighted by its pair's time apart:
+        # a phase's error (up to its half-RTT) over that time is the slope's error, so a pair
+        # of windows 0.4 s apart must not outvote the pairs that span the run.
         i, j = np.triu_indices(len(x), 1)
         dx = x[j] - x[i]
-        ok = dx > MIN_DRIFT_SPAN_S
+        ok = np.abs(dx) > MIN_DRIFT_SPAN_S
         if ok.any():
-            drift = float(np.median((y[j] - y[i])[ok] / dx[ok]))  # ns per s
+            slopes = (y[j] - y[i])[ok] / dx[ok]  # ns per s
+            drift = weighted_median(slopes, np.abs(dx[ok]))
     if abs(drift) * float(np.ptp(x)) <= 2 * float(np.max(half_rtt)):
         # The offset change over the run is within the measurement error: not significant.
         drift = 0.0
@@ -118,6 +126,20 @@ def fit_samples(samples: pd.DataFrame) -> RuntimeFit | None:
     return RuntimeFit(
         offset_ns=intercept, drift_ppb=drift, t_ref_ns=t_ref, bound_ns=bound, rounds=len(s)
     )
+
+
+def weighted_median(values: np.ndarray, weights: np.ndarray) -> float:
+    """The value at which the cumulative weight (values in ascending order) reaches half the
+    total; the mean of the two neighbours when it lands exactly on a boundary (as the plain
+    median does for an even count of equal weights)."""
+    order = np.argsort(values, kind="stable")
+    v, w = values[order], weights[order]
+    cum = np.cumsum(w)
+    half = cum[-1] / 2
+    k = int(np.searchsorted(cum, half))
+    if k + 1 < len(v) and np.isclose(cum[k], half, rtol=1e-12, atol=0.0):
+        return float((v[k] + v[k + 1]) / 2)
+    return float(v[k])
 
 
 def apply_transform(ts: np.ndarray, offset_ns: int, drift_ppb: float, t_ref_ns: int) -> np.ndarray:
@@ -203,28 +225,60 @@ def count_violations(colls: pd.DataFrame) -> dict[int, int]:
     return {int(r): int(v) for r, v in bad.groupby(c["rank"]).sum().items()}
 
 
-def repair_shifts(colls: pd.DataFrame, ranks: list[int], ref_rank: int) -> dict[int, int]:
-    """Smallest per-rank shifts (ns) removing causality violations, the reference fixed.
+def repair_shifts(
+    colls: pd.DataFrame,
+    ranks: list[int],
+    ref_rank: int,
+    limits: dict[int, tuple[float, float]] | None = None,
+) -> dict[int, int]:
+    """Small per-rank shifts (ns) removing causality violations, the reference fixed.
 
     Constraint per collective c and ranks r != q: ``(end_cr + a_r) >= (start_cq + a_q)``, i.e.
-    ``a_q - a_r <= end_cr - start_cq``. Bellman-Ford from all-zero gives the componentwise
-    largest solution with a <= 0; it is then re-anchored so the reference rank does not move.
-    With a negative cycle (contradictory constraints) the shifts after n rounds are returned and
-    the remaining violations show up in the count after repair.
+    ``a_q - a_r <= end_cr - start_cq``. ``limits``: per rank, the range ``(lo, hi)`` its shift
+    must stay in relative to the reference — what a measurement vouches for (a runtime fit's
+    bound): two more difference constraints ``a_r - a_ref <= hi`` and ``a_ref - a_r <= -lo``.
+    Without them the repair would move a well-measured rank as far as the worst-measured one
+    needs: a rank fitted within ±30 µs was moved 0.79 ms because a third rank's clock was off.
+
+    Two solutions of the same constraints, each anchored on the reference: the largest with all
+    shifts <= 0 (Bellman-Ford from all-zero, ranks only move earlier) and the smallest with all
+    shifts >= 0 (ranks only move later); the one that moves the ranks less in total (then fewer
+    ranks) is returned.
+    With contradictory constraints (a negative cycle, e.g. stamps that no clock inside the
+    limits explains) the earlier-only shifts after n rounds are returned; the caller checks
+    them against the limits and the violation count.
     """
     if colls.empty or len(ranks) < 2:
         return dict.fromkeys(ranks, 0)
     idx = {r: i for i, r in enumerate(ranks)}
     n = len(ranks)
     w, inf = _constraints(colls, ranks)
-    a = np.zeros(n, dtype=np.int64)
-    for _ in range(n + 1):
-        cand = np.where(w < inf, a[:, None] + w, inf).min(axis=0)
-        new = np.minimum(a, cand)
-        if np.array_equal(new, a):
-            break
-        a = new
-    a = a - a[idx[ref_rank]] if ref_rank in idx else a
+    if limits and ref_rank in idx:
+        i0 = idx[ref_rank]
+        for r, (lo, hi) in limits.items():
+            if r in idx and r != ref_rank:
+                i = idx[r]
+                w[i0, i] = min(int(w[i0, i]), int(np.floor(hi)))
+                w[i, i0] = min(int(w[i, i0]), int(np.floor(-lo)))
+    found = w < inf
+    solutions = []
+    for later in (False, True):
+        a = np.zeros(n, dtype=np.int64)
+        settled = False
+        for _ in range(n + 1):
+            if later:  # a_r >= a_q - w[r, q]
+                cand = np.where(found, a[None, :] - w, -inf).max(axis=1)
+                new = np.maximum(a, cand)
+            else:  # a_q <= a_r + w[r, q]
+                cand = np.where(found, a[:, None] + w, inf).min(axis=0)
+                new = np.minimum(a, cand)
+            if np.array_equal(new, a):
+                settled = True
+                break
+            a = new
+        a = a - a[idx[ref_rank]] if ref_rank in idx else a
+        solutions.append((not settled, int(np.abs(a).sum()), int(np.count_nonzero(a)), later, a))
+    a = min(solutions, key=lambda s: s[:4])[4]
     return {r: int(a[idx[r]]) for r in ranks}
 
 
@@ -404,11 +458,23 @@ def align(
     shifts: dict[int, int] = {}
     after = before
     if any(before.values()):
-        shifts = repair_shifts(aligned_sync, ranks, ref_rank)
+        # A measured clock moves only inside what its measurement allows: the reference's
+        # domain not at all, a runtime fit within its bound around the fitted offset (a
+        # refined one included). Same-host and collective-only clocks are estimates: free.
+        limits: dict[int, tuple[float, float]] = {}
+        for r in ranks:
+            fit = by_rank[r].fit
+            if method[r] == ClockMethod.REFERENCE:
+                limits[r] = (0.0, 0.0)
+            elif method[r] in (ClockMethod.RUNTIME, ClockMethod.RUNTIME_COLLECTIVES) and fit:
+                moved = offset[r] - fit.offset_ns
+                limits[r] = (-bound[r] - moved, bound[r] - moved)
+        shifts = repair_shifts(aligned_sync, ranks, ref_rank, limits)
         for r, a in shifts.items():
             offset[r] += a
         after = count_violations(transform(sync, {}))
-        if sum(after.values()) >= sum(before.values()):
+        outside = any(not lo - 1 <= shifts.get(r, 0) <= hi + 1 for r, (lo, hi) in limits.items())
+        if outside or sum(after.values()) >= sum(before.values()):
             for r, a in shifts.items():
                 offset[r] -= a
             shifts, after = {}, before
