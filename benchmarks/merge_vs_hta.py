@@ -27,6 +27,7 @@ import argparse
 import gzip
 import json
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -42,6 +43,10 @@ HTA_PACKAGE = "HolisticTraceAnalysis==0.5.0"
 RANK_COUNTS = (1, 2, 4, 8)
 #: Tilings of the df_index_resolver events for the peak-RSS part (1 = the file as it is).
 RSS_TILES = (1, 8)
+#: A step annotation's name and number in the JSON text (renumbered per copy by kineto_text).
+STEP_NUMBER = re.compile(rb"ProfilerStep#(\d+)")
+#: Step numbers of copy k are the original's + k * this.
+STEP_STRIDE = 1_000_000
 
 HTA_SCRIPT = """
 import sys, time, logging
@@ -156,6 +161,11 @@ def ingest(tmp: Path, hta_python: Path) -> dict[str, float]:
     return fig
 
 
+def _renumbered(events: bytes, add: int) -> bytes:
+    """``events`` with ``add`` added to every ProfilerStep number."""
+    return STEP_NUMBER.sub(lambda m: b"ProfilerStep#%d" % (int(m[1]) + add), events)
+
+
 def kineto_text(tiles: int = 1, rank: int | None = None, world: int = 1) -> bytes:
     """df_index_resolver's JSON text in Kineto's own layout, its events repeated ``tiles`` times.
 
@@ -167,7 +177,9 @@ def kineto_text(tiles: int = 1, rank: int | None = None, world: int = 1) -> byte
     start = text.index(b"[", text.index(b'"traceEvents"')) + 1
     end = text.rindex(b"]")
     events = text[start:end].rstrip()  # "\n  {...\n  }"
-    body = b",".join([events] * tiles)
+    # Each copy gets its own step numbers: one rank records each step once, and a file with a
+    # step recorded several times is taken for several ranks in one file (multirank.py).
+    body = b",".join(_renumbered(events, k * STEP_STRIDE) for k in range(tiles))
     out = text[:start] + body + b"\n  " + text[end:]
     if rank is not None:
         info = json.dumps({"backend": "nccl", "rank": rank, "world_size": world}).encode()

@@ -68,3 +68,29 @@ def test_many_ranks_runs_prints_its_table_and_names_the_stragglers(tmp_path: Pat
     assert (row["precision"], row["recall"]) == ("1.00", "1.00"), row
     assert any(line.startswith("writer at 8 ranks:") for line in lines), proc.stdout
     assert (tmp_path / "r8" / "trace.h5").exists()  # the largest job is kept
+
+
+@pytest.mark.slow
+def test_merge_vs_hta_tiled_rank_merges_as_one_rank(tmp_path: Path) -> None:
+    """merge_vs_hta's peak-RSS row tiles the big rank's events into one bigger rank. Copied
+    verbatim, each step would be recorded once per copy and the merge refuses the file as several
+    ranks in one (multirank.py); each copy's steps are renumbered, so it is one rank."""
+    import gzip
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import merge_vs_hta
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    from rankscope.analysis.store.reader import open_store
+    from rankscope.orchestrator.ingest.merge import merge_run_dir
+
+    text = merge_vs_hta.kineto_text(2)
+    steps = merge_vs_hta.STEP_NUMBER.findall(text)
+    assert len(steps) == len(set(steps)) and len(steps) >= 2
+    folder = tmp_path / "tiled"
+    folder.mkdir()
+    (folder / "rank-0.json.gz").write_bytes(gzip.compress(text, compresslevel=1))
+    out = merge_run_dir(folder, output=tmp_path / "t.h5", scheduler="synchronous", quiet=True)
+    with open_store(out) as store:
+        assert len(store.ranks) == 1, store.ranks
