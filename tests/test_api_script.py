@@ -130,6 +130,29 @@ def test_forked_workers_pay_sooner_than_a_cluster(monkeypatch: pytest.MonkeyPatc
     assert asked.scheduler == scheduler.THREADS and "Linux" in asked.reason
 
 
+def test_the_merge_weighs_its_work_at_the_parse_rate(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The merge sizes its work at the parse's rate (3.4 µs per estimated event + 0.03 s per rank,
+    orchestrator/ingest/merge.py), not the analysis' (1.25 µs): an 8-rank synth job of 370,559
+    estimated events parsed in 1.51 s of CPU, which the analysis' rate called 0.46 s, so it ran
+    in-process where 2 forked workers halve it. Small jobs (param_dlrm_8rank, 19k) stay in-process."""
+    from rankscope.analysis.engine import scheduler
+    from rankscope.orchestrator.ingest import merge
+
+    monkeypatch.setattr(scheduler, "can_fork", lambda: True)
+    monkeypatch.setattr(scheduler, "_cores", lambda: 2)
+    spec = scheduler.ClusterSpec()
+    rate = (merge.PARSE_RANK_S, merge.PARSE_EVENTS_PER_S)
+    assert scheduler.choose(spec, 8, 370_559, *rate).scheduler == scheduler.PROCESSES
+    assert scheduler.choose(spec, 8, 19_352, *rate).scheduler == scheduler.SYNCHRONOUS
+    # the real merge of the small job says in-process, and uses the parse rate to say it
+    dlrm = Path(__file__).parent / "data" / "param_dlrm_8rank"
+    merge.merge_run_dir(dlrm, output=tmp_path / "a.h5", scheduler="auto")
+    err = capsys.readouterr().err
+    assert "merge: in-process (19,352 events, ~0.3 s of work" in err, err[-2000:]
+
+
 def test_scheduler_choice_follows_the_work(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where this process cannot fork (macOS, Windows): a LocalCluster once it pays."""
     from rankscope.analysis.engine import scheduler

@@ -176,12 +176,20 @@ class Choice:
     """Why, in a few words (printed by the CLI)."""
 
 
-def choose(spec: ClusterSpec, n_ranks: int, n_events: int, rank_s: float = 0.0) -> Choice:
+def choose(
+    spec: ClusterSpec,
+    n_ranks: int,
+    n_events: int,
+    rank_s: float = 0.0,
+    events_per_s: float = IN_PROCESS_EVENTS_PER_S,
+) -> Choice:
     """Pick where ``"auto"`` work (a merge or an analysis) runs: in-process unless processes pay.
 
     With ``w`` workers adding parallelism the work takes about ``T / w + start`` instead of
-    ``T = n_events / IN_PROCESS_EVENTS_PER_S + n_ranks * rank_s`` in-process (``rank_s``: the
-    fixed cost of one rank's task, ``ANALYSIS_RANK_S`` for the analysis), so processes pay when
+    ``T = n_events / events_per_s + n_ranks * rank_s`` in-process (``rank_s``: the fixed cost of
+    one rank's task, ``ANALYSIS_RANK_S`` for the analysis; ``events_per_s``: one core's rate,
+    :data:`IN_PROCESS_EVENTS_PER_S` for the analysis, the merge's parse rate for the merge:
+    ``orchestrator/ingest/merge.py``), so processes pay when
     ``T * (1 - 1/w) > start``. Where this process can fork (:func:`can_fork`) the workers are
     forked (``start`` = :data:`FORK_START_S`, ``w = min(cores, ranks)``: the parent only waits for
     and stores their results); elsewhere a LocalCluster (``start`` = :data:`CLUSTER_START_S`,
@@ -205,7 +213,7 @@ def choose(spec: ClusterSpec, n_ranks: int, n_events: int, rank_s: float = 0.0) 
     if spec.scheduler != AUTO:
         return Choice(spec.scheduler, "as asked")
     workers = _local_workers(spec, n_ranks)
-    seconds = n_events / IN_PROCESS_EVENTS_PER_S + n_ranks * rank_s
+    seconds = n_events / events_per_s + n_ranks * rank_s
     if can_fork():
         if workers >= 2 and seconds * (1 - 1 / workers) > FORK_START_S:
             return Choice(

@@ -108,6 +108,16 @@ if TYPE_CHECKING:
 JSON_BYTES_PER_EVENT = 380
 #: The same for gzip-compressed traces: 24-30 bytes per event (mean 25) over 16 ``.json.gz``.
 GZIP_BYTES_PER_EVENT = 25
+#: Estimated events (:func:`estimate_events`) one core parses per second, and the fixed seconds
+#: of one rank's parse (open, inflate set-up, the rank's tables), for the scheduler's choice
+#: (``scheduler.choose``; the analysis' own rate, 800,000 events/s, made an 8-rank job of 370k
+#: events look like 0.46 s of parsing where it took 1.51 s, so it ran in-process where forked
+#: workers would have parsed it on both cores). Fitted to the parse CPU (``parse_source``,
+#: in-process) of two jobs on this project's 2-core machine: a synth job of 8 ranks x 50k events
+#: (370,559 estimated, 1.51 s) and ``param_dlrm_8rank`` (18k estimated, 0.30 s): 3.4 µs per
+#: event plus 0.03 s per rank.
+PARSE_EVENTS_PER_S = 290_000
+PARSE_RANK_S = 0.03
 #: Slurm job name of the merge's ``--slurm-workers`` (what squeue and sacct show).
 MERGE_JOB_NAME = "rankscope-merge"
 
@@ -116,8 +126,7 @@ def estimate_events(sources: list[RankSource]) -> int:
     """Events the sources hold, estimated from their size on disk (nothing is read).
 
     Enough to choose where to parse (:func:`rankscope.analysis.engine.scheduler.choose` weighs it
-    against what worker processes cost). Parsing an event costs more than analysing one, so the
-    estimate errs toward in-process, the choice that costs least when it is wrong on small runs.
+    against what worker processes cost, at the parse's own rate: :data:`PARSE_EVENTS_PER_S`).
     """
     total = 0
     for source in sources:
@@ -244,7 +253,9 @@ def _merge_locked(
 
     def plan(sources: list[RankSource]) -> tuple[Any, ClusterSpec]:
         """Where ``sources`` are parsed: the choice and the spec that carries it out."""
-        choice = choose(asked, len(sources), estimate_events(sources))
+        choice = choose(
+            asked, len(sources), estimate_events(sources), PARSE_RANK_S, PARSE_EVENTS_PER_S
+        )
         return choice, dataclasses.replace(
             asked,
             scheduler=choice.scheduler,
