@@ -11,6 +11,7 @@ import pandas.testing as pdt
 import pytest
 from analysis_frames import GPU_LANES, events, lanes
 from rankscope.analysis.compute import breakdown as bd
+from rankscope.analysis.compute import exact_reductions as X
 from rankscope.analysis.compute import kernel_launches as kl
 from rankscope.analysis.compute import stragglers as S
 from rankscope.analysis.compute.ops import OP_KINDS, _first_seen_groups, op_stats, op_table
@@ -179,26 +180,26 @@ def test_straggler_reductions_are_pandas_bit_for_bit(values: np.ndarray) -> None
         assert type(float(mine)) is type(float(theirs))  # type: ignore[arg-type]
         assert np.float64(mine).tobytes() == np.float64(theirs).tobytes()  # type: ignore[arg-type]
 
-    same(S.pandas_sum(values), series.sum())
+    same(X.pandas_sum(values), series.sum())
     if values.dtype.kind != "b":
-        same(S.pandas_mean(values), series.mean())
-        clipped = S.clip_low0(values)
+        same(X.pandas_mean(values), series.mean())
+        clipped = X.clip_low0(values)
         want = series.clip(lower=0).to_numpy()
         assert clipped.dtype == want.dtype
         assert clipped.tobytes() == want.tobytes()
-        same(S.pandas_sum(clipped), series.clip(lower=0).sum())
+        same(X.pandas_sum(clipped), series.clip(lower=0).sum())
         if len(values):
-            same(S.pandas_max(values), series.max())
+            same(X.pandas_max(values), series.max())
 
 
 def test_rank_positions_are_pandas_groups() -> None:
     keys = np.random.default_rng(5).integers(0, 6, 300)
-    mine = S._positions(keys)
+    mine = X.group_positions(keys)
     theirs = pd.Series(keys).groupby(keys, sort=True).indices
     assert list(mine) == sorted(theirs)
     for k, at in mine.items():
         np.testing.assert_array_equal(at, theirs[k])
-    assert S._positions(np.array([], np.int64)) == {}
+    assert X.group_positions(np.array([], np.int64)) == {}
 
 
 def _own_rows_pandas(extras: pd.DataFrame, rank: int, last_units: np.ndarray) -> pd.DataFrame:
@@ -229,7 +230,7 @@ def test_own_rows_are_the_pandas_selection_in_its_order(seed: int) -> None:
             **{c: gen.normal(0, 1e6, n) for c in ("late_ns", "own_ns", *S.CAUSE_COLUMNS.values())},
         }
     )
-    ex = S._columns(extras, S.EXTRA_COLUMNS)
+    ex = X.columns_of(extras, S.EXTRA_COLUMNS)
     for rank in range(3):
         last_units = np.unique(gen.integers(0, 9, 5))
         mine = S._own_rows(extras, ex, np.int64(rank), last_units)

@@ -39,7 +39,6 @@ straggler model and its tests. Their names stay importable from here.
 from __future__ import annotations
 
 import enum
-import itertools
 import math
 from typing import Any
 
@@ -51,6 +50,14 @@ from rankscope.analysis.compute.arrivals import SYNC_PROBE_NS as SYNC_PROBE_NS
 from rankscope.analysis.compute.arrivals import WINDOW_COLUMNS as WINDOW_COLUMNS
 from rankscope.analysis.compute.arrivals import arrival_points as arrival_points
 from rankscope.analysis.compute.arrivals import arrival_windows as arrival_windows
+from rankscope.analysis.compute.exact_reductions import (
+    clip_low0,
+    columns_of,
+    group_positions,
+    pandas_max,
+    pandas_mean,
+    pandas_sum,
+)
 from rankscope.analysis.compute.finding import Cause as Cause
 from rankscope.analysis.compute.lateness import STEP_CPU_COLUMNS as STEP_CPU_COLUMNS
 from rankscope.analysis.compute.lateness import UNIT_COLUMNS as UNIT_COLUMNS
@@ -303,11 +310,11 @@ def _rank_rows(
     rows: list[dict[str, Any]] = []
     # The frames as columns, and each rank's rows as positions (in the frames' order, as pandas'
     # groupby gives them): one pandas selection per rank and column cost ~25 ms a rank here.
-    m = _columns(multi, MULTI_COLUMNS)
-    un = _columns(units, RANK_UNIT_COLUMNS)
-    ex = _columns(extras, EXTRA_COLUMNS) if len(extras) else {}
-    by_rank = _positions(un["rank"])
-    for rank, at in _positions(m["rank"]).items():
+    m = columns_of(multi, MULTI_COLUMNS)
+    un = columns_of(units, RANK_UNIT_COLUMNS)
+    ex = columns_of(extras, EXTRA_COLUMNS) if len(extras) else {}
+    by_rank = group_positions(un["rank"])
+    for rank, at in group_positions(m["rank"]).items():
         n = len(at)
         k = int(m["is_last"][at].sum())
         chance = float(pandas_mean(1.0 / m["n_ranks"][at]))
@@ -425,63 +432,6 @@ CAUSE_COLUMNS = {
     Cause.HOST: "d_idle",
     Cause.PROPAGATED: "d_comm",
 }
-
-
-def _columns(frame: pd.DataFrame, names: tuple[str, ...]) -> dict[str, np.ndarray]:
-    """``frame``'s columns ``names`` (those it has) as numpy arrays, in row order."""
-    return {c: frame[c].to_numpy() for c in names if c in frame.columns}
-
-
-def _positions(keys: np.ndarray) -> dict[Any, np.ndarray]:
-    """Row positions of each key of ``keys``, keys ascending, positions in row order: the groups
-    and the rows of each of pandas' ``groupby(key, sort=True)`` (a missing key is no group)."""
-    if len(keys) == 0:
-        return {}
-    order = np.argsort(keys, kind="stable")
-    ordered = keys[order]
-    valid = ~pd.isna(ordered)
-    order, ordered = order[valid], ordered[valid]
-    if len(ordered) == 0:
-        return {}
-    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
-    bounds = [*starts.tolist(), len(ordered)]
-    return {ordered[a]: order[a:b] for a, b in itertools.pairwise(bounds)}
-
-
-def pandas_sum(values: np.ndarray) -> Any:
-    """``pd.Series(values).sum()`` bit for bit: missing values skipped (summed as 0, as pandas
-    fills them), the rest summed by numpy's pairwise sum in row order."""
-    if values.dtype.kind == "f":
-        missing = np.isnan(values)
-        if missing.any():
-            values = np.where(missing, 0.0, values)
-    return values.sum()
-
-
-def pandas_mean(values: np.ndarray) -> float:
-    """``pd.Series(values).mean()`` bit for bit: :func:`pandas_sum` in float64 over the count of
-    values present (NaN when none is)."""
-    values = values.astype(np.float64, copy=False)
-    missing = np.isnan(values)
-    count = len(values) - int(missing.sum())
-    if count == 0:
-        return math.nan
-    return float(pandas_sum(values) / np.float64(count))
-
-
-def pandas_max(values: np.ndarray) -> Any:
-    """``pd.Series(values).max()``: missing values skipped (NaN when none is present)."""
-    if values.dtype.kind == "f":
-        values = values[~np.isnan(values)]
-        if len(values) == 0:
-            return math.nan
-    return values.max()
-
-
-def clip_low0(values: np.ndarray) -> np.ndarray:
-    """``pd.Series(values).clip(lower=0)``: below 0 becomes 0; NaN, 0.0 and -0.0 stay as they
-    are (pandas keeps a value where ``value >= 0`` or where it is missing)."""
-    return np.where(values < 0, values.dtype.type(0), values)
 
 
 def _own_rows(
