@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from rankscope.atomic import translate_write_errors
+from rankscope.errors import EXIT_INTERRUPTED as EXIT_INTERRUPTED
 from rankscope.errors import InputFileError, OutputError, RankscopeError, UsageError
 from rankscope.launchers import rundir
 from rankscope.launchers.hang_probe import is_collective_timeout
@@ -63,9 +64,6 @@ POLL_INTERVAL_S = 1.0
 
 #: Key of the per-rank error record in ``ranks/NNNNN/meta.json`` (written by the runtime).
 META_ERROR_KEY = "error"
-
-#: Exit status used for runs stopped by Ctrl-C (128 + SIGINT), as shells do.
-EXIT_INTERRUPTED = 130
 
 
 def make_run_id(name: str) -> str:

@@ -63,7 +63,17 @@ class Workflow:
 
 def merge_analyse_report(path: Path, wf: Workflow) -> Analysis:
     """Store of ``path`` (merged when needed) → analysis → terminal summary and reports written
-    atomically (``wrote …`` for each); returns the analysis."""
+    atomically (``wrote …`` for each); returns the analysis.
+
+    The garbage collector runs at an analysis's pace meanwhile (:func:`paced_collector`)."""
+    from rankscope.collector import paced_collector
+
+    with paced_collector():
+        return _merge_analyse_report(path, wf)
+
+
+def _merge_analyse_report(path: Path, wf: Workflow) -> Analysis:
+    """:func:`merge_analyse_report` proper."""
     from rankscope.analysis.engine.scheduler import AUTO, ClusterSpec
     from rankscope.analysis.render.report import print_summary
     from rankscope.analysis.render.summary_json import summarise

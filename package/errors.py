@@ -7,6 +7,11 @@ cluster). The CLI prints its message on ONE line, without a traceback, and exits
 
 from __future__ import annotations
 
+#: Exit status of a command stopped by Ctrl-C (128 + SIGINT), as shells do. Here, not in
+#: ``launchers.base`` (which re-exports it), so that the CLI can name it without importing the
+#: launchers (~0.03 s of CPU in every process).
+EXIT_INTERRUPTED = 130
+
 
 class RankscopeError(Exception):
     """A problem with the user's input or environment, reported in one line."""

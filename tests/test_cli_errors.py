@@ -6,6 +6,7 @@ Each CLI case runs the real command (``python -m rankscope …``) and checks eve
 
 from __future__ import annotations
 
+import argparse
 import fcntl
 import os
 import shutil
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from rankscope.analysis.store.reader import open_store
+from rankscope.orchestrator.cli import COMMANDS, build_parser
 from rankscope.orchestrator.cli import main as cli
 from rankscope.orchestrator.ingest.staging import LOCK_FORMAT, output_lock
 
@@ -281,3 +283,35 @@ def test_an_interrupt_turned_into_another_error_by_library_code_is_still_an_inte
             raise TypeError("a real one")
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def _sub_parsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """The sub-parsers of ``parser`` by command name."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def test_a_command_alone_parses_as_the_full_parser_does() -> None:
+    """``build_parser(only=COMMAND)`` (what ``main`` builds) holds that command's sub-parser as the
+    full parser does: same prog, help, defaults and parsed values; a name that is no command
+    gets them all."""
+    full = build_parser()
+    subs = _sub_parsers(full)
+    assert set(subs) == set(COMMANDS)
+    for name in COMMANDS:
+        alone = build_parser(only=name)
+        assert set(_sub_parsers(alone)) == {name}
+        mine, theirs = _sub_parsers(alone)[name], subs[name]
+        assert mine.prog == theirs.prog
+        assert mine.format_help() == theirs.format_help()
+        assert mine.format_usage() == theirs.format_usage()
+    for argv in (
+        ["analyze", "run", "--json", "s.json", "--top-ops", "3", "--all-ranks"],
+        ["merge", "a.json", "b.json", "-o", "out.h5", "--scheduler", "synchronous"],
+        ["synth", "out", "--ranks", "4"],
+    ):
+        assert build_parser(only=argv[0]).parse_args(argv) == full.parse_args(argv)
+    assert set(_sub_parsers(build_parser(only="nosuch"))) == set(COMMANDS)
+    assert set(_sub_parsers(build_parser(only=None))) == set(COMMANDS)

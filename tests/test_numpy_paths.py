@@ -11,7 +11,9 @@ import pandas.testing as pdt
 import pytest
 from analysis_frames import GPU_LANES, events, lanes
 from rankscope.analysis.compute import breakdown as bd
+from rankscope.analysis.compute import exact_reductions as X
 from rankscope.analysis.compute import kernel_launches as kl
+from rankscope.analysis.compute import stragglers as S
 from rankscope.analysis.compute.ops import OP_KINDS, _first_seen_groups, op_stats, op_table
 from rankscope.analysis.store.frames import rows, typed
 from rankscope.analysis.store.schema import EventKind as K
@@ -153,3 +155,88 @@ def test_rows_are_what_itertuples_gives(width: int) -> None:
         assert [type(v) for v in g] == [type(v) for v in w]
         assert [v if v == v else "nan" for v in g] == [v if v == v else "nan" for v in w]
     assert rows(frame.iloc[:0]) == []
+
+
+# ------------------------------------------------------------------ stragglers' per-rank tests
+EDGE_VALUES = [
+    np.array([], np.float64),
+    np.array([np.nan, np.nan]),
+    np.array([-0.0, 0.0, -0.0]),
+    np.array([-0.0]),
+    np.array([1e18, 1.0, -1e18, 3.5, np.nan, -2.25, 1e-9]),
+    np.random.default_rng(3).normal(0, 1e7, 777),  # more than numpy's pairwise block of 128
+    np.array([3, -4, 0, 9], np.int64),
+    np.array([True, False, True]),
+]
+
+
+@pytest.mark.parametrize("values", EDGE_VALUES, ids=range(len(EDGE_VALUES)))
+def test_straggler_reductions_are_pandas_bit_for_bit(values: np.ndarray) -> None:
+    """``pandas_sum`` / ``pandas_mean`` / ``pandas_max`` / ``clip_low0`` give pandas' float bits
+    (summation order, -0.0, NaN skipped) and types."""
+    series = pd.Series(values)
+
+    def same(mine: object, theirs: object) -> None:
+        assert type(float(mine)) is type(float(theirs))  # type: ignore[arg-type]
+        assert np.float64(mine).tobytes() == np.float64(theirs).tobytes()  # type: ignore[arg-type]
+
+    same(X.pandas_sum(values), series.sum())
+    if values.dtype.kind != "b":
+        same(X.pandas_mean(values), series.mean())
+        clipped = X.clip_low0(values)
+        want = series.clip(lower=0).to_numpy()
+        assert clipped.dtype == want.dtype
+        assert clipped.tobytes() == want.tobytes()
+        same(X.pandas_sum(clipped), series.clip(lower=0).sum())
+        if len(values):
+            same(X.pandas_max(values), series.max())
+
+
+def test_rank_positions_are_pandas_groups() -> None:
+    keys = np.random.default_rng(5).integers(0, 6, 300)
+    mine = X.group_positions(keys)
+    theirs = pd.Series(keys).groupby(keys, sort=True).indices
+    assert list(mine) == sorted(theirs)
+    for k, at in mine.items():
+        np.testing.assert_array_equal(at, theirs[k])
+    assert X.group_positions(np.array([], np.int64)) == {}
+
+
+def _own_rows_pandas(extras: pd.DataFrame, rank: int, last_units: np.ndarray) -> pd.DataFrame:
+    """The pandas formulation ``_own_rows`` replaced (``_rank_rows`` before issue 31's 5th pass)."""
+    at_last = extras[(extras["rank"] == rank) & extras["unit"].isin(last_units)]
+    has_last = at_last.groupby("unit")["is_last"].transform("any")
+    at_last = at_last[at_last["is_last"] | ~has_last]
+    span = at_last["window_end"] - at_last["window_start"]
+    mine = at_last.assign(_span=span).sort_values("_span", kind="stable")
+    return mine.groupby("unit").tail(1).drop(columns="_span")
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_own_rows_are_the_pandas_selection_in_its_order(seed: int) -> None:
+    """Per unit where the rank was last: its largest window (ties: the later row, as pandas'
+    stable sort + ``tail`` keeps), among its collectives where it was last when the unit has
+    any; the rows in pandas' order, so that their sums match bit for bit."""
+    gen = np.random.default_rng(seed)
+    n = 120
+    start = gen.integers(0, 50, n) * 1000
+    extras = pd.DataFrame(
+        {
+            "rank": gen.integers(0, 3, n),
+            "unit": gen.integers(0, 9, n),
+            "is_last": gen.random(n) < 0.4,
+            "window_start": start,
+            "window_end": start + gen.integers(0, 4, n) * 1000,  # many equal spans
+            **{c: gen.normal(0, 1e6, n) for c in ("late_ns", "own_ns", *S.CAUSE_COLUMNS.values())},
+        }
+    )
+    ex = X.columns_of(extras, S.EXTRA_COLUMNS)
+    for rank in range(3):
+        last_units = np.unique(gen.integers(0, 9, 5))
+        mine = S._own_rows(extras, ex, np.int64(rank), last_units)
+        theirs = _own_rows_pandas(extras, rank, last_units)
+        assert len(theirs) > 0
+        for c in mine:
+            assert mine[c].tobytes() == theirs[c].to_numpy().tobytes()
+    empty = S._own_rows(extras.iloc[:0], {}, np.int64(0), np.array([1]))
+    assert all(len(v) == 0 for v in empty.values())

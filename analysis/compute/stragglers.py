@@ -50,6 +50,14 @@ from rankscope.analysis.compute.arrivals import SYNC_PROBE_NS as SYNC_PROBE_NS
 from rankscope.analysis.compute.arrivals import WINDOW_COLUMNS as WINDOW_COLUMNS
 from rankscope.analysis.compute.arrivals import arrival_points as arrival_points
 from rankscope.analysis.compute.arrivals import arrival_windows as arrival_windows
+from rankscope.analysis.compute.exact_reductions import (
+    clip_low0,
+    columns_of,
+    group_positions,
+    pandas_max,
+    pandas_mean,
+    pandas_sum,
+)
 from rankscope.analysis.compute.finding import Cause as Cause
 from rankscope.analysis.compute.lateness import STEP_CPU_COLUMNS as STEP_CPU_COLUMNS
 from rankscope.analysis.compute.lateness import UNIT_COLUMNS as UNIT_COLUMNS
@@ -300,52 +308,40 @@ def _rank_rows(
     # No per-rank correction of ALPHA here: the dominance test (an unfair share, at least half of
     # all waiting) already picks at most one candidate per round (masked rounds: find_stragglers)
     rows: list[dict[str, Any]] = []
-    by_rank = dict(tuple(units.groupby("rank", sort=False)))
-    for rank, sub in multi.groupby("rank", sort=True):
-        n = len(sub)
-        k = int(sub["is_last"].sum())
-        chance = float((1.0 / sub["n_ranks"]).mean())
-        blame = float(sub["blame_ns"].sum())
-        u = by_rank.get(rank)
-        n_u = len(u) if u is not None else 0
-        contention = float(u["contention"].sum()) if u is not None else 0.0
-        raw_late = float(u["late_raw"].clip(lower=0).sum()) if u is not None else 0.0
+    # The frames as columns, and each rank's rows as positions (in the frames' order, as pandas'
+    # groupby gives them): one pandas selection per rank and column cost ~25 ms a rank here.
+    m = columns_of(multi, MULTI_COLUMNS)
+    un = columns_of(units, RANK_UNIT_COLUMNS)
+    ex = columns_of(extras, EXTRA_COLUMNS) if len(extras) else {}
+    by_rank = group_positions(un["rank"])
+    for rank, at in group_positions(m["rank"]).items():
+        n = len(at)
+        k = int(m["is_last"][at].sum())
+        chance = float(pandas_mean(1.0 / m["n_ranks"][at]))
+        blame = float(pandas_sum(m["blame_ns"][at]))
+        ua = by_rank.get(rank)
+        n_u = len(ua) if ua is not None else 0
+        contention = float(pandas_sum(un["contention"][ua])) if ua is not None else 0.0
+        raw_late = float(pandas_sum(clip_low0(un["late_raw"][ua]))) if ua is not None else 0.0
         # the time other processes held its core explains its lateness: that is its cause
         contended = raw_late > 0 and contention >= OWN_FRACTION * raw_late
-        if u is not None and n_u:
-            chance_u = float((1.0 / u["n_ranks"]).mean())
-            last_units = u.loc[u["is_last"], "unit"]
+        last_units: np.ndarray | None
+        if ua is not None and n_u:
+            chance_u = float(pandas_mean(1.0 / un["n_ranks"][ua]))
+            last_units = un["unit"][ua][un["is_last"][ua].astype(bool)]
             k_u = len(last_units)
         else:
             chance_u, k_u, last_units = chance, k, None
             n_u = n
         # its own extra work where it was last (in the steps where it was the latest rank once
         # the others' stolen time is taken off)
-        if len(extras) == 0:
-            mine = extras
-        elif last_units is None:
-            mine = extras[(extras["rank"] == rank) & extras["is_last"]]
-        else:
-            # per step: its largest window there, its lateness and own work (two DDP buckets of
-            # one step overlap, and the second one's window can start at the first one's end on
-            # this rank alone: it would measure a sliver of own work against the whole delay)
-            at_last = extras[(extras["rank"] == rank) & extras["unit"].isin(last_units)]
-            # the collectives where it was last itself, where the step has any (else the step's
-            # own: it was last only once the others' stolen time was taken off)
-            has_last = at_last.groupby("unit")["is_last"].transform("any")
-            at_last = at_last[at_last["is_last"] | ~has_last]
-            span = at_last["window_end"] - at_last["window_start"]
-            mine = at_last.assign(_span=span).sort_values("_span", kind="stable")
-            mine = mine.groupby("unit").tail(1).drop(columns="_span")
-        if last_units is None:
-            mine = once_per_sync_interval(mine)
-        late = float(mine["late_ns"].clip(lower=0).sum()) if len(mine) else 0.0
-        own = float(mine["own_ns"].clip(lower=0).sum()) if len(mine) else 0.0
+        mine = _own_rows(extras, ex, rank, last_units)
+        any_mine = len(mine["late_ns"]) > 0
+        late = float(pandas_sum(clip_low0(mine["late_ns"]))) if any_mine else 0.0
+        own = float(pandas_sum(clip_low0(mine["own_ns"]))) if any_mine else 0.0
         parts = {
-            Cause.OWN_COMPUTE: float(mine["d_compute"].clip(lower=0).sum()) if len(mine) else 0.0,
-            Cause.INPUT: float(mine["d_input"].clip(lower=0).sum()) if len(mine) else 0.0,
-            Cause.HOST: float(mine["d_idle"].clip(lower=0).sum()) if len(mine) else 0.0,
-            Cause.PROPAGATED: float(mine["d_comm"].clip(lower=0).sum()) if len(mine) else 0.0,
+            cause: float(pandas_sum(clip_low0(mine[col]))) if any_mine else 0.0
+            for cause, col in CAUSE_COLUMNS.items()
         }
         p = binomial_p_value(k_u, n_u, chance_u)
         if k_u == 0 or late <= 0:
@@ -362,10 +358,10 @@ def _rank_rows(
         # (as measured when that is its cause), against how much the other ranks' lateness moves
         # from step to step (the standard error of a median of its steps)
         measure = "late_raw" if contended else "late"
-        typical = float(np.median(u[measure])) if u is not None and n_u else 0.0
+        typical = float(np.median(un[measure][ua])) if ua is not None and n_u else 0.0
         noise = pooled.without(int(rank))
         standard_error = MEDIAN_SE * noise / math.sqrt(max(n_u, 1))
-        others = max(int(sub["n_ranks"].max()) - 1, 1)
+        others = max(int(pandas_max(m["n_ranks"][at])) - 1, 1)
         caused, total = blame, total_wait
         if fair_blame is not None and not contended:
             # the wait it caused had no rank lost its core to other processes
@@ -402,7 +398,7 @@ def _rank_rows(
                 "confidence": 1.0 - p,
                 "wait_caused_s": blame / 1e9,
                 "wait_share": share,
-                "mean_lateness_s": float(sub["lateness_ns"].mean()) / 1e9,
+                "mean_lateness_s": float(pandas_mean(m["lateness_ns"][at])) / 1e9,
                 "late_s": late / 1e9,
                 "own_extra_s": own / 1e9,
                 "compute_extra_s": parts[Cause.OWN_COMPUTE] / 1e9,
@@ -421,3 +417,52 @@ def _rank_rows(
             }
         )
     return rows
+
+
+#: The columns of the straggler tests' waits (``multi``), unit rows and own-work rows that
+#: :func:`_rank_rows` reads.
+MULTI_COLUMNS = ("rank", "is_last", "n_ranks", "blame_ns", "lateness_ns")
+RANK_UNIT_COLUMNS = ("rank", "unit", "is_last", "n_ranks", "contention", "late_raw", "late")
+EXTRA_COLUMNS = ("rank", "unit", "is_last", "window_start", "window_end", "late_ns", "own_ns")
+#: Own-work column of each measured cause (:func:`_own_extras`), in the order the tie-break of
+#: ``max`` over causes sees them.
+CAUSE_COLUMNS = {
+    Cause.OWN_COMPUTE: "d_compute",
+    Cause.INPUT: "d_input",
+    Cause.HOST: "d_idle",
+    Cause.PROPAGATED: "d_comm",
+}
+
+
+def _own_rows(
+    extras: pd.DataFrame, ex: dict[str, np.ndarray], rank: Any, last_units: np.ndarray | None
+) -> dict[str, np.ndarray]:
+    """The rank's own-work rows (:func:`_own_extras`) its lateness is measured on, as columns in
+    the order pandas' formulation gave them: per unit where it was last, its largest window there
+    (among the collectives where it was last itself, where the unit has any); without units, one
+    row per sync interval (:func:`once_per_sync_interval`, pandas: a rare path)."""
+    if not ex:
+        return {c: np.empty(0) for c in ("late_ns", "own_ns", *CAUSE_COLUMNS.values())}
+    if last_units is None:
+        mine = extras[(extras["rank"] == rank) & extras["is_last"]]
+        mine = once_per_sync_interval(mine)
+        return {c: mine[c].to_numpy() for c in ("late_ns", "own_ns", *CAUSE_COLUMNS.values())}
+    at = np.flatnonzero((ex["rank"] == rank) & np.isin(ex["unit"], last_units))
+    unit, is_last = ex["unit"][at], ex["is_last"][at].astype(bool)
+    # the collectives where it was last itself, where the unit has any
+    units_with_last = set(unit[is_last].tolist())
+    keep = is_last | ~np.fromiter((u in units_with_last for u in unit.tolist()), bool, len(unit))
+    at, unit = at[keep], unit[keep]
+    # per unit its largest window: stable sort by span, the last row of each unit, in that order
+    span = ex["window_end"][at] - ex["window_start"][at]
+    order = np.argsort(span, kind="stable")
+    seen: set[Any] = set()
+    last: list[int] = []
+    names = unit.tolist()
+    for i in order[::-1].tolist():
+        u = names[i]
+        if u not in seen:
+            seen.add(u)
+            last.append(i)
+    rows = at[np.array(last[::-1], dtype=np.intp)]
+    return {c: extras[c].to_numpy()[rows] for c in ("late_ns", "own_ns", *CAUSE_COLUMNS.values())}
