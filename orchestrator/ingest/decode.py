@@ -90,11 +90,11 @@ EVENT_SEPARATOR = b"\n  },\n  {"
 #: Bytes of JSON text per block of the streaming reader (the unit of the string codes' order:
 #: ``event_columns.EventColumns.end_block``).
 BLOCK_BYTES = 4 << 20
-#: Bytes of JSON text decoded and reduced at once inside a block: the objects msgspec makes of
-#: 256 KiB of Kineto's JSON (~1,000 events) stay in a core's 1 MiB L2 cache while the reduction
-#: reads them (passes over 4 MiB of decoded events miss it): the 54 MB ``df_index_resolver``
-#: read in 0.41-0.43 s of CPU at 128-512 KiB vs 0.58-0.61 s at 4 MiB (min of 15, measured).
-SUB_BLOCK_BYTES = 256 << 10
+#: Bytes of JSON text decoded and reduced at once inside a block: the reduction reads each
+#: decoded event again a few tens of times, sooner after its decode the smaller the sub-block
+#: (read_trace of the 54 MB ``df_index_resolver``, CPU, median of 18 alternating: 0.460 s at
+#: 1 MiB, 0.482 s at 256 KiB, 0.493 s with 4 MiB blocks undivided; docs/performance.md).
+SUB_BLOCK_BYTES = 1 << 20
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 
 
