@@ -2,7 +2,8 @@
 
 :func:`read_trace` streams first: the JSON text (``kineto_json.text_pieces``) is cut into blocks
 of whole events at Kineto's event separator, each block is decoded (``kineto_json``) and reduced
-to columns (``event_columns.EventColumns``) at once, so the decoded objects of the whole file
+to columns (``event_columns.EventColumns``) at once, in sub-blocks of ``SUB_BLOCK_BYTES`` (the
+reduction reads events decoded moments before), so the decoded objects of the whole file
 never exist together (the memory high-water mark stays near the size of one block, not of the
 file). Files not laid out like Kineto's writer (one line, other indentation) or whose blocks fail
 to decode are read whole instead, which also produces the precise error message for bad input.
