@@ -2,7 +2,8 @@
 
 :func:`read_trace` streams first: the JSON text (``kineto_json.text_pieces``) is cut into blocks
 of whole events at Kineto's event separator, each block is decoded (``kineto_json``) and reduced
-to columns (``event_columns.EventColumns``) at once, so the decoded objects of the whole file
+to columns (``event_columns.EventColumns``) at once, in sub-blocks of ``SUB_BLOCK_BYTES`` (the
+reduction reads events decoded moments before), so the decoded objects of the whole file
 never exist together (the memory high-water mark stays near the size of one block, not of the
 file). Files not laid out like Kineto's writer (one line, other indentation) or whose blocks fail
 to decode are read whole instead, which also produces the precise error message for bad input.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import msgspec
 from rankscope.orchestrator.ingest.comm_kernels import DEFAULT_VOCABULARY, CommVocabulary
@@ -86,17 +88,30 @@ class _NotStreamable(Exception):
 #: Separator between two events in Kineto's own JSON layout (strings cannot hold a raw newline,
 #: and nested args objects are indented deeper, so this only occurs between events).
 EVENT_SEPARATOR = b"\n  },\n  {"
-#: Bytes of JSON text decoded per block by the streaming reader.
+#: Bytes of JSON text per block of the streaming reader (the unit of the string codes' order:
+#: ``event_columns.EventColumns.end_block``).
 BLOCK_BYTES = 4 << 20
+#: Bytes of JSON text decoded and reduced at once inside a block: the reduction reads each
+#: decoded event again a few tens of times, sooner after its decode the smaller the sub-block
+#: (read_trace of the 54 MB ``df_index_resolver``, CPU, median of 18 alternating: 0.460 s at
+#: 1 MiB, 0.482 s at 256 KiB, 0.493 s with 4 MiB blocks undivided; docs/performance.md).
+SUB_BLOCK_BYTES = 1 << 20
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 
 
-def _stream_events(path: Path, acc: EventColumns, block_bytes: int = BLOCK_BYTES) -> KFile:
+def _stream_events(
+    path: Path,
+    acc: EventColumns,
+    block_bytes: int = BLOCK_BYTES,
+    *,
+    sub_bytes: int = SUB_BLOCK_BYTES,
+) -> KFile:
     """Stream the events of ``path`` into ``acc``; returns the top-level fields (no events).
 
     The text after ``"traceEvents": [`` accumulates in a bytearray that starts with ``[``; once
     it holds ``block_bytes``, the ``,`` after the last complete event becomes ``]`` and that
-    prefix is decoded in place (no copy of the block), the rest starts the next block.
+    prefix is decoded in place (no copy of the block) in sub-blocks of ``sub_bytes``
+    (:func:`_add_block`), the rest starts the next block.
     """
     buf = bytearray()
     head: bytes | None = None
@@ -119,8 +134,7 @@ def _stream_events(path: Path, acc: EventColumns, block_bytes: int = BLOCK_BYTES
                     raise _NotStreamable  # not Kineto's layout
                 continue
             buf[cut + 4] = ord("]")  # the separator's comma closes the block's array
-            with memoryview(buf) as view:
-                acc.add(_decode_block(view[: cut + 5]))
+            _add_block(buf, cut + 5, acc, sub_bytes)
             buf = bytearray(b"[") + buf[cut + 5 :]
     if head is None:
         raise _NotStreamable
@@ -145,6 +159,63 @@ def _stream_events(path: Path, acc: EventColumns, block_bytes: int = BLOCK_BYTES
         if getattr(top, key) is None:
             setattr(top, key, getattr(tail, key))
     return top
+
+
+def _add_block(buf: bytearray, end: int, acc: EventColumns, sub_bytes: int) -> None:
+    """Decode and reduce the block ``buf[:end]`` (a JSON array of whole events) in sub-blocks.
+
+    Each sub-block ends at the first event separator ``sub_bytes`` or more after its start
+    (:func:`_add_sub_blocks`) and is decoded and reduced (``EventColumns.extract``) before the
+    next is decoded. The block's rules hold as one decode of the block has them: when one of
+    its sub-blocks needs exact stamps, all of its events get them (what the earlier sub-blocks
+    added is forgotten and they are read again, exactly); when a sub-block fails to decode,
+    the block is decoded whole (:func:`_decode_block`: the same events, or the same error). So
+    the result never depends on ``sub_bytes``.
+    """
+    mark = acc.mark()
+    with memoryview(buf) as view:
+        try:
+            if not _add_sub_blocks(buf, view, end, acc, sub_bytes, exact=False):
+                acc.rollback(mark)
+                _add_sub_blocks(buf, view, end, acc, sub_bytes, exact=True)
+        except msgspec.MsgspecError:
+            acc.rollback(mark)
+            acc.extract(_decode_block(view[:end]))
+    acc.end_block()
+
+
+def _add_sub_blocks(
+    buf: bytearray, view: memoryview, end: int, acc: EventColumns, sub_bytes: int, *, exact: bool
+) -> bool:
+    """Decode and extract ``buf[:end]`` sub-block by sub-block (exact stamps when ``exact``);
+    False when a sub-block after the first needs exact stamps and ``exact`` is False (the
+    caller reads the block again, exactly). A sub-block ends at an event separator: its ``,``
+    becomes ``]`` and the newline after it ``[`` (in place, no copy; put back before return).
+    """
+    patched: list[int] = []
+    try:
+        start = 0
+        while start < end:
+            cut = buf.find(EVENT_SEPARATOR, start + sub_bytes, end) if sub_bytes else -1
+            stop = end if cut < 0 else cut + 5
+            if cut >= 0:
+                buf[cut + 4] = ord("]")
+                buf[cut + 5] = ord("[")
+                patched.append(cut)
+            text = view[start:stop]
+            decoder: msgspec.json.Decoder[Any] = BLOCK_DECODER_EXACT if exact else BLOCK_DECODER
+            events: list[KEvent] = decode_json(decoder, text)
+            if not exact and needs_exact(events):
+                if start:
+                    return False
+                exact = True  # the first sub-block: nothing to read again
+                events = decode_json(BLOCK_DECODER_EXACT, text)  # type: ignore[arg-type]
+            acc.extract(events)
+            start = stop
+        return True
+    finally:
+        for cut in patched:
+            buf[cut + 4 : cut + 6] = EVENT_SEPARATOR[4:6]
 
 
 def _decode_block(block: memoryview) -> list[KEvent]:

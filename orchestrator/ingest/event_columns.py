@@ -125,6 +125,26 @@ def factorize(values: list[Any]) -> tuple[np.ndarray, list[Any]]:
     return codes_in(seen, values), list(seen)
 
 
+@dataclass
+class _SubBlock:
+    """One sub-block's columns (:meth:`EventColumns.extract`): ``arrays`` final (ts, dur, kind,
+    corr); the others (codes own to the sub-block, distinct values in first-seen order) wait
+    for the block's codes (:meth:`EventColumns.end_block`)."""
+
+    arrays: dict[str, np.ndarray]
+    name: tuple[np.ndarray, list[str]]
+    cat: tuple[np.ndarray, list[str]]
+    shapes: tuple[np.ndarray, list[str]]
+    dtypes: tuple[np.ndarray, list[str]]
+    pid: tuple[np.ndarray, list[Any]]
+    tid: tuple[np.ndarray, list[Any]]
+
+
+def _joined(arrays: list[np.ndarray]) -> np.ndarray:
+    """One array of ``arrays`` (the one itself when alone: no copy)."""
+    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+
+
 class EventColumns(MemoryColumns):
     """Reduces decoded events, block by block, to compact columns (see :func:`read_trace`)."""
 
@@ -136,10 +156,11 @@ class EventColumns(MemoryColumns):
         self.strings: StringTable = {} if strings is None else strings
         self.comm = comm
         self.lanes: dict[tuple[str, str], int] = {}
-        self.kinds: dict[int, int] = {}
-        #: (name, cat) code pair -> its kind is KERNEL_COMM and the merge cannot match it across
+        #: (name, category) -> its kind (``vocabulary.classify``)
+        self.kinds: dict[tuple[str, str], int] = {}
+        #: (name, category) -> its kind is KERNEL_COMM and the merge cannot match it across
         #: ranks (``comm_kernels``: not a collective family): no comm row, counted by the analysis
-        self.unmatchable: dict[int, bool] = {}
+        self.unmatchable: dict[tuple[str, str], bool] = {}
         self.thread_names: dict[tuple[str, str], list[str]] = {}
         self.parts: dict[str, list[np.ndarray]] = {}
         self.comm_rows: list[tuple[int, str, str, int, int, int, bool]] = []
@@ -147,6 +168,7 @@ class EventColumns(MemoryColumns):
         self.dropped = 0
         self.out_of_range = 0
         self.rank_signs = False  # multirank.block_signs of a block so far
+        self.pending: list[_SubBlock] = []  # the block's sub-blocks, until end_block
 
     def _intern(self, values: list[str]) -> np.ndarray:
         """Codes (int32) of ``values`` in the string table, new strings appended in first-seen
@@ -155,7 +177,21 @@ class EventColumns(MemoryColumns):
         return codes_in(self.strings, values, np.int32)
 
     def add(self, events: list[KEvent]) -> None:
-        """Reduce one block of decoded events."""
+        """Reduce one block of decoded events (one :meth:`extract` and its :meth:`end_block`)."""
+        self.extract(events)
+        self.end_block()
+
+    def extract(self, events: list[KEvent]) -> None:
+        """Reduce one sub-block of decoded events, short of the string codes.
+
+        The streaming reader decodes each block of text in sub-blocks (``decode.SUB_BLOCK_BYTES``)
+        and extracts each while its objects are still in the CPU's cache; everything but the
+        codes into the string table is final here. Names, categories and shapes get codes into
+        a table of the sub-block's own, and pids/tids first-seen codes of their own:
+        :meth:`end_block` turns them into the block's codes in the order one whole-block pass
+        gives (first-seen over the block: all names, then all categories, shapes, dtypes), so
+        the table and the lanes do not depend on the sub-block size.
+        """
         if not self.rank_signs:
             from rankscope.orchestrator.ingest.multirank import block_signs
 
@@ -211,44 +247,28 @@ class EventColumns(MemoryColumns):
         else:
             ts = us_to_ns(ts_f)
             dur = us_to_ns(dur_f)
-        name = self._intern(list(map(_NAME, xs)))
-        cat = self._intern(list(map(_CAT, xs)))
+        name_seen: dict[str, int] = {}
+        cat_seen: dict[str, int] = {}
+        name = codes_in(name_seen, list(map(_NAME, xs)), np.int32)
+        cat = codes_in(cat_seen, list(map(_CAT, xs)), np.int32)
+        name_uniq, cat_uniq = list(name_seen), list(cat_seen)
         pid_codes, pid_uniq = factorize(list(map(_PID, xs)))
         tid_codes, tid_uniq = factorize(list(map(_TID, xs)))
-        lane_pair = pid_codes.astype(np.int64) * (len(tid_uniq) + 1) + tid_codes
-        lane_uniq, lane_inv = np.unique(lane_pair, return_inverse=True)
-        lanes = self.lanes
-        lane_global = np.array(
-            [
-                lanes.setdefault(
-                    (
-                        str(pid_uniq[p // (len(tid_uniq) + 1)]),
-                        str(tid_uniq[p % (len(tid_uniq) + 1)]),
-                    ),
-                    len(lanes),
-                )
-                for p in lane_uniq.tolist()
-            ],
-            dtype=np.int32,
-        )
-        lane = lane_global[lane_inv.reshape(-1)]
-        table = self.strings
         pair = name.astype(np.int64) << 32 | cat.astype(np.int64)
         uniq, inverse = np.unique(pair, return_inverse=True)
-        strings = None
         kinds = np.empty(len(uniq), dtype=np.int8)
         unmatchable = np.zeros(len(uniq), dtype=bool)
         for i, p in enumerate(uniq.tolist()):
-            k = self.kinds.get(p)
+            key = (name_uniq[p >> 32], cat_uniq[p & 0xFFFFFFFF])
+            k = self.kinds.get(key)
             if k is None:
-                strings = strings or list(table)
-                text = strings[p >> 32]
-                k = self.kinds[p] = int(classify(strings[p & 0xFFFFFFFF], text, self.comm))
-                self.unmatchable[p] = k == EventKind.KERNEL_COMM and not self.comm.is_collective(
+                text = key[0]
+                k = self.kinds[key] = int(classify(key[1], text, self.comm))
+                self.unmatchable[key] = k == EventKind.KERNEL_COMM and not self.comm.is_collective(
                     text
                 )
             kinds[i] = k
-            unmatchable[i] = self.unmatchable[p]
+            unmatchable[i] = self.unmatchable[key]
         kind = kinds[inverse.reshape(-1)]
         corr = np.fromiter(
             (
@@ -284,16 +304,96 @@ class EventColumns(MemoryColumns):
                 seq = int(a.seq)
             size = message_bytes(a.in_nelems, a.dtype) if a is not None else -1
             self.comm_rows.append((self.count + i, op, group, seq, size, peer, enqueue))
-        shapes, dtypes = self._shape_codes(xs)
-        for key, arr in (("ts", ts), ("dur", dur), ("name", name), ("cat", cat), ("kind", kind),
-                         ("lane", lane), ("corr", corr), ("shapes", shapes),
-                         ("dtypes", dtypes)):  # fmt: skip
-            self.parts.setdefault(key, []).append(arr)
+        shapes, shape_uniq, dtypes, dtype_uniq = self._shape_codes(xs)
+        self.pending.append(
+            _SubBlock(
+                {"ts": ts, "dur": dur, "kind": kind, "corr": corr},
+                (name, name_uniq), (cat, cat_uniq), (shapes, shape_uniq), (dtypes, dtype_uniq),
+                (pid_codes, pid_uniq), (tid_codes, tid_uniq),
+            )
+        )  # fmt: skip
         self.count += n
 
-    def _shape_codes(self, xs: list[KEvent]) -> tuple[np.ndarray, np.ndarray]:
-        """Codes of each event's ``Input Dims`` and ``Input type`` as text (``str`` of the lists,
-        the form of torch's ``str(evt.input_shapes)``), -1 where absent (no ``record_shapes``)."""
+    def end_block(self) -> None:
+        """The block's sub-blocks (:meth:`extract`) given the block's codes, then kept.
+
+        A sub-block's own codes are first-seen codes over the sub-block; the block's first-seen
+        order is the sub-blocks' distinct values in turn (a value is first seen in the first
+        sub-block holding it, at its first place there), so the string table grows as one pass
+        over the whole block grows it: its names, then its categories, shapes, dtypes."""
+        subs, self.pending = self.pending, []
+        if not subs:
+            return
+        cols: dict[str, list[np.ndarray]] = {}
+        for field_ in ("name", "cat", "shapes", "dtypes"):
+            for sub in subs:
+                local, uniq = getattr(sub, field_)
+                # -1 (no shapes recorded) indexes the appended -1
+                remap = np.append(self._intern(uniq), np.int32(-1)) if uniq else None
+                cols.setdefault(field_, []).append(local if remap is None else remap[local])
+        pid_seen: dict[Any, int] = {}
+        tid_seen: dict[Any, int] = {}
+        pid_codes = np.concatenate([codes_in(pid_seen, s.pid[1])[s.pid[0]] for s in subs])
+        tid_codes = np.concatenate([codes_in(tid_seen, s.tid[1])[s.tid[0]] for s in subs])
+        pid_uniq, tid_uniq = list(pid_seen), list(tid_seen)
+        lane_pair = pid_codes.astype(np.int64) * (len(tid_uniq) + 1) + tid_codes
+        lane_uniq, lane_inv = np.unique(lane_pair, return_inverse=True)
+        lanes = self.lanes
+        lane_global = np.array(
+            [
+                lanes.setdefault(
+                    (
+                        str(pid_uniq[p // (len(tid_uniq) + 1)]),
+                        str(tid_uniq[p % (len(tid_uniq) + 1)]),
+                    ),
+                    len(lanes),
+                )
+                for p in lane_uniq.tolist()
+            ],
+            dtype=np.int32,
+        )
+        lane = lane_global[lane_inv.reshape(-1)]
+        for key in ("ts", "dur", "name", "cat", "kind", "lane", "corr", "shapes", "dtypes"):
+            if key == "lane":
+                arr = lane
+            elif key in cols:
+                arr = _joined(cols[key])
+            else:
+                arr = _joined([s.arrays[key] for s in subs])
+            self.parts.setdefault(key, []).append(arr)
+
+    def mark(self) -> tuple[Any, ...]:
+        """What :meth:`rollback` needs to forget the sub-blocks extracted after this call (the
+        streaming reader re-reads a block whole when a sub-block of it fails)."""
+        return (
+            self.count,
+            self.dropped,
+            self.out_of_range,
+            self.rank_signs,
+            len(self.comm_rows),
+            {k: len(v) for k, v in self.memory_parts.items()},
+            len(self.memory_threads),
+            dict(self.memory_skipped),
+            {k: list(v) for k, v in self.thread_names.items()},
+        )
+
+    def rollback(self, mark: tuple[Any, ...]) -> None:
+        """Forget what was extracted since :meth:`mark` returned ``mark``."""
+        (self.count, self.dropped, self.out_of_range, self.rank_signs, rows, memory_lens,
+         threads, self.memory_skipped, self.thread_names) = mark  # fmt: skip
+        del self.comm_rows[rows:]
+        for k in list(self.memory_parts):
+            del self.memory_parts[k][memory_lens.get(k, 0) :]
+            if not self.memory_parts[k]:
+                del self.memory_parts[k]
+        del self.memory_threads[threads:]
+        self.memory = []
+        self.pending = []
+
+    def _shape_codes(self, xs: list[KEvent]) -> tuple[np.ndarray, list[str], np.ndarray, list[str]]:
+        """First-seen codes (own to ``xs``) of each event's ``Input Dims`` and ``Input type`` as
+        text (``str`` of the lists, the form of torch's ``str(evt.input_shapes)``), -1 where
+        absent (no ``record_shapes``), each with its distinct texts (:meth:`end_block`)."""
         n = len(xs)
         shapes = np.full(n, -1, np.int32)
         dtypes = np.full(n, -1, np.int32)
@@ -302,11 +402,13 @@ class EventColumns(MemoryColumns):
             for i, a in enumerate(map(_ARGS, xs))
             if a is not None and a.input_dims is not None
         ]
+        shape_seen: dict[str, int] = {}
+        dtype_seen: dict[str, int] = {}
         if have:
             idx = np.asarray([i for i, _ in have], dtype=np.int64)
-            shapes[idx] = self._intern([str(a.input_dims) for _, a in have])
-            dtypes[idx] = self._intern([str(a.input_type or []) for _, a in have])
-        return shapes, dtypes
+            shapes[idx] = codes_in(shape_seen, [str(a.input_dims) for _, a in have], np.int32)
+            dtypes[idx] = codes_in(dtype_seen, [str(a.input_type or []) for _, a in have], np.int32)
+        return shapes, list(shape_seen), dtypes, list(dtype_seen)
 
     def finish(self, path: Path, top: KFile, *, sort: bool = True) -> FileTrace:
         """Concatenate, add the time base, sort by ts (unless ``sort`` is False), build lanes."""
