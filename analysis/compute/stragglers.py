@@ -432,6 +432,8 @@ CAUSE_COLUMNS = {
     Cause.HOST: "d_idle",
     Cause.PROPAGATED: "d_comm",
 }
+#: The own-work rows' columns that :func:`_rank_rows` sums (:func:`_own_rows`).
+OWN_ROW_COLUMNS = ("late_ns", "own_ns", *CAUSE_COLUMNS.values())
 
 
 def _own_rows(
@@ -442,11 +444,11 @@ def _own_rows(
     (among the collectives where it was last itself, where the unit has any); without units, one
     row per sync interval (:func:`once_per_sync_interval`, pandas: a rare path)."""
     if not ex:
-        return {c: np.empty(0) for c in ("late_ns", "own_ns", *CAUSE_COLUMNS.values())}
+        return {c: np.empty(0) for c in OWN_ROW_COLUMNS}
     if last_units is None:
         mine = extras[(extras["rank"] == rank) & extras["is_last"]]
         mine = once_per_sync_interval(mine)
-        return {c: mine[c].to_numpy() for c in ("late_ns", "own_ns", *CAUSE_COLUMNS.values())}
+        return {c: mine[c].to_numpy() for c in OWN_ROW_COLUMNS}
     at = np.flatnonzero((ex["rank"] == rank) & np.isin(ex["unit"], last_units))
     unit, is_last = ex["unit"][at], ex["is_last"][at].astype(bool)
     # the collectives where it was last itself, where the unit has any
@@ -465,4 +467,4 @@ def _own_rows(
             seen.add(u)
             last.append(i)
     rows = at[np.array(last[::-1], dtype=np.intp)]
-    return {c: extras[c].to_numpy()[rows] for c in ("late_ns", "own_ns", *CAUSE_COLUMNS.values())}
+    return {c: extras[c].to_numpy()[rows] for c in OWN_ROW_COLUMNS}

@@ -237,8 +237,8 @@ def repair_shifts(
     ``a_q - a_r <= end_cr - start_cq``. ``limits``: per rank, the range ``(lo, hi)`` its shift
     must stay in relative to the reference — what a measurement vouches for (a runtime fit's
     bound): two more difference constraints ``a_r - a_ref <= hi`` and ``a_ref - a_r <= -lo``.
-    Without them the repair would move a well-measured rank as far as the worst-measured one
-    needs: a rank fitted within ±30 µs was moved 0.79 ms because a third rank's clock was off.
+    Without them the repair moves a well-measured rank as far as the others' constraints need
+    (in one CI run a rank whose fit was good to tens of µs was moved 0.79 ms; docs/format.md).
 
     Two solutions of the same constraints, each anchored on the reference: the largest with all
     shifts <= 0 (Bellman-Ford from all-zero, ranks only move earlier) and the smallest with all
@@ -251,7 +251,6 @@ def repair_shifts(
     if colls.empty or len(ranks) < 2:
         return dict.fromkeys(ranks, 0)
     idx = {r: i for i, r in enumerate(ranks)}
-    n = len(ranks)
     w, inf = _constraints(colls, ranks)
     if limits and ref_rank in idx:
         i0 = idx[ref_rank]
@@ -260,26 +259,31 @@ def repair_shifts(
                 i = idx[r]
                 w[i0, i] = min(int(w[i0, i]), int(np.floor(hi)))
                 w[i, i0] = min(int(w[i, i0]), int(np.floor(-lo)))
-    found = w < inf
+    earlier, earlier_settled = _largest_nonpositive(w, inf)
+    # The smallest solution >= 0 is minus the largest <= 0 of the reversed constraints
+    # (a_q - a_r <= w[r, q] is (-a_r) - (-a_q) <= w[r, q]).
+    later, later_settled = _largest_nonpositive(w.T, inf)
     solutions = []
-    for later in (False, True):
-        a = np.zeros(n, dtype=np.int64)
-        settled = False
-        for _ in range(n + 1):
-            if later:  # a_r >= a_q - w[r, q]
-                cand = np.where(found, a[None, :] - w, -inf).max(axis=1)
-                new = np.maximum(a, cand)
-            else:  # a_q <= a_r + w[r, q]
-                cand = np.where(found, a[:, None] + w, inf).min(axis=0)
-                new = np.minimum(a, cand)
-            if np.array_equal(new, a):
-                settled = True
-                break
-            a = new
+    for is_later, a, settled in ((False, earlier, earlier_settled), (True, -later, later_settled)):
         a = a - a[idx[ref_rank]] if ref_rank in idx else a
-        solutions.append((not settled, int(np.abs(a).sum()), int(np.count_nonzero(a)), later, a))
+        solutions.append((not settled, int(np.abs(a).sum()), int(np.count_nonzero(a)), is_later, a))
     a = min(solutions, key=lambda s: s[:4])[4]
     return {r: int(a[idx[r]]) for r in ranks}
+
+
+def _largest_nonpositive(w: np.ndarray, inf: int) -> tuple[np.ndarray, bool]:
+    """The componentwise largest ``a <= 0`` with ``a_q - a_r <= w[r, q]`` (``inf``: no
+    constraint), by Bellman-Ford from all-zero, and whether it settled within n + 1 rounds
+    (False: a negative cycle, the shifts after those rounds)."""
+    n = len(w)
+    found = w < inf
+    a = np.zeros(n, dtype=np.int64)
+    for _ in range(n + 1):
+        new = np.minimum(a, np.where(found, a[:, None] + w, inf).min(axis=0))
+        if np.array_equal(new, a):
+            return a, True
+        a = new
+    return a, False
 
 
 def feasible_offsets(
