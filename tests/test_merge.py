@@ -384,14 +384,17 @@ def test_a_killed_merge_leaves_no_forked_worker(tmp_path: Path) -> None:
     try:
         deadline = time.monotonic() + 120
         writer = _open_once_read(held, proc, deadline)
-        assert len(_processes_of(run)) >= 2  # the parent and the worker on the pipe
+        merge_pids = _processes_of(run)
+        assert len(merge_pids) >= 2  # the parent and the worker on the pipe
         proc.send_signal(signal.SIGKILL)
         proc.communicate(timeout=60)
-        while _processes_of(run):
-            assert time.monotonic() < deadline + 60, (
-                f"workers outlived the merge: {_processes_of(run)}"
-            )
+        # Each of them gone or a zombie: an exiting process loses its command line before its
+        # files are closed, so "no process names the run" can hold while a worker still holds
+        # the merge's lock; a zombie has closed them all.
+        while live := [pid for pid in merge_pids if _running(pid)]:
+            assert time.monotonic() < deadline + 60, f"workers outlived the merge: {live}"
             time.sleep(0.05)
+        assert not _processes_of(run)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -421,6 +424,16 @@ def _open_once_read(held: Path, proc: subprocess.Popen[str], deadline: float) ->
             assert proc.poll() is None, f"the merge ended first: {proc.communicate()}"
             assert time.monotonic() < deadline, "the merge never opened the named pipe"
             time.sleep(0.01)
+
+
+def _running(pid: int) -> bool:
+    """True while process ``pid`` exists and is not yet a zombie (whose files are all closed)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False  # gone (reaped)
+    state = next((ln for ln in status.splitlines() if ln[:6] == "State:"), "")
+    return "zombie" not in state and "dead" not in state
 
 
 def _processes_of(run: Path) -> list[int]:
