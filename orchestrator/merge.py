@@ -116,10 +116,13 @@ def main(args: argparse.Namespace) -> int:
     if missing:
         raise UsageError(f"{missing[0]}: no such file or directory")
     from rankscope.analysis.engine.cluster_flags import cluster_spec_from_args
+    from rankscope.collector import paced_collector
     from rankscope.orchestrator.ingest.merge import merge_run_dir
+    from rankscope.pandas_strings import object_strings
 
     cluster = cluster_spec_from_args(args, main_is_guarded=True)
-    with interrupt_wins():
+    # the pace and the strings of an analysis (workflow.merge_analyse_report): same store
+    with interrupt_wins(), paced_collector(), object_strings():
         merge_run_dir(
             paths[0],
             output=args.output,
