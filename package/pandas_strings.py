@@ -11,8 +11,8 @@ CPU than with object strings (docs/performance.md). The results are identical ei
 strings are pandas 2's own behaviour, which rankscope supports too.
 
 :func:`object_strings` sets pandas' ``future.infer_string`` off for its body only and restores
-the caller's value, so a notebook's own pandas settings are left alone after the call. Where a
-pandas release no longer has the option (pandas 4 removes it), the body runs as is.
+the caller's value, so a notebook's own pandas settings are left alone after the call. pandas 4
+removes the option (pyproject.toml keeps pandas < 4); were it gone, the body would run as is.
 """
 
 from __future__ import annotations

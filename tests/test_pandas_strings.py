@@ -22,14 +22,9 @@ CASES = ("param_dlrm_8rank", "cpu_gloo_4rank_pipeline", "deepep_nvshmem_8rank")
 #: Analysis frames compared value by value.
 FRAMES = ("breakdown", "hta", "waits", "windows", "stragglers", "verdicts", "op_stats", "ops")
 
-HAS_OPTION = True
-try:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        INFER_DEFAULT = pd.get_option(INFER_STRING_OPTION)
-except pd.errors.OptionError:  # pandas 4: the option is gone, object_strings does nothing
-    HAS_OPTION = False
-    INFER_DEFAULT = None
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    INFER_DEFAULT = pd.get_option(INFER_STRING_OPTION)  # pandas < 4 (pyproject.toml)
 
 
 def _infers() -> bool:
@@ -44,7 +39,6 @@ def _infer(value: bool) -> None:
         pd.set_option(INFER_STRING_OPTION, value)
 
 
-@pytest.mark.skipif(not HAS_OPTION, reason="this pandas has no future.infer_string")
 def test_object_strings_for_the_body_only() -> None:
     for caller in (True, False):
         _infer(caller)
@@ -78,7 +72,6 @@ def _same_store(a: Path, b: Path) -> None:
             )
 
 
-@pytest.mark.skipif(not HAS_OPTION, reason="this pandas has no future.infer_string")
 @pytest.mark.parametrize("case", CASES)
 def test_same_results_as_arrow_strings(case: str, tmp_path: Path) -> None:
     """``analyze FOLDER`` as the command runs it (object strings) and the same with pandas'
