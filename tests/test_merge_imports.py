@@ -106,3 +106,25 @@ def test_pandas_keeps_pyarrow_where_workers_have_their_own_interpreter(spec: str
         """
     )
     assert seen == {"pandas_has_it": True, "imported": True}
+
+
+def test_merge_command_paces_the_collector_from_its_imports_on(tmp_path: Path) -> None:
+    """No collector pass at Python's own pace once the command starts importing pandas
+    (``paced_collector`` around the imports as well as the merge)."""
+    out = tmp_path / "paced.h5"
+    seen = _probe(
+        f"""
+        import gc, json, sys
+        from rankscope.orchestrator import cli
+        default = gc.get_threshold()[0]
+        passes = []
+        def note(phase, info):
+            if phase == "start" and "pandas" in sys.modules:
+                passes.append(gc.get_threshold()[0])
+        gc.callbacks.append(note)
+        assert cli.main(["merge", {str(CASE)!r}, "-o", {str(out)!r}, "-q"]) == 0
+        gc.callbacks.remove(note)
+        print(json.dumps({{"at_default": passes.count(default), "restored": gc.get_threshold()[0] == default}}))
+        """
+    )
+    assert seen == {"at_default": 0, "restored": True}
