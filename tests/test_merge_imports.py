@@ -1,0 +1,130 @@
+"""``rankscope merge`` imports pandas without pyarrow where every worker shares its interpreter
+(``orchestrator/merge.py``, ``pandas_without_arrow``), and writes the same store as a merge whose
+pandas has pyarrow (this test process').
+
+Each probe runs in a fresh interpreter (``sys.executable -c``): what pandas saw at its import is
+settled once per process.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import pytest
+from rankscope.orchestrator.ingest.merge import merge_run_dir
+from rankscope.pandas_strings import object_strings
+
+DATA = Path(__file__).parent / "data"
+#: A real job with collectives and point-to-point rows (gloo pipeline, 4 ranks).
+CASE = DATA / "cpu_gloo_4rank_pipeline"
+#: Root attributes that differ between two merges of the same input: the creation time.
+VARYING_ATTRS = frozenset({"created"})
+
+
+def _probe(code: str) -> dict[str, Any]:
+    """Run ``code`` in a fresh interpreter; it prints one JSON line last, returned here."""
+    res = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert res.returncode == 0, res.stderr
+    return dict(json.loads(res.stdout.splitlines()[-1]))
+
+
+def _contents(path: Path) -> dict[str, Any]:
+    """Every group's and dataset's attributes, and every dataset's dtype, shape and values."""
+    out: dict[str, Any] = {}
+    with h5py.File(path, "r") as f:
+
+        def visit(name: str, obj: Any) -> None:
+            attrs = {k: v for k, v in obj.attrs.items() if k not in VARYING_ATTRS}
+            data = (obj.dtype, obj.shape, obj[()]) if isinstance(obj, h5py.Dataset) else None
+            out[name] = (attrs, data)
+
+        visit("/", f)
+        f.visititems(visit)
+    return out
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return bool(np.asarray(a).dtype == np.asarray(b).dtype and np.array_equal(a, b))
+    if isinstance(a, tuple | list) and isinstance(b, tuple | list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return type(a) is type(b) and bool(a == b)
+
+
+def test_merge_command_skips_pyarrow_and_writes_the_same_store(tmp_path: Path) -> None:
+    out = tmp_path / "command.h5"
+    seen = _probe(
+        f"""
+        import json, sys
+        from rankscope.orchestrator import cli
+        assert cli.main(["merge", {str(CASE)!r}, "-o", {str(out)!r}, "-q"]) == 0
+        from pandas.compat.pyarrow import HAS_PYARROW
+        imported = "pyarrow" in sys.modules
+        import pyarrow  # hidden from pandas' import only
+        print(json.dumps({{"imported": imported, "pandas_has_it": HAS_PYARROW}}))
+        """
+    )
+    assert seen == {"imported": False, "pandas_has_it": False}
+    import pandas.compat.pyarrow
+
+    assert pandas.compat.pyarrow.HAS_PYARROW  # this process: pandas with pyarrow
+    here = tmp_path / "in_process.h5"
+    with object_strings():  # as the command runs it
+        merge_run_dir(CASE, output=here, quiet=True)
+    a, b = _contents(out), _contents(here)
+    assert a.keys() == b.keys() and len(a) > 50
+    for name in a:
+        assert _same(a[name], b[name]), name
+
+
+@pytest.mark.parametrize("spec", ["scheduler='local'", "slurm_workers=2"])
+def test_pandas_keeps_pyarrow_where_workers_have_their_own_interpreter(spec: str) -> None:
+    """A LocalCluster's or Slurm's workers send back what their pandas (with pyarrow) made."""
+    seen = _probe(
+        f"""
+        import json, sys
+        from rankscope.analysis.engine.scheduler import ClusterSpec
+        from rankscope.orchestrator.merge import pandas_without_arrow
+        pandas_without_arrow(ClusterSpec({spec}))
+        from pandas.compat.pyarrow import HAS_PYARROW
+        print(json.dumps({{"pandas_has_it": HAS_PYARROW, "imported": "pyarrow" in sys.modules}}))
+        """
+    )
+    assert seen == {"pandas_has_it": True, "imported": True}
+
+
+def test_merge_command_paces_the_collector_from_its_imports_on(tmp_path: Path) -> None:
+    """No collector pass at Python's own pace once the command starts importing pandas
+    (``paced_collector`` around the imports as well as the merge)."""
+    out = tmp_path / "paced.h5"
+    seen = _probe(
+        f"""
+        import gc, json, sys
+        from rankscope.orchestrator import cli
+        default = gc.get_threshold()[0]
+        passes = []
+        def note(phase, info):
+            if phase == "start" and "pandas" in sys.modules:
+                passes.append(gc.get_threshold()[0])
+        gc.callbacks.append(note)
+        assert cli.main(["merge", {str(CASE)!r}, "-o", {str(out)!r}, "-q"]) == 0
+        gc.callbacks.remove(note)
+        print(json.dumps({{"at_default": passes.count(default), "restored": gc.get_threshold()[0] == default}}))
+        """
+    )
+    assert seen == {"at_default": 0, "restored": True}
