@@ -143,9 +143,14 @@ def pandas_without_arrow(spec: ClusterSpec) -> None:
         return
     sys.modules[ARROW_MODULE] = None  # type: ignore[assignment]  # Python's "not installed"
     try:
-        import pandas  # noqa: F401
+        import pandas
+    except ImportError:
+        # a pandas that cannot do without pyarrow: forget the half-imported one, import as usual
+        for name in [m for m in sys.modules if m == "pandas" or m.startswith("pandas.")]:
+            del sys.modules[name]
     finally:
         del sys.modules[ARROW_MODULE]
+    import pandas  # noqa: F401  (imported already, or now with pyarrow)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -128,3 +128,26 @@ def test_merge_command_paces_the_collector_from_its_imports_on(tmp_path: Path) -
         """
     )
     assert seen == {"at_default": 0, "restored": True}
+
+
+def test_a_pandas_that_needs_pyarrow_is_imported_with_it(tmp_path: Path) -> None:
+    """Were a pandas release to need pyarrow at its import, the merge imports it as usual (the
+    half-imported package forgotten) instead of failing. The stand-in is a two-module package
+    named ``pandas`` whose submodule imports pyarrow, as a pandas needing it would."""
+    fake = tmp_path / "pandas"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("from pandas import needs_arrow\nFAKE = True\n")
+    (fake / "needs_arrow.py").write_text("import pyarrow\n")
+    got = _probe(
+        f"""
+        import json, sys
+        sys.path.insert(0, {str(tmp_path)!r})
+        from rankscope.analysis.engine.scheduler import ClusterSpec
+        from rankscope.orchestrator.merge import pandas_without_arrow
+        pandas_without_arrow(ClusterSpec())
+        import pandas
+        print(json.dumps({{"fake": getattr(pandas, "FAKE", False),
+                          "arrow": pandas.needs_arrow.pyarrow.__name__}}))
+        """
+    )
+    assert got == {"fake": True, "arrow": "pyarrow"}
