@@ -331,3 +331,26 @@ def test_cli_names_the_bottleneck_in_text_json_and_html(
     shutil.copytree(BALANCED, balanced)
     assert cli(["analyze", str(balanced), "--scheduler", "synchronous"]) == 0
     assert "No pipeline bottleneck" in " ".join(capsys.readouterr().out.split())
+
+
+def test_the_table_does_not_depend_on_the_order_ranks_come_in(tmp_path: Path) -> None:
+    """A merge on worker processes hands ``match`` the ranks as they finish: every order of the
+    real pipeline's ranks gives the table of ascending order (a pair's op, and so its ``seq``,
+    followed the order of arrival: ranks 0, 1, 3, 2 numbered 58 of the 96 rows otherwise)."""
+    import itertools
+
+    from rankscope.orchestrator.ingest.comm_kernels import DEFAULT_VOCABULARY
+    from rankscope.orchestrator.ingest.discovery import discover
+    from rankscope.orchestrator.ingest.rank_columns import parse_source
+
+    sources, _, _ = discover([DATA])
+    comm = {}
+    for source in sources:
+        res = parse_source(source, DEFAULT_VOCABULARY)
+        assert res.comm is not None and res.rank is not None
+        comm[res.rank] = res.comm
+    assert sorted(comm) == list(range(WORLD))
+    want = match(comm)
+    assert (want["op"].isin(["send", "recv"])).sum() > 0
+    for order in itertools.permutations(range(WORLD)):
+        pd.testing.assert_frame_equal(match({r: comm[r] for r in order}), want, obj=str(order))

@@ -126,10 +126,14 @@ def match(per_rank: dict[int, pd.DataFrame]) -> pd.DataFrame:
     ``key, group, seq, op, bytes, rank, start, end, event, gpu`` plus ``coll``
     (dense id in order of the key's earliest start; the merge renumbers after clock alignment).
     ``seq`` is the trace's sequence number, else the position of the collective within its
-    (group, op) in time order.
+    (group, op) in time order; a point-to-point pair's op is that of its lower rank's row.
+
+    The table does not depend on the order of ``per_rank`` (the ranks are taken in ascending
+    order): a merge on worker processes receives the ranks' results as they finish, and the
+    pair's op, so its ``seq``, used to follow that order.
     """
     frames = []
-    for rank, comm in per_rank.items():
+    for rank, comm in sorted(per_rank.items()):
         if comm.empty:
             continue
         f = comm.loc[:, list(RANK_COMM_COLUMNS)].copy()
