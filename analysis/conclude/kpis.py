@@ -269,16 +269,24 @@ def _per_step(value: Any, zero_ok: bool = False) -> dict[int, float]:
     return out
 
 
-def rank_facts(a: Analysis) -> dict[int, RankFacts]:
-    """:class:`RankFacts` of every rank of the analysed store (empty when it cannot be read)."""
+def _read_rank_meta(path: Any) -> dict[int, dict[str, Any]] | None:
+    """Every rank's attributes of the store at ``path`` (None when it cannot be read)."""
     from rankscope.analysis.store.reader import open_store
     from rankscope.errors import RankscopeError
 
-    out: dict[int, RankFacts] = {}
     try:
-        with open_store(a.path) as store:
-            attrs = {r: store.rank_meta(r) for r in store.ranks}
+        with open_store(path) as store:
+            return {r: store.rank_meta(r) for r in store.ranks}
     except (OSError, ValueError, KeyError, RankscopeError):
+        return None
+
+
+def rank_facts(a: Analysis) -> dict[int, RankFacts]:
+    """:class:`RankFacts` of every rank of the analysed store (empty when it cannot be read):
+    from the attributes the analysis kept (``Analysis.rank_meta``), else read from the store."""
+    out: dict[int, RankFacts] = {}
+    attrs = a.rank_meta if a.rank_meta is not None else _read_rank_meta(a.path)
+    if attrs is None:
         return out
     for rank, at in attrs.items():
         meta = at.get("meta")
@@ -384,6 +392,31 @@ def _summary_row(kpi: Kpi, rank: int, values: Any) -> dict[str, Any]:
         "p90": float(p[1]),
         "p99": float(p[2]),
     }
+
+
+def _job_means(per_step: dict[Kpi, pd.DataFrame], present: list[Kpi]) -> dict[Kpi, tuple[Any, Any]]:
+    """The job's sample of each KPI averaged over ranks (all but peak memory and the run's step
+    time): ``(steps ascending, mean over the step's ranks)``.
+
+    Why one groupby over every KPI's rows instead of one per KPI: the same means (pandas sums
+    each group's values in their order, whatever the other keys), ~8 fewer groupbys per
+    report."""
+    averaged = [k for k in present if k not in (Kpi.PEAK_MEMORY, Kpi.RUN_STEP_TIME)]
+    if not averaged:
+        return {}
+    frames = [per_step[k] for k in averaged]
+    long = pd.DataFrame(
+        {
+            "kpi": np.repeat(np.arange(len(averaged)), [len(f) for f in frames]),
+            "step": np.concatenate([f["step"].to_numpy() for f in frames]),
+            "value": np.concatenate([f["value"].to_numpy(np.float64) for f in frames]),
+        }
+    )
+    means = long.groupby(["kpi", "step"], sort=True)["value"].mean()
+    codes = means.index.get_level_values("kpi").to_numpy()
+    steps = means.index.get_level_values("step").to_numpy()
+    values = means.to_numpy()
+    return {k: (steps[codes == i], values[codes == i]) for i, k in enumerate(averaged)}
 
 
 def kpis(a: Analysis, config: KpiConfig | None = None) -> Kpis:
@@ -494,32 +527,61 @@ def kpis(a: Analysis, config: KpiConfig | None = None) -> Kpis:
 
     if a.run_steps.present:  # every step of the run, from the step logs
         per_step[Kpi.RUN_STEP_TIME] = job_samples(a.run_steps).assign(rank=JOB_RANK)
-    sample_frames, rows = [], []
-    for kpi in Kpi:
-        if kpi not in per_step:
-            continue
+    present = [kpi for kpi in Kpi if kpi in per_step]
+    job_means = _job_means(per_step, present)
+    kinds: list[str] = []  # SAMPLE_COLUMNS, one list or array per KPI and part (job, ranks)
+    sample_ranks: list[Any] = []
+    sample_steps: list[Any] = []
+    sample_values: list[Any] = []
+    rows: list[dict[str, Any]] = []
+
+    def add_samples(kpi: Kpi, rank: Any, step: Any, value: Any) -> None:
+        kinds.extend([str(kpi)] * len(value))
+        sample_ranks.append(np.broadcast_to(np.asarray(rank, np.int64), len(value)))
+        sample_steps.append(np.asarray(step, np.int64))
+        sample_values.append(np.asarray(value))
+
+    for kpi in present:
         df = per_step[kpi]
-        if kpi is Kpi.RUN_STEP_TIME:  # already the job's series: no per-rank rows
-            sample_frames.append(df.assign(kpi=str(kpi)))
-            rows.append(_summary_row(kpi, JOB_RANK, df["value"].to_numpy()))
-            continue
-        job = df.groupby("step", as_index=False)["value"].mean().assign(rank=JOB_RANK)
-        if kpi is Kpi.PEAK_MEMORY:  # the job's peak per step is the largest rank's
-            job = df.groupby("step", as_index=False)["value"].max().assign(rank=JOB_RANK)
-        both = pd.concat([job, df], ignore_index=True).assign(kpi=str(kpi))
-        sample_frames.append(both)
+        rank_v = df["rank"].to_numpy()
+        step_v = df["step"].to_numpy()
         pooled = df["value"].to_numpy()
+        if kpi is Kpi.RUN_STEP_TIME:  # already the job's series: no per-rank rows
+            add_samples(kpi, rank_v, step_v, pooled)
+            rows.append(_summary_row(kpi, JOB_RANK, pooled))
+            continue
+        if kpi is Kpi.PEAK_MEMORY:  # the job's peak per step is the largest rank's
+            job = df.groupby("step", as_index=False)["value"].max()
+            add_samples(kpi, JOB_RANK, job["step"].to_numpy(), job["value"].to_numpy())
+        else:
+            add_samples(kpi, JOB_RANK, *job_means[kpi])
+        add_samples(kpi, rank_v, step_v, pooled)
         rows.append(_summary_row(kpi, JOB_RANK, pooled))
         if kpi is Kpi.PEAK_MEMORY:
             rows[-1].update(p99=float(np.max(pooled)) if len(pooled) else math.nan)
-        for rank, g in df.groupby("rank", sort=True):
-            rows.append(_summary_row(kpi, int(rank), g["value"].to_numpy()))
+        # each rank's values in their order (as groupby("rank", sort=True) gives them)
+        order = np.argsort(rank_v, kind="stable")
+        ranks_sorted = rank_v[order]
+        cuts = np.flatnonzero(ranks_sorted[1:] != ranks_sorted[:-1]) + 1
+        for at, values in zip(
+            np.concatenate(([0], cuts)).tolist() if len(order) else [],
+            np.split(pooled[order], cuts),
+            strict=False,
+        ):
+            rows.append(_summary_row(kpi, int(ranks_sorted[at]), values))
     summary = pd.DataFrame(rows, columns=list(KPI_COLUMNS)).astype(
         {k: v for k, v in KPI_COLUMNS.items() if v != "str"}
     )
     samples_df = (
-        pd.concat(sample_frames, ignore_index=True)[list(SAMPLE_COLUMNS)]
-        if sample_frames
+        pd.DataFrame(
+            {
+                "kpi": kinds,
+                "rank": np.concatenate(sample_ranks),
+                "step": np.concatenate(sample_steps),
+                "value": np.concatenate(sample_values),
+            }
+        )
+        if kinds
         else pd.DataFrame(columns=list(SAMPLE_COLUMNS))
     ).astype({k: v for k, v in SAMPLE_COLUMNS.items() if v != "str"})
     if Kpi.THROUGHPUT in per_step and config.sample_unit != "samples":
