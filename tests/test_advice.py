@@ -469,3 +469,29 @@ def test_blocking_pinned_copies_fire_on_synchronised_copies_only(
     # the real jobs copy from pinned memory with non_blocking=True: nothing synchronises
     for name in ("param_dlrm_8rank", "hta/trace_filter_2rank", "cpu_gloo_4rank_straggler"):
         assert Rule.BLOCKING_PINNED_COPY not in _rules(analyses[name]), name
+
+
+def test_steps_per_rank_are_pandas_count_and_sum_of_the_profiled_steps(
+    analyses: dict[str, Analysis],
+) -> None:
+    """advice_rules._steps (every rule's per-rank steps and their summed time, from one sort):
+    groupby("rank")'s size and sum of the profiled steps' rows, whatever their order, index
+    dtype and all; float times and no profiled step are pandas' own."""
+    import pandas as pd
+    from rankscope.analysis.conclude.advice_rules import _steps
+
+    def want(bd: pd.DataFrame) -> pd.DataFrame:
+        g = bd[bd["step"] >= 0].groupby("rank")["total_ns"]
+        return pd.DataFrame({"steps": g.size(), "total_ns": g.sum()})
+
+    for a in analyses.values():
+        bd = a.breakdown
+        assert (bd["step"] >= 0).any() and bd["total_ns"].dtype.kind == "i"
+        for frame in (
+            bd,
+            bd.iloc[::-1],
+            bd.sample(frac=1.0, random_state=7),
+            bd[bd["step"] < 0],
+            bd.astype({"total_ns": "float64"}),
+        ):
+            pd.testing.assert_frame_equal(_steps(frame), want(frame), check_exact=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pandas as pd
 from rankscope.analysis.compute.finding import Cause, FindingKind
 from rankscope.analysis.conclude.advice_model import (
@@ -32,8 +33,22 @@ def _steps(breakdown: pd.DataFrame) -> pd.DataFrame:
             {"steps": pd.Series(dtype="int64"), "total_ns": pd.Series(dtype="int64")}
         )
     rows = breakdown[breakdown["step"] >= 0]
-    g = rows.groupby("rank")["total_ns"]
-    return pd.DataFrame({"steps": g.size(), "total_ns": g.sum()})
+    if not len(rows) or rows["total_ns"].dtype.kind not in "iu":  # pandas' sum of floats
+        g = rows.groupby("rank")["total_ns"]
+        return pd.DataFrame({"steps": g.size(), "total_ns": g.sum()})
+    # what groupby("rank")'s size and sum give, from one sort (each rule asks: ~1 ms a call)
+    rank = rows["rank"].to_numpy()
+    total = rows["total_ns"].to_numpy()
+    order = np.argsort(rank, kind="stable")
+    starts = np.flatnonzero(np.r_[True, rank[order][1:] != rank[order][:-1]])
+    index = pd.Index(rank[order][starts], dtype=rank.dtype, name="rank")
+    return pd.DataFrame(
+        {
+            "steps": np.diff(np.r_[starts, len(order)]).astype(np.int64),
+            "total_ns": np.add.reduceat(total[order], starts),
+        },
+        index=index,
+    )
 
 
 def _per_step(ns_by_rank: Mapping[int, float], steps: pd.DataFrame) -> tuple[float, float]:
