@@ -469,3 +469,59 @@ def test_blocking_pinned_copies_fire_on_synchronised_copies_only(
     # the real jobs copy from pinned memory with non_blocking=True: nothing synchronises
     for name in ("param_dlrm_8rank", "hta/trace_filter_2rank", "cpu_gloo_4rank_straggler"):
         assert Rule.BLOCKING_PINNED_COPY not in _rules(analyses[name]), name
+
+
+def test_steps_per_rank_are_pandas_count_and_sum_of_the_profiled_steps(
+    analyses: dict[str, Analysis],
+) -> None:
+    """advice_rules._steps (every rule's per-rank steps and their summed time, from one sort):
+    groupby("rank")'s size and sum of the profiled steps' rows, whatever their order, index
+    dtype and all; float times and no profiled step are pandas' own."""
+    import pandas as pd
+    from rankscope.analysis.conclude.advice_rules import _steps
+
+    def want(bd: pd.DataFrame) -> pd.DataFrame:
+        g = bd[bd["step"] >= 0].groupby("rank")["total_ns"]
+        return pd.DataFrame({"steps": g.size(), "total_ns": g.sum()})
+
+    for a in analyses.values():
+        bd = a.breakdown
+        assert (bd["step"] >= 0).any() and bd["total_ns"].dtype.kind == "i"
+        for frame in (
+            bd,
+            bd.iloc[::-1],
+            bd.sample(frac=1.0, random_state=7),
+            bd[bd["step"] < 0],
+            bd.astype({"total_ns": "float64"}),
+        ):
+            pd.testing.assert_frame_equal(_steps(frame), want(frame), check_exact=True)
+
+
+def test_per_step_is_the_ranks_mean_per_step_and_share_of_their_time(
+    analyses: dict[str, Analysis],
+) -> None:
+    """advice_rules._per_step: (mean over the given ranks with profiled steps of their ns per
+    step, in ms; their summed ns over those ranks' summed step time, at most 1), read from plain
+    dicts: the very floats pandas' lookups gave, ranks without steps left out."""
+    import random
+
+    import pandas as pd
+    from rankscope.analysis.conclude.advice_rules import _per_step, _steps
+
+    def want(ns: dict[int, float], steps: pd.DataFrame) -> tuple[float, float]:
+        ranks = [r for r in ns if r in steps.index and steps.at[r, "steps"] > 0]
+        if not ranks:
+            return 0.0, 0.0
+        per = [ns[r] / float(steps.at[r, "steps"]) for r in ranks]
+        whole = float(steps.loc[ranks, "total_ns"].sum())
+        part = float(sum(ns[r] for r in ranks))
+        return sum(per) / len(per) / 1e6, (min(part / whole, 1.0) if whole > 0 else 0.0)
+
+    rng = random.Random(11)
+    for a in analyses.values():
+        for steps in (_steps(a.breakdown), _steps(a.breakdown).astype({"total_ns": "float64"})):
+            ranks = [*steps.index.tolist(), 999]  # 999: no profiled step
+            for _ in range(20):
+                ns = {r: rng.random() * 1e9 for r in rng.sample(ranks, rng.randint(1, len(ranks)))}
+                assert _per_step(ns, steps) == want(ns, steps)
+    assert _per_step({1: 5.0}, _steps(a.breakdown.iloc[:0])) == (0.0, 0.0)

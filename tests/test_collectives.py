@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pandas as pd
+import pytest
 from analysis_frames import collectives
 from rankscope.analysis.compute.collectives import collective_summary, collective_waits, wait_totals
 
@@ -68,6 +69,37 @@ def test_totals_and_summary() -> None:
     assert (
         s.loc[0, "op"] == "allreduce" and s.loc[0, "count"] == 2 and s.loc[0, "bytes"] == 2 * 4096
     )
+
+
+def test_summary_per_op_counts_collectives_and_sums_rank_rows() -> None:
+    """collective_summary: per op, its distinct collectives, their bytes (each collective's
+    largest, a negative size counted as 0) and every rank row's times summed; the longest
+    first. Mixed ops, a collective whose sizes differ by rank and one of unknown size."""
+    import numpy as np
+
+    rng = np.random.default_rng(5)
+    n = 60
+    w = pd.DataFrame(
+        {
+            "coll": np.repeat(np.arange(15), 4),
+            "op": np.repeat(rng.choice(["allreduce", "broadcast", "alltoall"], 15), 4),
+            "bytes": rng.integers(-1, 5000, n),
+            "dur_ns": rng.integers(0, 10**6, n),
+            "wait_ns": rng.random(n) * 1e5,
+            "transfer_ns": rng.random(n) * 1e5,
+            "clock_disagree": rng.random(n) < 0.2,
+        }
+    ).sample(frac=1.0, random_state=2)
+    s = collective_summary(w).set_index("op")
+    assert s["dur_ns"].is_monotonic_decreasing
+    for op, rows in w.groupby("op"):
+        largest = rows.groupby("coll")["bytes"].max()
+        assert s.at[op, "count"] == len(largest)
+        assert s.at[op, "bytes"] == int(largest.clip(lower=0).sum())
+        assert s.at[op, "dur_ns"] == rows["dur_ns"].sum()
+        assert s.at[op, "clock_disagree"] == rows["clock_disagree"].sum()
+        assert s.at[op, "wait_ns"] == pytest.approx(rows["wait_ns"].sum(), rel=1e-12)
+    assert str(s["count"].dtype) == "int64" and str(s["bytes"].dtype) == "int64"
 
 
 def test_empty_table() -> None:

@@ -505,6 +505,50 @@ def test_kpis_of_a_stored_run(pipeline_runs: tuple[Any, Any]) -> None:
     assert any("FLOP" in n for n in doc["notes"])
 
 
+def test_kpis_read_the_rank_attributes_the_analysis_kept(pipeline_runs: tuple[Any, Any]) -> None:
+    """The report's KPIs start from the ranks' attributes the analysis read (Analysis.rank_meta),
+    not from the store opened again; the same KPIs as from the store's own attributes."""
+    from rankscope.analysis.conclude.kpis import kpis, rank_facts
+    from rankscope.analysis.store.reader import open_store
+
+    a = pipeline_runs[1]
+    with open_store(a.path) as store:
+        assert a.rank_meta == {r: store.rank_meta(r) for r in store.ranks}
+    read = dataclasses.replace(a, rank_meta=None)
+    assert rank_facts(a) == rank_facts(read) and len(rank_facts(a)) == 4
+    kept = dataclasses.replace(
+        a, rank_meta={r: {**m, "samples_per_step": 64} for r, m in a.rank_meta.items()}
+    )
+    assert {f.samples_per_step for f in rank_facts(kept).values()} == {64.0}
+    x, y = kpis(a), kpis(read)
+    pd.testing.assert_frame_equal(x.summary, y.summary, check_exact=True)
+    pd.testing.assert_frame_equal(x.samples, y.samples, check_exact=True)
+
+
+def test_kpi_samples_are_each_step_s_mean_and_each_rank_s_values(
+    pipeline_runs: tuple[Any, Any],
+) -> None:
+    """Kpis.samples: per KPI, the job's sample of each step (the mean over its ranks, as pandas
+    averages them), then every (rank, step) value; Kpis.summary's rank rows are over each rank's
+    values, in rank order."""
+    from rankscope.analysis.conclude.kpis import kpis
+
+    k = kpis(pipeline_runs[1])
+    for kpi, s in k.samples.groupby("kpi", sort=False):
+        ranks = s[s["rank"] != JOB_RANK]
+        job = s[s["rank"] == JOB_RANK]
+        want = ranks.groupby("step")["value"].mean()
+        assert job["step"].tolist() == want.index.tolist()
+        assert job["value"].to_numpy().tobytes() == want.to_numpy().tobytes()
+        assert s.index[: len(job)].tolist() == job.index.tolist()  # the job's rows first
+        rows = k.summary[(k.summary["kpi"] == kpi) & (k.summary["rank"] != JOB_RANK)]
+        assert rows["rank"].tolist() == sorted(ranks["rank"].unique().tolist())
+        for r in rows.itertuples():
+            mine = ranks.loc[ranks["rank"] == r.rank, "value"].to_numpy()
+            assert r.steps == len(mine) and r.mean == mine.mean()
+            assert r.p90 == np.percentile(mine, 90)
+
+
 def test_three_steps_a_side_are_shown_but_never_called_a_change(
     pipeline_runs: tuple[Any, Any],
 ) -> None:

@@ -5,6 +5,10 @@ absent or immaterial). Times in the tables are ns; the items say ms per profiled
 "Per step" is the rank's time over its profiled steps divided by their number (the breakdown's
 step rows), averaged over the ranks concerned; "of the step" is the time summed over those ranks
 divided by their profiled step time summed the same way — a part of the same whole, never more.
+
+Why one module of ~520 lines: every rule measures its problem with the same two helpers (each
+rank's profiled steps, :func:`_steps`; the per-step and of-the-step figures, :func:`_per_step`)
+and words its item the same way; reading the rules side by side keeps them alike.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pandas as pd
 from rankscope.analysis.compute.finding import Cause, FindingKind
 from rankscope.analysis.conclude.advice_model import (
@@ -32,17 +37,37 @@ def _steps(breakdown: pd.DataFrame) -> pd.DataFrame:
             {"steps": pd.Series(dtype="int64"), "total_ns": pd.Series(dtype="int64")}
         )
     rows = breakdown[breakdown["step"] >= 0]
-    g = rows.groupby("rank")["total_ns"]
-    return pd.DataFrame({"steps": g.size(), "total_ns": g.sum()})
+    if not len(rows) or rows["total_ns"].dtype.kind not in "iu":  # pandas' sum of floats
+        g = rows.groupby("rank")["total_ns"]
+        return pd.DataFrame({"steps": g.size(), "total_ns": g.sum()})
+    # what groupby("rank")'s size and sum give, from one sort (each rule asks: ~1 ms a call)
+    rank = rows["rank"].to_numpy()
+    total = rows["total_ns"].to_numpy()
+    order = np.argsort(rank, kind="stable")
+    starts = np.flatnonzero(np.r_[True, rank[order][1:] != rank[order][:-1]])
+    index = pd.Index(rank[order][starts], dtype=rank.dtype, name="rank")
+    return pd.DataFrame(
+        {
+            "steps": np.diff(np.r_[starts, len(order)]).astype(np.int64),
+            "total_ns": np.add.reduceat(total[order], starts),
+        },
+        index=index,
+    )
 
 
 def _per_step(ns_by_rank: Mapping[int, float], steps: pd.DataFrame) -> tuple[float, float]:
     """(ms per profiled step, mean over the ranks; share of those ranks' summed step time)."""
-    ranks = [r for r in ns_by_rank if r in steps.index and steps.at[r, "steps"] > 0]
+    # plain dicts: a pandas lookup per rank cost more than the arithmetic (5 rules ask)
+    counts = dict(zip(steps.index.tolist(), steps["steps"].tolist(), strict=True))
+    ranks = [r for r in ns_by_rank if counts.get(r, 0) > 0]
     if not ranks:
         return 0.0, 0.0
-    per_step = [ns_by_rank[r] / float(steps.at[r, "steps"]) for r in ranks]
-    whole = float(steps.loc[ranks, "total_ns"].sum())
+    per_step = [ns_by_rank[r] / float(counts[r]) for r in ranks]
+    if steps["total_ns"].dtype.kind in "iu":  # integers: the same sum in any order
+        totals = dict(zip(steps.index.tolist(), steps["total_ns"].tolist(), strict=True))
+        whole = float(sum(totals[r] for r in ranks))
+    else:
+        whole = float(steps.loc[ranks, "total_ns"].sum())
     part = float(sum(ns_by_rank[r] for r in ranks))
     return sum(per_step) / len(per_step) / 1e6, (min(part / whole, 1.0) if whole > 0 else 0.0)
 

@@ -113,6 +113,10 @@ class Analysis:
     gc: pd.DataFrame = dataclasses.field(default_factory=lambda: _empty_frame())
     """Python garbage collections per rank and profiled step: gc_pauses.GC_COLUMNS (empty when
     the trace has no ``Python GC`` events)."""
+    rank_meta: dict[int, dict[str, Any]] | None = None
+    """Each rank's store attributes (``Store.rank_meta``: host, device, meta.json, …) as the
+    analysis read them, so that the report's KPIs (``kpis.rank_facts``) do not open the store
+    and decode them again (~10 ms of an 8-rank report); None: not kept (read from the store)."""
     capability: dict[int, tuple[int, int]] = dataclasses.field(default_factory=dict)
     """Per GPU rank, the highest compute capability of its GPUs (the traces'
     ``deviceProperties``); absent for CPU ranks and stores merged before it was kept."""
@@ -375,6 +379,7 @@ def analyze(
         op_table=cat("op_table"),
         attention_calls=cat("attention"),
         gc=cat("gc"),
+        rank_meta=rank_metas,
     )
     from rankscope.analysis.compute.attention import attention_by_backend
     from rankscope.analysis.compute.ops import op_sort_of, op_table_across_ranks
