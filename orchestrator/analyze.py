@@ -48,15 +48,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     """Entry point of ``rankscope analyze``."""
     from rankscope.analysis.engine.cluster_flags import cluster_spec_from_args
-    from rankscope.orchestrator.merge import comm_from_args
-    from rankscope.orchestrator.workflow import Workflow, merge_analyse_report
+    from rankscope.collector import paced_collector
+    from rankscope.orchestrator.merge import comm_from_args, pandas_without_arrow
 
     # One spec for both: a merge that must run first uses the same workers (its own "auto"
     # choice, for its own size, when none were asked for).
+    cluster = cluster_spec_from_args(args, main_is_guarded=True)
+    with paced_collector():  # the imports at an analysis' pace too (as rankscope merge)
+        pandas_without_arrow(cluster)  # where every worker shares this interpreter
+        from rankscope.orchestrator.workflow import Workflow, merge_analyse_report
+
     merge_analyse_report(
         args.path,
         Workflow(
-            cluster=cluster_spec_from_args(args, main_is_guarded=True),
+            cluster=cluster,
             rank_from=getattr(args, "rank_from", None),
             comm=comm_from_args(args),
             json_path=args.json,

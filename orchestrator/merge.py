@@ -5,8 +5,8 @@ The command only; the merge itself (per-rank traces → one HDF5 store with alig
 ``rankscope --help`` and ``rankscope analyze`` (which takes ``--rank-from`` too,
 :func:`add_rank_from`) build their parsers without loading the driver.
 
-The command's process imports pandas without pyarrow (:func:`pandas_without_arrow`) where no
-worker of another interpreter takes part: pandas imports pyarrow eagerly (~0.1 s of CPU on this
+The command's process (and ``rankscope analyze``'s) imports pandas without pyarrow
+(:func:`pandas_without_arrow`) where no worker of another interpreter takes part: pandas imports pyarrow eagerly (~0.1 s of CPU on this
 project's machine, a tenth of the 54 MB rank's whole merge) and the merge never uses it, its
 strings being Python objects (:func:`rankscope.pandas_strings.object_strings`).
 """
@@ -131,13 +131,18 @@ def pandas_without_arrow(spec: ClusterSpec) -> None:
     and this process must read what they send back. pyarrow is hidden during pandas' import
     only: a later ``import pyarrow`` (by Dask, say) finds it as usual.
     """
-    from rankscope.analysis.engine.scheduler import AUTO, PROCESSES, SYNCHRONOUS, THREADS
-
-    in_this_process = spec.slurm_workers is None and spec.scheduler in (
+    from rankscope.analysis.engine.scheduler import (
         AUTO,
         PROCESSES,
         SYNCHRONOUS,
         THREADS,
+        can_fork,
+    )
+
+    # "auto" picks a LocalCluster for a large job where this process cannot fork (scheduler.choose)
+    in_this_process = spec.slurm_workers is None and (
+        spec.scheduler in (PROCESSES, SYNCHRONOUS, THREADS)
+        or (spec.scheduler == AUTO and can_fork())
     )
     if "pandas" in sys.modules or ARROW_MODULE in sys.modules or not in_this_process:
         return

@@ -9,6 +9,7 @@ settled once per process.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -151,3 +152,54 @@ def test_a_pandas_that_needs_pyarrow_is_imported_with_it(tmp_path: Path) -> None
         """
     )
     assert got == {"fake": True, "arrow": "pyarrow"}
+
+
+def test_auto_keeps_pyarrow_where_this_process_cannot_fork() -> None:
+    """``auto`` runs a large job on a LocalCluster where this process cannot fork its workers
+    (a worker process itself, or not Linux: ``scheduler.can_fork``), so pandas keeps pyarrow
+    there. The probe asks from a forked child, where ``can_fork`` is False."""
+    seen = _probe(
+        """
+        import json, multiprocessing, sys
+        def child(q):
+            from rankscope.analysis.engine.scheduler import ClusterSpec, can_fork
+            from rankscope.orchestrator.merge import pandas_without_arrow
+            pandas_without_arrow(ClusterSpec())
+            from pandas.compat.pyarrow import HAS_PYARROW
+            q.put({"can_fork": can_fork(), "pandas_has_it": HAS_PYARROW})
+        ctx = multiprocessing.get_context("fork")
+        q = ctx.Queue()
+        p = ctx.Process(target=child, args=(q,))
+        p.start()
+        got = q.get(timeout=120)
+        p.join(timeout=60)
+        print(json.dumps(got))
+        """
+    )
+    assert seen == {"can_fork": False, "pandas_has_it": True}
+
+
+def test_analyze_command_without_pyarrow_writes_the_same_summary(tmp_path: Path) -> None:
+    """``rankscope analyze FOLDER`` in-process imports pandas without pyarrow, and its summary
+    and report are those of the same analysis by a pandas with pyarrow (this process')."""
+    from rankscope.launchers import rundir
+    from rankscope.orchestrator.workflow import Workflow, merge_analyse_report
+
+    folder = tmp_path / "run"
+    shutil.copytree(CASE, folder)
+    seen = _probe(
+        f"""
+        import json, sys
+        from rankscope.orchestrator import cli
+        assert cli.main(["analyze", {str(folder)!r}]) == 0
+        from pandas.compat.pyarrow import HAS_PYARROW
+        print(json.dumps({{"imported": "pyarrow" in sys.modules, "pandas_has_it": HAS_PYARROW}}))
+        """
+    )
+    assert seen == {"imported": False, "pandas_has_it": False}
+    report = folder / rundir.REPORT_DIR
+    command = [(report / n).read_bytes() for n in (rundir.SUMMARY_JSON, rundir.REPORT_HTML)]
+    (folder / rundir.STORE_NAME).unlink()
+    shutil.rmtree(report)
+    merge_analyse_report(folder, Workflow(progress=False))
+    assert [(report / n).read_bytes() for n in (rundir.SUMMARY_JSON, rundir.REPORT_HTML)] == command
