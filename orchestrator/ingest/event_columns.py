@@ -25,6 +25,7 @@ from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import pandas as pd
 from rankscope.analysis.store.memory_table import memory_field_limits
@@ -116,6 +117,41 @@ def codes_in(table: dict[Any, int], values: list[Any], dtype: Any = np.int64) ->
     ``df_index_resolver``)."""
     add = table.setdefault
     return np.fromiter([add(v, len(table)) for v in values], dtype, len(values))
+
+
+#: JSON text of a decoded value, in C (the key :func:`text_codes` groups values by).
+_JSON_TEXT = msgspec.json.Encoder().encode
+#: How that text writes None, NaN and the infinities alike (:func:`text_codes`).
+_NULL = b"null"
+
+
+def text_codes(values: list[Any]) -> tuple[np.ndarray, list[str]]:
+    """(codes, distinct texts in first-seen order) of ``str(v)`` for decoded JSON ``values``
+    (``Input Dims`` / ``Input type`` lists): :func:`codes_in` of the texts, with ``str`` called
+    once per distinct value instead of once per event.
+
+    Values are grouped by their JSON text (msgspec's encoder, in C: ~0.3 µs against ~2 µs for
+    ``str`` of a nested list); two values with the same JSON text are the same JSON value, so
+    the same ``str``. The first value of each group stands for it, and the groups' texts get
+    their codes in the groups' first-seen order, which is the texts' first-seen order: the codes
+    and the table are those of ``codes_in(seen, [str(v) for v in values])`` (test). Values
+    whose texts hold ``null`` take that plain path (the encoder writes ``None``, NaN and the
+    infinities all as ``null``; decoded JSON holds none of the last two, but a key must never
+    join two texts), and so would a value the encoder refuses (none that JSON decodes to).
+    """
+    try:
+        keys = list(map(_JSON_TEXT, values))
+    except (msgspec.EncodeError, TypeError, ValueError, OverflowError):
+        keys = [_NULL]
+    if _NULL in b"".join(keys):
+        seen: dict[str, int] = {}
+        return codes_in(seen, [str(v) for v in values], np.int32), list(seen)
+    groups: dict[bytes, int] = {}
+    group = codes_in(groups, keys, np.int32)
+    first = np.unique(group, return_index=True)[1]  # group g's first value, g = 0, 1, ...
+    texts: dict[str, int] = {}
+    remap = codes_in(texts, [str(values[i]) for i in first.tolist()], np.int32)
+    return remap[group], list(texts)
 
 
 def factorize(values: list[Any]) -> tuple[np.ndarray, list[Any]]:
@@ -402,13 +438,12 @@ class EventColumns(MemoryColumns):
             for i, a in enumerate(map(_ARGS, xs))
             if a is not None and a.input_dims is not None
         ]
-        shape_seen: dict[str, int] = {}
-        dtype_seen: dict[str, int] = {}
-        if have:
-            idx = np.asarray([i for i, _ in have], dtype=np.int64)
-            shapes[idx] = codes_in(shape_seen, [str(a.input_dims) for _, a in have], np.int32)
-            dtypes[idx] = codes_in(dtype_seen, [str(a.input_type or []) for _, a in have], np.int32)
-        return shapes, list(shape_seen), dtypes, list(dtype_seen)
+        if not have:
+            return shapes, [], dtypes, []
+        idx = np.asarray([i for i, _ in have], dtype=np.int64)
+        shapes[idx], shape_texts = text_codes([a.input_dims for _, a in have])
+        dtypes[idx], dtype_texts = text_codes([a.input_type or [] for _, a in have])
+        return shapes, shape_texts, dtypes, dtype_texts
 
     def finish(self, path: Path, top: KFile, *, sort: bool = True) -> FileTrace:
         """Concatenate, add the time base, sort by ts (unless ``sort`` is False), build lanes."""
