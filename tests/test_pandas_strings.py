@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from rankscope.analysis.store.reader import open_store
 from rankscope.launchers import rundir
 from rankscope.orchestrator.workflow import Workflow, _merge_analyse_report, merge_analyse_report
 from rankscope.pandas_strings import INFER_STRING_OPTION, object_strings
+from store_compare import same_store
 
 DATA = Path(__file__).parent / "data"
 
@@ -60,18 +60,6 @@ def _outputs(folder: Path) -> tuple[dict[str, object], str]:
     return summary, (report / rundir.REPORT_HTML).read_text()
 
 
-def _same_store(a: Path, b: Path) -> None:
-    with open_store(a) as x, open_store(b) as y:
-        assert x.ranks == y.ranks and x.ranks
-        for rank in x.ranks:
-            pd.testing.assert_frame_equal(x.events(rank), y.events(rank), check_exact=True)
-            pd.testing.assert_frame_equal(x.lanes(rank), y.lanes(rank), check_exact=True)
-        for table in ("collectives", "clock", "steps", "problems"):
-            pd.testing.assert_frame_equal(
-                getattr(x, table)(), getattr(y, table)(), check_exact=True, obj=table
-            )
-
-
 @pytest.mark.parametrize("case", CASES)
 def test_same_results_as_arrow_strings(case: str, tmp_path: Path) -> None:
     """``analyze FOLDER`` as the command runs it (object strings) and the same with pandas'
@@ -90,7 +78,7 @@ def test_same_results_as_arrow_strings(case: str, tmp_path: Path) -> None:
     finally:
         _infer(bool(INFER_DEFAULT))
     assert _outputs(folder) == arrow_out
-    _same_store(tmp_path / "arrow.h5", folder / rundir.STORE_NAME)
+    same_store(tmp_path / "arrow.h5", folder / rundir.STORE_NAME)
     strings = 0
     for name in FRAMES:
         a, b = getattr(arrow, name), getattr(plain, name)
