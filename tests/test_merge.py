@@ -16,6 +16,8 @@ from rankscope.errors import InputFileError
 from rankscope.launchers import rundir
 from rankscope.orchestrator.cli import main as cli
 from rankscope.orchestrator.ingest.merge import merge_run_dir, output_lock
+from rankscope.orchestrator.ingest.staging import SPILL_PART_FORMAT
+from rankscope.orchestrator.ingest.step_logs import STEP_LOG_PART
 
 DATA = Path(__file__).parent / "data"
 SETS = {
@@ -331,7 +333,14 @@ def test_interrupted_merge_leaves_no_store(tmp_path: Path, where: str) -> None:
         (tmp_store,) = run.glob(".trace.h5.*[0-9].tmp")
         assert tmp_store.is_file()
         (spill,) = run.glob(".trace.h5.*.ranks.tmp")
-        parked = {p.name[:5] for p in spill.iterdir()}
+        files = sorted(p.name for p in spill.iterdir())
+        parked = {name[:5] for name in files}
+        # one file per parked part of a rank (its columns one after the other), not per column
+        parts = {(name[:5], name.split(".")[1]) for name in files}
+        assert len(parts) == len(files)
+        assert all(name == SPILL_PART_FORMAT.format(rank=int(r), part=k) for (r, k), name in
+                   zip(sorted(parts), files, strict=True))  # fmt: skip
+        assert {k for _, k in parts} <= {"events", "memory", STEP_LOG_PART}
         if where == "synchronous":
             assert parked == {"00000", "00001", "00002"}
         else:

@@ -37,8 +37,11 @@ LOCK_FORMAT = ".{name}.lock"
 TMP_FORMAT = ".{name}.{pid}.tmp"
 #: Folder beside the output where parsed ranks wait to be written (:class:`_Spill`).
 SPILL_FORMAT = ".{name}.{pid}.ranks.tmp"
-#: One parked column of one rank inside the spill folder (``part``: "events", "memory").
-SPILL_COLUMN_FORMAT = "{rank:05d}.{part}.{column}.npy"
+#: One parked part of one rank inside the spill folder (``part``: "events", "memory", the step
+#: log): its columns one after the other, each a ``.npy`` array. One file per part, not per
+#: column: creating a file costs more than writing a small one (the 8-rank ``param_dlrm_8rank``
+#: parked 88 files, ~35 ms of a ~400 ms merge; docs/performance.md, seventh pass).
+SPILL_PART_FORMAT = "{rank:05d}.{part}.npy"
 #: Folder beside the output for the per-rank parts of merged trace files (``multirank.py``).
 SPLIT_FORMAT = ".{name}.{pid}.split.tmp"
 #: Folder beside the output for what Slurm workers write (job logs, Dask's scratch space),
@@ -107,8 +110,9 @@ class Spill:
     """Parsed ranks' event columns, parked as raw ``.npy`` files until the merge writes them.
 
     Why (module docstring): which ranks are kept and how their clocks shift are known only once
-    every rank is parsed; until then each rank's columns wait here, one file per column, so the
-    parent holds one rank's arrays at a time. The folder is the caller's to remove.
+    every rank is parsed; until then each rank's columns wait here, one file per part, so the
+    parent holds one rank's arrays at a time. The folder is the caller's to remove. Each part of
+    a rank is one file holding its columns in order (:data:`SPILL_PART_FORMAT`).
 
     ``output``: the store the columns are parked for, named by the :class:`OutputError` that a
     failed write raises (full disk…). Columns are written through Python's file objects, never
@@ -128,8 +132,8 @@ class Spill:
     def _detail(self) -> str:
         return f"in {self.folder.parent}, while parking the parsed ranks"
 
-    def _path(self, rank: int, part: str, column: str) -> Path:
-        return self.folder / SPILL_COLUMN_FORMAT.format(rank=rank, part=part, column=column)
+    def _path(self, rank: int, part: str) -> Path:
+        return self.folder / SPILL_PART_FORMAT.format(rank=rank, part=part)
 
     def put(self, rank: int, columns: Mapping[str, np.ndarray], part: str = "events") -> None:
         """Park the columns of one ``part`` of ``rank`` (the events, its memory table), replacing
@@ -138,26 +142,26 @@ class Spill:
             self.drop(rank)
         self._columns.setdefault(rank, {})[part] = list(columns)  # so drop() removes them all
         try:
-            for name, values in columns.items():
-                with self._path(rank, part, name).open("wb") as fh:
-                    np.lib.format.write_array(_Sink(fh), values, allow_pickle=False)
+            with self._path(rank, part).open("wb") as fh:
+                sink = _Sink(fh)
+                for values in columns.values():
+                    np.lib.format.write_array(sink, values, allow_pickle=False)
         except OSError as exc:
             self.drop(rank)
             raise output_error(self.output, exc, detail=self._detail()) from exc
 
     def take(self, rank: int, part: str = "events") -> dict[str, np.ndarray]:
         """The columns of ``part`` parked for ``rank``, read back ({} when none were)."""
-        out = {}
-        for name in self._columns.get(rank, {}).get(part, []):
-            with self._path(rank, part, name).open("rb") as fh:
-                out[name] = np.load(fh, allow_pickle=False)
-        return out
+        names = self._columns.get(rank, {}).get(part)
+        if names is None:
+            return {}
+        with self._path(rank, part).open("rb") as fh:
+            return {name: np.lib.format.read_array(fh, allow_pickle=False) for name in names}
 
     def drop(self, rank: int) -> None:
         """Forget ``rank`` and remove its files."""
-        for part, names in self._columns.pop(rank, {}).items():
-            for name in names:
-                self._path(rank, part, name).unlink(missing_ok=True)
+        for part in self._columns.pop(rank, {}):
+            self._path(rank, part).unlink(missing_ok=True)
 
 
 class _Sink:
