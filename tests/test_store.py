@@ -107,6 +107,40 @@ def test_rank_meta(gloo_store: Path) -> None:
     assert meta["files"][0].endswith("rank2.step5.pt.trace.json")
 
 
+def test_rank_attr_is_rank_meta_one_value(gloo_store: Path) -> None:
+    with open_store(gloo_store) as s:
+        for rank in s.ranks:
+            meta = s.rank_meta(rank)
+            for name, value in meta.items():
+                assert s.rank_attr(rank, name) == value, name
+            assert s.rank_attr(rank, "no such attribute") is None
+            assert s.rank_attr(rank, "no such attribute", "x") == "x"
+
+
+def test_string_table_is_read_once_per_store_version(tmp_path: Path) -> None:
+    """Stores of one file share its string table and text dtype (a rank task opens the store
+    itself); a store merged again over the same path is a new version, read afresh."""
+    out = tmp_path / "trace.h5"
+    merge_run_dir(
+        DATA / "cpu_gloo_4rank_straggler", output=out, scheduler="synchronous", quiet=True
+    )
+    with open_store(out) as a, open_store(out) as b:
+        first = a.events(0)["name"]
+        assert b.events(1)["name"].dtype is first.dtype
+        assert b.strings is a.strings and not a.strings.flags.writeable
+        names = set(first.astype(str))
+    merge_run_dir(DATA / "cpu_gloo_4rank_pipeline", output=out, scheduler="synchronous", quiet=True)
+    with open_store(out) as c:
+        again = c.events(0)["name"]
+        assert again.dtype is not first.dtype
+        assert set(again.astype(str)) != names
+        with h5py.File(out) as raw:  # the table the new file holds, read past any cache
+            table = raw["strings"].asstr()[()].tolist()
+        assert list(c.strings) == table
+        codes = again.cat.codes.to_numpy()
+        assert [table[k] for k in codes] == list(again.astype(str))
+
+
 def _brute_window(ev: pd.DataFrame, start: int, end: int) -> pd.DataFrame:
     keep = (ev["ts"] < end) & (
         (ev["ts"] + ev["dur"] > start) | ((ev["dur"] == 0) & (ev["ts"] >= start))

@@ -100,7 +100,7 @@ def rank_task(
             rank, columns=[*EVENT_COLUMNS, "shapes", "dtypes"] if shapes else None
         )
         lanes = store.lanes(rank)
-        host = str(store.rank_meta(rank).get("host", ""))
+        host = str(store.rank_attr(rank, "host", ""))
         memory = rank_memory(store, rank)
     device, sets = bd.rank_sets(events, lanes)
     measure = bd.measurer(device, sets)

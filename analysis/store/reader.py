@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 import h5py
 import numpy as np
 import pandas as pd
-from rankscope.analysis.store import schema
+from rankscope.analysis.store import schema, string_tables
 from rankscope.analysis.store.hdf5_links import MAX_GROUP_DEPTH as MAX_GROUP_DEPTH
 from rankscope.analysis.store.hdf5_links import refuse_outside_references_once
 from rankscope.analysis.store.layout import CHANGES as CHANGES
@@ -156,6 +156,7 @@ class Store:
         except BaseException:
             self._file.close()
             raise
+        self._version = string_tables.file_version(self._file)
         self._strings: Any = None
         self._categories: Any = None
 
@@ -202,15 +203,26 @@ class Store:
     def strings(self) -> np.ndarray:
         """The interned string table (object array; codes index into it)."""
         if self._strings is None:
+            known = string_tables.known(self._version)
+            if known is not None:
+                self._strings, self._categories = known
+                return self._strings
             ds = self._file.get(STRINGS)
-            self._strings = (
+            strings = (
                 np.asarray(ds.asstr()[()], dtype=object) if ds is not None else np.array([], object)
             )
+            strings.flags.writeable = False  # shared by every Store of this file version
+            self._strings = strings
         return self._strings
 
     def _category_dtype(self) -> Any:
+        """The pandas dtype of the string-coded columns (categories: the string table), built
+        once per file version in this process (:mod:`.string_tables`)."""
         if self._categories is None:
-            self._categories = pd.CategoricalDtype(pd.Index(self.strings, dtype=object))
+            strings = self.strings
+            if self._categories is None:
+                self._categories = pd.CategoricalDtype(pd.Index(strings, dtype=object))
+                string_tables.keep(self._version, strings, self._categories)
         return self._categories
 
     def _rank(self, rank: int) -> h5py.Group:
@@ -290,6 +302,14 @@ class Store:
         """What is known about ``rank``: host, device, backend, versions, files, windows."""
         group = self._rank(rank)
         return {k: attr_python(v) for k, v in group.attrs.items()}
+
+    @_reads
+    def rank_attr(self, rank: int, name: str, default: Any = None) -> Any:
+        """One of :meth:`rank_meta`'s values (``default`` when absent), reading only that
+        attribute: a rank task needs its host, and all of a rank's attributes (its windows, its
+        process groups, its run's metadata) cost ~1 ms to read."""
+        value = self._rank(rank).attrs.get(name)
+        return default if value is None else attr_python(value)
 
     @_reads
     def memory(self, rank: int | None = None) -> pd.DataFrame:
