@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from rankscope.analysis.compute.rank_views import rank_view
 from rankscope.analysis.store.schema import EventKind, LaneKind, tid_numbers
 
 #: Communication kernels, as HTA 0.5.0 classifies them (``re.match``: anchored at the start).
@@ -242,6 +243,7 @@ def name_matches(names: pd.Series, pattern: str) -> np.ndarray:
     return np.fromiter((rx.match(str(n)) is not None for n in names), bool, len(names))
 
 
+@rank_view(1)
 def gpu_lanes(lanes: pd.DataFrame) -> np.ndarray:
     """Lane ids that are GPU streams with a valid (non-negative) stream number."""
     if len(lanes) == 0:
@@ -251,6 +253,7 @@ def gpu_lanes(lanes: pd.DataFrame) -> np.ndarray:
     return lanes["lane"].to_numpy()[is_gpu & stream_ok].astype(np.int32)
 
 
+@rank_view(2)
 def gpu_event_mask(events: pd.DataFrame, lanes: pd.DataFrame) -> np.ndarray:
     """GPU events in HTA's sense: kernels, memcpy/memset, sync events on a GPU stream."""
     kinds = events["kind"].to_numpy()
@@ -508,6 +511,7 @@ def _hta_round(ts: np.ndarray, end: np.ndarray, phase_ns: int) -> tuple[np.ndarr
     return rs, re_
 
 
+@rank_view(2)
 def hta_view(
     events: pd.DataFrame, lanes: pd.DataFrame, grid_phase_ns: int, drop_last_step: bool
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -78,10 +78,27 @@ def rank_task(
     grid: Grid | None = None,
 ) -> RankResult:
     """Everything computed from ONE rank's events; opens the store itself (runs on a worker).
+    The analyses share their common views of the events (``compute/rank_views.py``).
 
     ``whatif_times``: the rank's own points (whatif_graph.own_points), measured for the what-if
     replay with the painter built here (whatif_graph.rank_clock); None: not measured.
     ``grid``: the overview's bins (overview.Grid); None: no overview."""
+    from rankscope.analysis.compute.rank_views import shared_views
+
+    with shared_views():
+        return _rank_task(path, rank, coll_rows, grid_phase_ns, drop_last_step, whatif_times, grid)
+
+
+def _rank_task(
+    path: str,
+    rank: int,
+    coll_rows: pd.DataFrame,
+    grid_phase_ns: int,
+    drop_last_step: bool | None,
+    whatif_times: np.ndarray | None,
+    grid: Grid | None,
+) -> RankResult:
+    """:func:`rank_task` proper."""
     from rankscope.analysis.compute import breakdown as bd
     from rankscope.analysis.compute.arrivals import arrival_points
     from rankscope.analysis.compute.attention import attention_calls
