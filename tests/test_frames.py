@@ -4,6 +4,7 @@ result schemas; and a lane's stream number is read as pandas' ``str.extract`` re
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import numpy as np
@@ -62,12 +63,40 @@ def test_from_rows_and_typed_are_the_plain_frames(schema: str, n: int) -> None:
     _same(typed(raw, kept), raw[list(columns)].astype({c: d for c, d in kept.items() if d}))
 
 
+@pytest.mark.parametrize("schema", list(SCHEMAS))
+def test_frames_without_rows_are_made_afresh_each_time(schema: str) -> None:
+    """The kept frame without rows is handed out as a copy (what a caller does to it stays
+    with it), and ``"str"`` columns follow pandas' string setting of the moment."""
+    from rankscope.pandas_strings import object_strings
+
+    columns = SCHEMAS[schema]
+    for _ in range(2):
+        for strings in (contextlib.nullcontext, object_strings):
+            with strings():
+                plain = pd.DataFrame([], columns=list(columns)).astype(columns)
+                first = from_rows([], columns)
+                _same(first, plain)
+                head = next(iter(columns))
+                first[head] = first[head].astype(object)
+                first["added"] = []
+                _same(from_rows([], columns), plain)
+                assert from_rows([], columns) is not from_rows([], columns)
+
+
 @pytest.mark.parametrize("columns", [MEMORY_COLUMNS, ATTENTION_CALL_COLUMNS, OP_STAT_COLUMNS,
                                      OP_TABLE_COLUMNS])  # fmt: skip
 def test_empty_is_the_plain_empty_frame(columns: dict[str, str]) -> None:
+    from rankscope.pandas_strings import object_strings
+
     as_object = {c: ("object" if d == "str" else d) for c, d in columns.items()}
-    for schema in (columns, as_object):
-        _same(empty(schema), pd.DataFrame({c: pd.Series([], dtype=d) for c, d in schema.items()}))
+    for strings in (contextlib.nullcontext, object_strings, contextlib.nullcontext):
+        with strings():
+            for schema in (columns, as_object):
+                plain = pd.DataFrame({c: pd.Series([], dtype=d) for c, d in schema.items()})
+                first = empty(schema)
+                _same(first, plain)
+                first["added"] = []  # a copy: the next one is made afresh
+                _same(empty(schema), plain)
 
 
 def test_conversions_pandas_refuses_are_refused_alike() -> None:
