@@ -281,6 +281,57 @@ def test_an_external_link_is_refused_without_being_followed(
     _refused(path, "external link")
 
 
+def test_a_store_merged_here_is_not_walked_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The merge's own output (``rankscope analyze FOLDER`` analyses the store it merged): this
+    process wrote it, hard links and plain datasets only, so opening it walks nothing."""
+    from rankscope.analysis.store import hdf5_links
+
+    walks: list[Path] = []
+    real = hdf5_links.refuse_outside_references
+
+    def spy(path: Path, root: h5py.Group) -> None:
+        walks.append(path)
+        real(path, root)
+
+    monkeypatch.setattr(hdf5_links, "refuse_outside_references", spy)
+    folder = tmp_path / "run"
+    folder.mkdir()
+    for trace in sorted((DATA / "param_dlrm_8rank").glob("worker[01]_*.json")):
+        shutil.copy2(trace, folder)
+    out = merge_run_dir(folder, quiet=True, scheduler="synchronous")
+    with open_store(out) as store:
+        assert store.ranks == [0, 1]
+    assert walks == []
+    # the same bytes copied by someone else: another file, walked
+    other = tmp_path / "copy.h5"
+    shutil.copy2(out, other)
+    with open_store(other):
+        pass
+    assert walks == [other]
+
+
+def test_a_store_changed_after_its_merge_here_is_walked(tmp_path: Path) -> None:
+    """Written here, then edited (an external link put in): another version of the file (its
+    size or modification time differ; set one second later here so that a coarse clock cannot
+    hide it), refused as any other."""
+    import os
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    for trace in sorted((DATA / "param_dlrm_8rank").glob("worker[01]_*.json")):
+        shutil.copy2(trace, folder)
+    out = merge_run_dir(folder, quiet=True, scheduler="synchronous")
+    before = out.stat()
+    secret = _outside(tmp_path)
+    with h5py.File(out, "r+") as f:
+        del f["ranks/00000/events/ts"]
+        f["ranks/00000/events/ts"] = h5py.ExternalLink(str(secret), "/ts")
+    os.utime(out, ns=(before.st_atime_ns, before.st_mtime_ns + 1_000_000_000))
+    _refused(out, "external link")
+
+
 def test_a_virtual_dataset_is_refused(store_path: Path, tmp_path: Path) -> None:
     path = _copy(store_path, tmp_path)
     secret = _outside(tmp_path)

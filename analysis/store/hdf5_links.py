@@ -62,9 +62,22 @@ def refuse_outside_references(path: Path, root: h5py.Group) -> None:
                     )
 
 
-#: Store files (device, inode, size, mtime) already walked by this process and found clean: the
-#: analysis opens the store once per rank task, and the walk costs ~20 ms per open.
+#: Store files (device, inode, size, mtime) already walked by this process and found clean, or
+#: written by it (:func:`written_here`): the analysis opens the store once per rank task, and
+#: the walk costs ~1.5 ms per rank (0.39 s for a 256-rank store).
 _CHECKED_FILES: set[tuple[int, int, int, int]] = set()
+
+
+def written_here(path: Path) -> None:
+    """``path`` is a store this process has just written (the merge's output, renamed into
+    place): its writer makes hard links and plain datasets only, so this version of the file
+    needs no walk (``rankscope analyze FOLDER`` analyses the store it merged). Another process
+    that rewrites the file makes another version, which is walked."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return
+    _CHECKED_FILES.add((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
 
 
 def refuse_outside_references_once(path: Path, root: h5py.Group) -> None:

@@ -63,6 +63,7 @@ from rankscope.analysis.engine.scheduler import (
     SYNCHRONOUS as SYNCHRONOUS,  # the one word, for callers
 )
 from rankscope.analysis.store.devices import CAPABILITY_ATTR, capability_attr
+from rankscope.analysis.store.hdf5_links import written_here
 from rankscope.atomic import translate_write_errors
 from rankscope.errors import InputFileError, UsageError
 from rankscope.launchers import rundir
@@ -420,6 +421,7 @@ def _merge_locked(
             )
         with translate_write_errors(out):
             os.replace(tmp, out)
+        written_here(out)  # an analysis in this process need not walk its links
     finally:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
