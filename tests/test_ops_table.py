@@ -190,6 +190,35 @@ def test_group_by_shape_and_sorting() -> None:
         op_table(ev, 0, sort_by="nope")
 
 
+def test_sorting_ties_keep_first_seen_order() -> None:
+    """Descending on the sort column, then ascending names, then the groups' first-seen order
+    (host ops in nesting order, then device events): pandas' stable sort of the table."""
+    ev = events(
+        [
+            (0, 10, "aten::x", K.CPU_OP, 0),
+            (20, 10, "aten::x", K.CPU_OP, 0),
+            (40, 10, "aten::a", K.CPU_OP, 0),
+            (60, 20, "aten::z", K.CPU_OP, 0),
+            (90, 5, "gemm", K.CPU_OP, 0),
+            (100, 5, "gemm", K.KERNEL_COMPUTE, 1),
+        ]
+    )
+    ev["shapes"] = pd.Categorical(["[[1]]", "[[2]]", "[[1]]", "[[1]]", "[[3]]", "[[3]]"])
+    t = op_table(ev, 0, lanes=LANES, group_by_shape=True, sort_by="cpu_time_total")
+    assert list(zip(t["name"], t["shapes"], strict=True)) == [
+        ("aten::z", "[[1]]"),
+        ("aten::a", "[[1]]"),
+        ("aten::x", "[[1]]"),
+        ("aten::x", "[[2]]"),
+        ("gemm", "[[3]]"),
+        ("gemm", "[[3]]"),
+    ]
+    assert t["kind"].tolist()[-2:] == ["CPU_OP", "KERNEL_COMPUTE"]
+    by_count = op_table(ev, 0, lanes=LANES, sort_by="count")
+    assert by_count["name"].tolist() == ["aten::x", "aten::a", "aten::z", "gemm", "gemm"]
+    assert by_count["count"].tolist() == [2, 1, 1, 1, 1]
+
+
 def test_across_ranks_spread_and_slowest() -> None:
     a = op_table(_rows(), 0, lanes=LANES)
     slow = _rows()

@@ -436,18 +436,27 @@ def op_table(
     # numpy: pandas' groupby(sort=False).sum() on (name, kind, shapes), groups in first-row order
     group, first = _first_seen_groups(name_code[rows], kind[rows], shapes)
     by_group, starts = _group_runs(group, len(first))
-    out = pd.DataFrame(
+    numbers = {
+        "count": np.bincount(group, minlength=len(first)).astype(np.int64),
+        **{c: np.add.reduceat(v[by_group], starts) for c, v in sums.items()},
+    }
+    names = name_text[name_code[rows][first]]
+    # pandas' sort_values([col, "name"], ascending=[False, True], kind="stable"), in numpy:
+    # by the column's rank descending, then the name's ascending, then first-seen order
+    name_rank = np.unique(names, return_inverse=True)[1].reshape(-1)
+    col_rank = np.unique(numbers[col], return_inverse=True)[1].reshape(-1)
+    order = np.lexsort((name_rank, -col_rank))
+    kinds = kind[rows][first][order].tolist()
+    # one frame, built as the unsorted one was (text columns inferred alike), already in order
+    return pd.DataFrame(
         {
-            "rank": np.full(len(first), rank, np.int64),
-            "name": name_text[name_code[rows][first]],
-            "kind": [KIND_NAMES[k] for k in kind[rows][first].tolist()],
-            "shapes": shape_text[shapes[first]],
-            "count": np.bincount(group, minlength=len(first)).astype(np.int64),
-            **{c: np.add.reduceat(v[by_group], starts) for c, v in sums.items()},
+            "rank": np.full(len(first), rank, np.int32),
+            "name": names[order],
+            "kind": [KIND_NAMES[k] for k in kinds],
+            "shapes": shape_text[shapes[first]][order],
+            **{c: v[order] for c, v in numbers.items()},
         }
     )
-    out = out.sort_values([col, "name"], ascending=[False, True], kind="stable")
-    return typed(out.reset_index(drop=True), _kept(OP_TABLE_COLUMNS))
 
 
 def _empty(columns: dict[str, str]) -> pd.DataFrame:
