@@ -502,3 +502,23 @@ def test_minus_others_median_is_the_leave_one_out_median() -> None:
                     want[idx] = [c[i] - np.nanmedian(np.delete(c, i)) for i in range(len(c))]
         got = minus_others_median(v, g)
         assert np.allclose(got, want, equal_nan=True), (v, g, got, want)
+
+
+def test_first_below_is_the_first_value_under_the_limit() -> None:
+    """``whatif_graph.first_below`` (the graph's late resumes, all queries at once) against a
+    scan per query, on random values with ties, starts at and past the end, limits below every
+    value and above every value."""
+    from rankscope.analysis.compute.whatif_graph import first_below
+
+    rng = np.random.default_rng(24)
+    for _ in range(2000):
+        n, q = int(rng.integers(0, 70)), int(rng.integers(0, 30))
+        values = rng.integers(0, 20, n)
+        starts = rng.integers(0, n + 2, q)
+        limits = rng.integers(-1, 22, q)
+        want = []
+        for j, limit in zip(starts.tolist(), limits.tolist(), strict=True):
+            below = np.flatnonzero(values[j:] < limit)
+            want.append(j + int(below[0]) if len(below) else -1)
+        got = first_below(values, starts, limits)
+        assert got.dtype == np.int64 and got.tolist() == want
