@@ -166,9 +166,12 @@ def pipeline_stages(
     sends = sent.merge(windows, on=["coll", "rank"], how="inner") if len(windows) else sent
     typical = {c: _typical_stage(sends, col) if col in sends else 0.0 for c, col in parts.items()}
     sends = sends.set_index("coll")
+    # each root's pairs, in the table's order (one grouping, not a filter of it per rank)
+    by_root = dict(iter(roots.groupby("root", sort=False)))
+    none = roots.iloc[0:0]
     rows = []
     for rank, sub in roots.groupby("sender"):
-        mine = roots[roots["root"] == rank]
+        mine = by_root.get(rank, none)
         caused = float(mine["caused_ns"].sum())
         traced = float(mine["wait_ns"].sum())
         direct = sends.reindex(mine.loc[mine["via"] == 0, "coll"])
