@@ -31,6 +31,20 @@ def test_first_seen_groups_number_groups_as_pandas_groupby_does() -> None:
     np.testing.assert_array_equal(first, frame.drop_duplicates(["a", "b", "c"]).index)
 
 
+def test_first_seen_groups_of_small_and_huge_ranges() -> None:
+    """Random keys whose ranges' product fits (one combined key made directly) or would pass
+    2**62 (renumbered first): the same groups as pandas either way."""
+    gen = np.random.default_rng(31)
+    for _ in range(500):
+        n, k = int(gen.integers(1, 60)), int(gen.integers(1, 4))
+        keys = [gen.integers(0, int(gen.choice([2, 13, 1000, 2**40])), n) for _ in range(k)]
+        group, first = _first_seen_groups(*keys)
+        frame = pd.DataFrame({f"k{i}": key for i, key in enumerate(keys)})
+        cols = list(frame.columns)
+        np.testing.assert_array_equal(group, frame.groupby(cols, sort=False).ngroup().to_numpy())
+        np.testing.assert_array_equal(first, frame.drop_duplicates(cols).index)
+
+
 def busy_rank() -> tuple[pd.DataFrame, pd.DataFrame]:
     """A host thread (lane 0) launching on streams 7 and 20 (lanes 1, 2): correlation 2 has two GPU
     events, 5 none, launches and GPU starts share instants, names repeat out of order."""

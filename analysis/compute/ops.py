@@ -100,10 +100,17 @@ def _first_seen_groups(*keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     integer arrays of one length), groups numbered in the order of their first row: pandas'
     ``groupby(keys, sort=False).ngroup()``."""
     key = np.asarray(keys[0], np.int64)
-    for more in keys[1:]:
-        if len(key):  # renumbered densely first: the combined key stays far below 2**63
-            key = np.unique(key, return_inverse=True)[1].reshape(-1).astype(np.int64)
-            key = key * (int(more.max()) + 1) + np.asarray(more, np.int64)
+    if len(key):
+        # one integer per tuple: directly (key * range + more) while the ranges' product stays
+        # far below 2**63 (codes into a string table, kinds); else renumbered densely first
+        span = int(key.max()) + 1
+        for more in keys[1:]:
+            width = int(more.max()) + 1
+            if span * width >= 2**62:
+                key = np.unique(key, return_inverse=True)[1].reshape(-1).astype(np.int64)
+                span = int(key.max()) + 1
+            key = key * width + np.asarray(more, np.int64)
+            span *= width
     _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
     order = np.argsort(first, kind="stable")
     renumber = np.empty(len(first), np.int64)
