@@ -144,12 +144,13 @@ def attention_calls(
     columns to get the query shape, dtype and mask of traces recorded with ``record_shapes``).
     """
     from rankscope.analysis.compute.ops import DEVICE_TIME_KINDS, launches, op_tree
-    from rankscope.analysis.store.schema import text_values
+    from rankscope.analysis.store.schema import text_codes
 
-    names = text_values(events["name"])
-    sdpa = np.isin(names, [SDPA_OP, *BACKEND_OPS])
+    code, texts = text_codes(events["name"])  # compared once per distinct text
+    sdpa = np.isin(texts, [SDPA_OP, *BACKEND_OPS])[code]
     if not sdpa.any():
         return _empty()
+    names = texts[code]
     tree = op_tree(events, lanes, merge_redispatch=False)
     order = tree["row"].to_numpy(np.int64)
     parent = np.full(len(events), -1, np.int64)

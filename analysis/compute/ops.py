@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 from rankscope.analysis.compute import op_nesting
 from rankscope.analysis.store.frames import empty, typed
-from rankscope.analysis.store.schema import EventKind, text_codes, text_values
+from rankscope.analysis.store.schema import EventKind, text_codes
 
 #: Each event kind's name by its stored code (a dict lookup per row: constructing the enum per
 #: row was ~1 ms of a rank's op table, 720 rows).
@@ -319,11 +319,14 @@ def op_tree(
     before its children).
     """
     kind = events["kind"].to_numpy().astype(np.int64)
-    names = text_values(events["name"])
+    # texts compared once per distinct text, through the codes (np.isin of the rows' strings
+    # sorted every row's Python string: most of the op tree on a rank of 50k events)
+    code, texts = text_codes(events["name"])
     host = np.isin(kind, [int(k) for k in HOST_TREE_KINDS])
-    host &= ~np.isin(names, list(TORCH_FILTERED_NAMES))
+    host &= ~np.isin(texts, list(TORCH_FILTERED_NAMES))[code]
     if "cat" in events.columns:
-        host &= text_values(events["cat"]) != "gpu_user_annotation"
+        cat_code, cat_texts = text_codes(events["cat"])
+        host &= (cat_texts != "gpu_user_annotation")[cat_code]
     lane = events["lane"].to_numpy().astype(np.int64)
     if lanes is not None and len(lanes):
         from rankscope.analysis.store.schema import LaneKind
@@ -339,7 +342,9 @@ def op_tree(
     order = rows[np.lexsort((-end[rows], ts[rows], lane[rows]))]
     parent = op_nesting.nest(order, lane, ts, end, len(events))
     if merge_redispatch:
-        order, parent = op_nesting.merge_redispatch(order, parent, names)
+        # equal names as equal integers (a text's one id, whichever codes spell it)
+        same_text = np.unique(texts, return_inverse=True)[1].reshape(-1)
+        order, parent = op_nesting.merge_redispatch(order, parent, same_text[code])
     self_cpu = dur.copy()
     has = order[parent[order] >= 0]
     np.subtract.at(self_cpu, parent[has], dur[has])
