@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 from rankscope.analysis.compute.breakdown import gpu_lanes, hta_view
 from rankscope.analysis.store.frames import from_rows, typed
-from rankscope.analysis.store.schema import EventKind, text_values, tid_numbers
+from rankscope.analysis.store.schema import EventKind, text_codes, tid_numbers
 
 #: HTA's ``consecutive_kernel_delay`` default (30) in the trace's unit, µs: a gap shorter than
 #: this between two kernels whose launch came in time is launch overhead ("kernel wait").
@@ -179,10 +179,11 @@ def launches(
 ) -> pd.DataFrame:
     """HTA's kernel launch statistics, one row per launched GPU event (``LAUNCH_COLUMNS``)."""
     ts, end, kept = hta_view(events, lanes, grid_phase_ns, drop_last_step)
-    names = text_values(events["name"])
+    code, texts = text_codes(events["name"])  # names compared once per distinct text
+    names = texts[code]
     corr = events["corr"].to_numpy()
     stream = lane_streams(lanes)[events["lane"].to_numpy()] if len(lanes) else np.full(len(ts), -1)
-    call = kept & (stream < 0) & np.isin(names, list(LAUNCH_STAT_CALLS)) & (corr >= 0)
+    call = kept & (stream < 0) & np.isin(texts, list(LAUNCH_STAT_CALLS))[code] & (corr >= 0)
     gpu = kept & (stream >= 0) & np.isin(corr, corr[call])
     # pandas' inner merge of the calls with the GPU events on the correlation id, in numpy: the
     # calls in their order, each with its GPU events in theirs
@@ -241,10 +242,10 @@ def queue_length(
     reading; ``launch_first=False`` the smallest. HTA's unstable sort leaves that order open, so
     its per-change mean and max lie between the two."""
     ts, _end, kept = hta_view(events, lanes, grid_phase_ns, drop_last_step)
-    names = text_values(events["name"])
+    code, texts = text_codes(events["name"])  # names compared once per distinct text
     corr = events["corr"].to_numpy()
     stream = lane_streams(lanes)[events["lane"].to_numpy()] if len(lanes) else np.full(len(ts), -1)
-    call = kept & (stream < 0) & np.isin(names, list(QUEUE_CALLS)) & (corr >= 0)
+    call = kept & (stream < 0) & np.isin(texts, list(QUEUE_CALLS))[code] & (corr >= 0)
     gpu = kept & (stream >= 0) & (corr >= 0)
     gpu &= np.isin(corr, corr[call])
     call &= np.isin(corr, corr[gpu])
