@@ -236,3 +236,51 @@ def test_unnamed_trace_is_found_by_its_content(tmp_path: Path) -> None:
     assert cli(["merge", str(inputs), "-o", str(out), "--scheduler", "synchronous", "-q"]) == 0
     with open_store(out) as store:
         assert store.ranks == [0, 1, 2]
+
+
+def test_duplicate_claims_do_not_depend_on_the_order_results_arrive_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three files claim rank 1 (and a bad file beside them): worker processes hand the parsed
+    files over as they finish, so every order of arrival must give the same store problems —
+    each claimant left out named with the file kept (the first by name), never with a claimant
+    that merely came first — and the same problems table as the in-process merge."""
+    import itertools
+
+    from rankscope.analysis.engine import scheduler
+
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    _good(inputs)
+    for name in ("rank9-copy.json", "rank7-copy.json"):  # distributedInfo says 1 in both
+        shutil.copy2(DATA / "rank1.step5.pt.trace.json", inputs / name)
+    _invalid_json(inputs)
+    real = scheduler.run_each
+    tables = []
+    for order in itertools.permutations(range(5)):
+
+        def permuted(func, calls, spec, n, _order=order):  # type: ignore[no-untyped-def]
+            results = list(real(func, calls, spec, n))
+            picked = range(len(results)) if len(results) != len(_order) else _order
+            return (results[i] for i in picked)  # a generator: the merge closes it
+
+        monkeypatch.setattr(scheduler, "run_each", permuted)
+        out = tmp_path / f"{len(tables)}.h5"
+        assert cli(["merge", str(inputs), "-o", str(out), "--scheduler", "synchronous", "-q"]) == 0
+        with open_store(out) as store:
+            tables.append(store.problems())
+        out.unlink()
+        if len(tables) >= 24:  # every position of the three claimants and the bad file
+            break
+    first = tables[0]
+    claims = first[first["problem"].str.contains("also claimed")]
+    assert sorted(claims["file"].map(lambda f: Path(f).name)) == [
+        "rank7-copy.json",
+        "rank9-copy.json",
+    ]
+    assert all(p.endswith(f"also claimed by {inputs / 'rank1.step5.pt.trace.json'}; ignored")
+               for p in claims["problem"])  # fmt: skip
+    for table in tables[1:]:
+        import pandas as pd
+
+        pd.testing.assert_frame_equal(table, first)

@@ -83,6 +83,7 @@ from rankscope.orchestrator.ingest.rank_selection import (
     _common,
     _reject_foreign,
     _world_claim,
+    duplicate_claims,
 )
 from rankscope.orchestrator.ingest.rank_selection import rank_in_name as rank_in_name
 from rankscope.orchestrator.ingest.rank_selection import rank_pattern as rank_pattern
@@ -318,9 +319,12 @@ def _merge_locked(
                 else _parsed(first)
             ) as results,
         ):
+            claims: dict[int, list[str]] = {}
+            found: list[tuple[int, list[Problem]]] = []  # each source's, by its position
             for result in results:
-                for p in result.problems:
-                    problems.append(p)
+                mine = list(result.problems)
+                found.append((order.get(result.source.label, len(order)), mine))
+                for p in mine:
                     _say(p, quiet, progress)
                 progress.advance(result)
                 if result.columns is None:
@@ -328,7 +332,10 @@ def _merge_locked(
                 if result.rank is None:
                     rankless.append(result)  # ranked once every rank is known
                     continue
-                _accept(result, parked, spill, problems, quiet, progress)
+                _accept(result, parked, spill, mine, quiet, progress, claims)
+            # workers hand results over as they finish: the store keeps the sources' order
+            for _, mine in sorted(found, key=lambda f: f[0]):
+                problems.extend(mine)
             rankless.sort(key=lambda r: order.get(r.source.label, len(order)))
             for res, why in rank_rankless(rankless, set(parked), rank_from):
                 if res.rank is None:
@@ -336,7 +343,8 @@ def _merge_locked(
                     problems.append(p)
                     _say(p, quiet, progress)
                 else:
-                    _accept(res, parked, spill, problems, quiet, progress)
+                    _accept(res, parked, spill, problems, quiet, progress, claims)
+            duplicate_claims(claims, parked, problems, quiet, progress)
             if rankless and rank_from is None and any(r.rank is not None for r in rankless):
                 note = rankless_note([r for r in rankless if r.rank is not None])
                 if progress.console is not None:

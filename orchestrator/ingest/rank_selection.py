@@ -99,8 +99,11 @@ def _accept(
     problems: list[Problem],
     quiet: bool,
     progress: Any,
+    claims: dict[int, list[str]],
 ) -> None:
-    """Park one parsed rank (duplicates: the first file in name order wins, deterministically)."""
+    """Park one parsed rank (duplicates: the first file in name order wins, deterministically;
+    every file claiming a rank already parked is noted in ``claims``, said once all are in by
+    :func:`duplicate_claims`)."""
     rank = int(result.rank)  # type: ignore[arg-type]
     if not 0 <= rank < MAX_RANKS:  # found by tests/test_fuzz.py: 2**70 ranks were "missing"
         p = Problem(result.source.label, -1, f"rank {rank} out of range (0..{MAX_RANKS - 1})")
@@ -109,14 +112,8 @@ def _accept(
         return
     if rank in parked:
         old = parked[rank]
-        keep_old = old.source.label <= result.source.label
-        loser, winner = (result, old) if keep_old else (old, result)
-        p = Problem(
-            loser.source.label, rank, f"rank {rank} also claimed by {winner.source.label}; ignored"
-        )
-        problems.append(p)
-        _say(p, quiet, progress)
-        if keep_old:
+        claims.setdefault(rank, [old.source.label]).append(result.source.label)
+        if old.source.label <= result.source.label:
             return
     assert result.columns is not None
     spill.put(rank, result.columns)
@@ -126,6 +123,27 @@ def _accept(
         result.memory = None
     park_step_log(spill, rank, result)
     parked[rank] = result
+
+
+def duplicate_claims(
+    claims: dict[int, list[str]],
+    parked: dict[int, RankResult],
+    problems: list[Problem],
+    quiet: bool,
+    progress: Any,
+) -> None:
+    """One problem per file whose rank another file also claimed, naming the file kept (the
+    first in name order), in rank and then file-name order. Said once every rank is in: worker
+    processes hand results over as they finish, and a problem said on arrival named whichever
+    claimant had come first (not always the one kept) in that order."""
+    for rank in sorted(claims):
+        winner = parked[rank].source.label
+        losers = sorted(claims[rank])
+        losers.remove(winner)
+        for label in losers:
+            p = Problem(label, rank, f"rank {rank} also claimed by {winner}; ignored")
+            problems.append(p)
+            _say(p, quiet, progress)
 
 
 def _world_claim(value: Any) -> int:
