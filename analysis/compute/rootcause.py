@@ -350,26 +350,21 @@ def _rank_tests(per: pd.DataFrame, lay: pd.DataFrame, rp: Replayer) -> pd.DataFr
     # each rank's layout and the excess variance of every rank, once (a filter of the whole
     # table per rank made this quadratic in the ranks: 0.4 s at 256 ranks); a rank's peers'
     # variances are then picked from these, in rank order as a groupby of the peers gives them
+    # (``g`` is the rank's peer group, one per rank: ``own_per_step`` maps it from the layout)
     coords: dict[Any, dict[str, int]] = {}
     for rank, dp, pp, tp in lay[["rank", "dp", "pp", "tp"]].itertuples(index=False):
         coords.setdefault(rank, {"dp": int(dp), "pp": int(pp), "tp": int(tp)})
     variance = per.groupby("rank")["excess"].var(ddof=1)
-    one_group = bool((per.groupby("rank")["g"].nunique() <= 1).all())
     ranks_in: dict[Any, list[Any]] = {}
-    if one_group:
-        for rank, g in per.groupby("rank")["g"].first().items():
-            ranks_in.setdefault(g, []).append(rank)
+    for rank, g in per.groupby("rank")["g"].first().items():
+        ranks_in.setdefault(g, []).append(rank)
     rows = []
     for r, sub in per.groupby("rank"):
         k = int(size.get(int(sub["g"].iloc[0]), 1))
         ex = sub["excess"].dropna()
         n = len(ex)
-        if one_group:
-            peers = [q for q in ranks_in[sub["g"].iloc[0]] if q != r]
-            var = pd.Series(variance.loc[peers].to_numpy(float)).dropna()
-        else:  # a rank in several groups (not a layout's): its peers' rows of the group only
-            others = per[(per["g"] == sub["g"].iloc[0]) & (per["rank"] != r)]
-            var = others.groupby("rank")["excess"].var(ddof=1).dropna()
+        peers = [q for q in ranks_in[sub["g"].iloc[0]] if q != r]
+        var = pd.Series(variance.loc[peers].to_numpy(float)).dropna()
         noise = float(math.sqrt(var.mean())) if len(var) else 0.0
         t = int(times.get(r, 0))
         p = binomial_p_value(t, n, 1.0 / k) if k >= 2 and n else 1.0

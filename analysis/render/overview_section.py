@@ -4,8 +4,9 @@ section's markup is ``templates/overview.html.j2``).
 The same aggregation as the app's overview (:func:`rankscope.analysis.engine.overview.raster`: each
 pixel the share-weighted mix of the category colours of the time it covers, ranks summed into
 pixel rows when there are more ranks than rows, nothing dropped), written as a PNG here
-(:func:`png_rgb`, zlib only) so the report stays one offline file. Rows are in straggler order (flagged first, then by the wait each rank
-caused); a strip left of the image marks the rows holding a flagged rank (red).
+(:func:`png_rgb`, zlib only) so the report stays one offline file. Rows are in straggler order
+(flagged first, then by the wait each rank caused); a strip left of the image marks the rows
+holding a flagged rank (red).
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 
 import h5py
+from rankscope.analysis.store.string_tables import Version, version_of
 from rankscope.errors import InputFileError
 
 #: Deepest group nesting a store may have (its own layout is 3 deep: /ranks/NNNNN/events).
@@ -65,7 +66,7 @@ def refuse_outside_references(path: Path, root: h5py.Group) -> None:
 #: Store files (device, inode, size, mtime) already walked by this process and found clean, or
 #: written by it (:func:`written_here`): the analysis opens the store once per rank task, and
 #: the walk costs ~1.5 ms per rank (0.39 s for a 256-rank store).
-_CHECKED_FILES: set[tuple[int, int, int, int]] = set()
+_CHECKED_FILES: set[Version] = set()
 
 
 def written_here(path: Path) -> None:
@@ -77,7 +78,7 @@ def written_here(path: Path) -> None:
         st = os.stat(path)
     except OSError:
         return
-    _CHECKED_FILES.add((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
+    _CHECKED_FILES.add(version_of(st))
 
 
 def refuse_outside_references_once(path: Path, root: h5py.Group) -> None:
@@ -87,7 +88,7 @@ def refuse_outside_references_once(path: Path, root: h5py.Group) -> None:
     except OSError:
         refuse_outside_references(path, root)
         return
-    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    key = version_of(st)
     if key in _CHECKED_FILES:
         return
     refuse_outside_references(path, root)

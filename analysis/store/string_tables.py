@@ -24,14 +24,18 @@ TABLES_KEPT = 4
 _TABLES: dict[Version, tuple[np.ndarray, Any]] = {}
 
 
+def version_of(st: os.stat_result) -> Version:
+    """The version of the file ``st`` describes (also the key of ``hdf5_links``' walked files)."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
 def file_version(file: h5py.File) -> Version | None:
     """The version of the open ``file`` (whatever its path names now); None where its HDF5
     driver gives no file descriptor (nothing is then shared)."""
     try:
-        st = os.fstat(file.id.get_vfd_handle())
+        return version_of(os.fstat(file.id.get_vfd_handle()))
     except (OSError, TypeError, ValueError, NotImplementedError, RuntimeError):
         return None
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def known(version: Version | None) -> tuple[np.ndarray, Any] | None:
@@ -40,11 +44,10 @@ def known(version: Version | None) -> tuple[np.ndarray, Any] | None:
 
 
 def keep(version: Version | None, strings: np.ndarray, dtype: Any) -> None:
-    """Keep ``version``'s string table (made read-only: every Store of the version shares it)
-    and its dtype."""
+    """Keep ``version``'s string table (read-only, as the reader reads it: every Store of the
+    version shares it) and its dtype."""
     if version is None:
         return
-    strings.flags.writeable = False
     while len(_TABLES) >= TABLES_KEPT:
         del _TABLES[next(iter(_TABLES))]
     _TABLES[version] = (strings, dtype)
