@@ -142,12 +142,15 @@ def inflater() -> ModuleType:
     return isal_zlib
 
 
-def text_pieces(path: Path, inflate: ModuleType | None = None) -> Iterator[bytes]:
+def text_pieces(
+    path: Path, inflate: ModuleType | None = None, *, piece_bytes: int = TEXT_PIECE_BYTES
+) -> Iterator[bytes]:
     """The file's JSON text in pieces (gunzipped on the fly); TraceReadError when unreadable.
 
     The only reader of trace bytes: the streaming decoder, :func:`read_bytes` and
     ``discovery.sniff`` all take their text from here, so gzip is handled in one place.
     ``inflate``: a module with zlib's ``decompressobj`` and ``error`` (None: :func:`inflater`).
+    ``piece_bytes``: most text gunzipped per piece (the sniff of a file's head asks for little).
     """
     try:
         fh = path.open("rb")
@@ -170,7 +173,7 @@ def text_pieces(path: Path, inflate: ModuleType | None = None) -> Iterator[bytes
                 # Bounded output per call: a 1 MiB compressed piece can hold ~20 MiB of JSON.
                 data = piece
                 while data:
-                    out = dec.decompress(data, TEXT_PIECE_BYTES)
+                    out = dec.decompress(data, piece_bytes)
                     data = dec.unconsumed_tail
                     if dec.eof and dec.unused_data:  # multi-member gzip
                         data = dec.unused_data
