@@ -198,12 +198,20 @@ def _end_finished(code: int) -> None:
     if any(t is not main_thread and not t.daemon for t in threading.enumerate()):
         return
     atexit._run_exitfuncs()
+    if _flushed():
+        os._exit(code)
+
+
+def _flushed() -> bool:
+    """Flush stdout and stderr; False when one cannot be (a closed pipe, a closed stream). A
+    process started without them (``>&-``: the stream is None) has nothing to flush there."""
     try:
-        sys.stdout.flush()
-        sys.stderr.flush()
+        for stream in (sys.stdout, sys.stderr):
+            if stream is not None:
+                stream.flush()
     except (OSError, ValueError):
-        return
-    os._exit(code)
+        return False
+    return True
 
 
 def _end_interrupted() -> NoReturn:
@@ -215,8 +223,7 @@ def _end_interrupted() -> NoReturn:
     instead of 130 when Ctrl-C landed while ``rich.progress`` was being imported. All cleanup has
     run by now (it lives in ``finally`` blocks); only the output is left to flush.
     """
-    sys.stdout.flush()
-    sys.stderr.flush()
+    _flushed()  # what cannot be flushed is lost either way: the status is what matters
     os._exit(EXIT_INTERRUPTED)
 
 

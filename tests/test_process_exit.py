@@ -9,6 +9,7 @@ script's module, whose ``__del__`` prints only when the interpreter deallocates 
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -113,3 +114,25 @@ def test_tracer_keeps_the_usual_exit(tmp_path: Path) -> None:
         assert out.returncode == 0, out.stderr
         assert "main returned" in out.stdout, setter
         assert ATEXIT in out.stdout, setter
+
+
+def test_process_without_stdout(tmp_path: Path) -> None:
+    """Started with stdout closed (``>&-``: Python's stream is None): the status, the error line
+    on stderr, no traceback (the flush before the exit skipped the missing stream)."""
+    run_dir = failed_local_run(tmp_path)
+    for argv, status in (([str(run_dir)], 0), ([str(tmp_path / "missing")], 1)):
+        command = " ".join(
+            [shlex.quote(sys.executable), "-m", "rankscope", "status"]
+            + [shlex.quote(a) for a in argv]
+        )
+        done = subprocess.run(
+            ["bash", "-c", command + " >&-"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == status, done.stderr
+        assert "Traceback" not in done.stderr
+        if status:
+            assert "not found" in done.stderr
