@@ -505,10 +505,10 @@ def test_minus_others_median_is_the_leave_one_out_median() -> None:
 
 
 def test_first_below_is_the_first_value_under_the_limit() -> None:
-    """``whatif_graph.first_below`` (the graph's late resumes, all queries at once) against a
+    """``range_queries.first_below`` (the graph's late resumes, all queries at once) against a
     scan per query, on random values with ties, starts at and past the end, limits below every
     value and above every value."""
-    from rankscope.analysis.compute.whatif_graph import first_below
+    from rankscope.analysis.store.range_queries import first_below
 
     rng = np.random.default_rng(24)
     for _ in range(2000):

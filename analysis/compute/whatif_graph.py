@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from rankscope.analysis.store.range_queries import first_below
 
 #: Node kinds (``NODE_COLUMNS`` ``kind``).
 START, ARRIVAL, STEP_END, LAST_ARRIVAL, END = "start", "arrival", "step_end", "last_arrival", "end"
@@ -342,34 +343,6 @@ def build(
         edge_df = edge_df[not_late].reset_index(drop=True)
         levels = _levels(len(nodes), edge_df)
     return Model(nodes=nodes[list(NODE_COLUMNS)], edges=edge_df, levels=levels)
-
-
-def first_below(values: np.ndarray, starts: np.ndarray, limits: np.ndarray) -> np.ndarray:
-    """For each query q: the first index i >= ``starts[q]`` with ``values[i] < limits[q]``, -1
-    where none. All queries at once, by binary lifting over a sparse table of range minima
-    (skip a block of 2**k values when none is below the limit); a scan per query (what this
-    replaced) is quadratic when a pipeline rank has thousands of blocked points."""
-    n = len(values)
-    starts = np.asarray(starts, np.int64)
-    limits = np.asarray(limits)
-    if n == 0 or len(starts) == 0:
-        return np.full(len(starts), -1, np.int64)
-    table = [np.asarray(values)]  # table[k][i] = min(values[i : i + 2**k])
-    while 2 ** len(table) <= n:
-        prev, half = table[-1], 2 ** (len(table) - 1)
-        table.append(np.minimum(prev[:-half], prev[half:]))
-    pos = starts.copy()
-    for k in range(len(table) - 1, -1, -1):
-        size = 2**k
-        can = pos + size <= n
-        idx = np.flatnonzero(can)
-        skip = np.zeros(len(pos), bool)
-        skip[idx] = table[k][pos[idx]] >= limits[idx]
-        pos = np.where(skip, pos + size, pos)
-    inside = pos < n
-    hit = np.zeros(len(pos), bool)
-    hit[inside] = values[pos[inside]] < limits[inside]
-    return np.where(hit, pos, -1).astype(np.int64)
 
 
 def _edges(src: Any, dst: Any, kind: str, rank: Any, w: Any, inp: Any = 0) -> dict[str, Any]:

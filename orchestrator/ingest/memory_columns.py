@@ -152,9 +152,13 @@ class MemoryColumns:
 
     def _memory_columns(self, cols: dict[str, np.ndarray], base: int) -> dict[str, np.ndarray]:
         """The kept memory events as columns, with op, scope and step from the events' own
-        ranges (``analysis.memory_events.attribute``: the rule of ``memory_rows``); ts raw ns.
+        ranges (``memory_table.innermost_open``: the rule of ``memory_rows``); ts raw ns.
         ``cols``: the events' columns, ``ts`` with the time base already added."""
-        from rankscope.analysis.store.memory_table import attribute
+        from rankscope.analysis.store.memory_table import (
+            ALLOCATION_OPS,
+            innermost_open,
+            step_of,
+        )
 
         out = {k: np.concatenate(v) for k, v in self.memory_parts.items()}
         out["ts"] = out["ts"] + np.int64(base)
@@ -162,7 +166,9 @@ class MemoryColumns:
         wanted = {"cpu_op", "operator", "user_annotation"}
         cat_ok = np.array([c in wanted for c in strings], dtype=bool)
         is_step = np.array([c.startswith("ProfilerStep#") for c in strings], dtype=bool)
-        ranges: dict[Any, list[tuple[int, int, str, bool]]] = {}
+        n_mem = len(out["ts"])
+        ops = np.full(n_mem, "", dtype=object)
+        scopes = np.full(n_mem, "", dtype=object)
         steps: list[tuple[int, int, int]] = []
         lane_key = {i: key for key, i in self.lanes.items()}
         c_ts, c_end = cols["ts"], cols["ts"] + cols["dur"]
@@ -173,14 +179,14 @@ class MemoryColumns:
                 number = strings[c_name[i]][len("ProfilerStep#") :]
                 if number.isdigit():
                     steps.append((int(c_ts[i]), int(c_end[i]), int(number)))
-            # only the ranges of threads that allocated, as plain ints (one bulk conversion)
+            # only the ranges of threads that allocated
             threads = set(self.memory_threads)
             lanes_wanted = np.array(
                 [lane_key[k] in threads for k in range(len(lane_key))], dtype=bool
             )
             keep = np.flatnonzero(cat_ok[c_cat] & ~is_step[c_name] & lanes_wanted[c_lane])
             # grouped by lane in bulk (a stable sort keeps each lane's ranges in event order),
-            # and only the ranges holding a memory event of their thread: attribute() reads the
+            # and only the ranges holding a memory event of their thread: the rule reads the
             # ranges open at each event (start <= ts <= end), so the others never name anything
             # (the 54 MB df_index_resolver: 58,710 ranges of allocating threads, of which
             # 22,275 hold an allocation)
@@ -192,28 +198,33 @@ class MemoryColumns:
                 np.int64,
                 len(self.memory_threads),
             )
-            texts = np.array(strings, dtype=object)
+            texts = np.array([*strings, ""], dtype=object)  # [-1]: no range
+            named = np.array([bool(c) for c in strings], dtype=bool)
+            plain = np.array([c not in ALLOCATION_OPS for c in strings], dtype=bool)
             for a, b in pairwise(cuts):
                 if a == b:
                     continue
                 lane_i = int(lane_of[a])
+                at = np.flatnonzero(lane_ids == lane_i)
                 rows = order[a:b]
-                rows = rows[holding(c_ts[rows], c_end[rows], out["ts"][lane_ids == lane_i])]
-                if len(rows):
-                    names = texts[c_name[rows]].tolist()
-                    ranges[lane_key[lane_i]] = list(
-                        zip(
-                            c_ts[rows].tolist(),
-                            c_end[rows].tolist(),
-                            names,
-                            (c_cat[rows] == user).tolist(),
-                            strict=True,
-                        )
-                    )
-        ops, scopes, step = attribute(out["ts"], self.memory_threads, ranges, steps)
-        out["op"] = self._intern(ops)
-        out["scope"] = self._intern(scopes)
-        out["step"] = step
+                rows = rows[holding(c_ts[rows], c_end[rows], out["ts"][at])]
+                if not len(rows):
+                    continue
+                rows = rows[np.lexsort((-c_end[rows], c_ts[rows]))]  # the rule's push order
+                name = c_name[rows]
+                op, scope = innermost_open(
+                    out["ts"][at],
+                    c_ts[rows],
+                    c_end[rows],
+                    named=named[name],
+                    user=c_cat[rows] == user,
+                    plain=plain[name],
+                )
+                ops[at] = texts[np.where(op >= 0, name[op], -1)]
+                scopes[at] = texts[np.where(scope >= 0, name[scope], -1)]
+        out["op"] = self._intern(ops.tolist())
+        out["scope"] = self._intern(scopes.tolist())
+        out["step"] = step_of(out["ts"], steps)
         return out
 
 
