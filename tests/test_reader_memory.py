@@ -111,16 +111,17 @@ def test_a_block_with_a_bad_memory_event_keeps_what_one_by_one_keeps(
 def test_only_ranges_holding_a_memory_event_are_attributed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The memory attribution gets only the ranges that hold an event of their thread (a stamp
-    on either end counts), and names the same op and scope as with every range of the thread."""
-    seen: list[dict[Any, list[tuple[int, int, str, bool]]]] = []
-    attribute = memory_table.attribute
+    """The memory attribution (``memory_table.innermost_open``, once per allocating thread)
+    gets only the ranges that hold an event of their thread (a stamp on either end counts), and
+    names the same op and scope as the rule does with every range of the thread."""
+    seen: list[list[tuple[int, int]]] = []
+    innermost_open = memory_table.innermost_open
 
-    def spy(ts: np.ndarray, threads: list[Any], ranges: Any, steps: Any) -> Any:
-        seen.append({k: list(v) for k, v in ranges.items()})
-        return attribute(ts, threads, ranges, steps)
+    def spy(stamps: np.ndarray, starts: np.ndarray, ends: np.ndarray, **masks: Any) -> Any:
+        seen.append(list(zip(starts.tolist(), ends.tolist(), strict=True)))
+        return innermost_open(stamps, starts, ends, **masks)
 
-    monkeypatch.setattr(memory_table, "attribute", spy)
+    monkeypatch.setattr(memory_table, "innermost_open", spy)
     events = [
         op("ProfilerStep#1", 100, 100, cat="user_annotation"),
         op("fwd", 105, 60, cat="user_annotation"),
@@ -140,9 +141,13 @@ def test_only_ranges_holding_a_memory_event_are_attributed(
     trace.write_text(json.dumps({"traceEvents": events}, indent=2))
     ft = read_trace(trace)
     assert ft.memory is not None
-    (ranges,) = seen
-    names = {k: [r[2] for r in v] for k, v in ranges.items()}
-    assert names == {("7", "7"): ["fwd", "aten::ones", "aten::empty", "aten::mul", "aten::div"]}
+    (spans,) = seen  # thread 9's range holds none of its events: that thread gets no call
+    holding = {"fwd", "aten::ones", "aten::empty", "aten::mul", "aten::div"}
+    assert spans == sorted(
+        (int(ev["ts"] * 1000), int((ev["ts"] + ev["dur"]) * 1000))
+        for ev in events
+        if ev["name"] in holding and ev.get("tid") == 7
+    )  # in the rule's push order: by start
     # every range of the allocating threads (the ranges before this pass), same answers
     every: dict[Any, list[tuple[int, int, str, bool]]] = {}
     for ev in events:
@@ -154,7 +159,7 @@ def test_only_ranges_holding_a_memory_event_are_attributed(
             )
     ts = np.array([111500, 145000, 150000, 160000], np.int64)
     threads = [("7", "7"), ("7", "7"), ("7", "7"), ("7", "9")]
-    ops, scopes = attribute(ts, threads, every, [])[:2]
+    ops, scopes = memory_table.attribute(ts, threads, every, [])[:2]
     assert [ft.strings[c] for c in ft.memory["op"]] == ops
     assert [ft.strings[c] for c in ft.memory["scope"]] == scopes
     assert ops == ["aten::ones", "aten::mul", "aten::div", ""]  # aten::empty: an allocation op
