@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import collections
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -71,16 +71,25 @@ def from_rows(rows: Sequence[Sequence[Any]], columns: Mapping[str, str | None]) 
     copies, no fusion candidates)."""
     rows = list(rows)
     if not rows:
-        key = (tuple(columns.items()), pd.api.types.pandas_dtype("str"))
-        made = _NO_ROWS.get(key)
-        if made is None:
-            made = _NO_ROWS[key] = _from_rows([], columns)
-        return made.copy(deep=True)
+        return _made_once("from_rows", columns, lambda: _from_rows([], columns))
     return _from_rows(rows, columns)
 
 
-#: :func:`from_rows`' frames without rows, by (columns, the dtype ``"str"`` stands for).
+#: Frames without rows made by :func:`from_rows` and :func:`empty`, by (function, columns, the
+#: dtype ``"str"`` stands for).
 _NO_ROWS: dict[tuple[Any, ...], pd.DataFrame] = {}
+
+
+def _made_once(
+    how: str, columns: Mapping[str, str | None], make: Callable[[], pd.DataFrame]
+) -> pd.DataFrame:
+    """A copy of the frame without rows ``make()`` returned the first time for ``how``, the same
+    columns and the same meaning of ``"str"`` (pandas' string setting)."""
+    key = (how, tuple(columns.items()), pd.api.types.pandas_dtype("str"))
+    made = _NO_ROWS.get(key)
+    if made is None:
+        made = _NO_ROWS[key] = make()
+    return made.copy(deep=True)
 
 
 def _from_rows(rows: list[Sequence[Any]], columns: Mapping[str, str | None]) -> pd.DataFrame:
@@ -98,11 +107,7 @@ def empty(columns: Mapping[str, str]) -> pd.DataFrame:
     """``pd.DataFrame({c: pd.Series([], dtype=d) for c, d in columns.items()})``: no rows, each
     column of its dtype (``"str"``, ``object`` and numpy dtypes); a copy of the frame made the
     first time for the same columns and meaning of ``"str"``, as :func:`from_rows` without rows."""
-    key = ("empty", tuple(columns.items()), pd.api.types.pandas_dtype("str"))
-    made = _NO_ROWS.get(key)
-    if made is None:
-        made = _NO_ROWS[key] = _empty(columns)
-    return made.copy(deep=True)
+    return _made_once("empty", columns, lambda: _empty(columns))
 
 
 def _empty(columns: Mapping[str, str]) -> pd.DataFrame:

@@ -26,10 +26,7 @@ def first_below(values: np.ndarray, starts: np.ndarray, limits: np.ndarray) -> n
     limits = np.asarray(limits)
     if n == 0 or len(starts) == 0:
         return np.full(len(starts), -1, np.int64)
-    table = [np.asarray(values)]  # table[k][i] = min(values[i : i + 2**k])
-    while 2 ** len(table) <= n:
-        prev, half = table[-1], 2 ** (len(table) - 1)
-        table.append(np.minimum(prev[:-half], prev[half:]))
+    table = _sparse_table(np.asarray(values), np.minimum)
     pos = starts.copy()
     for k in range(len(table) - 1, -1, -1):
         size = 2**k
@@ -56,10 +53,7 @@ def last_at_least(values: np.ndarray, stops: np.ndarray, limits: np.ndarray) -> 
         return np.full(len(pos), -1, np.int64)
     pos = np.minimum(pos, n - 1)
     values = np.asarray(values)
-    table = [values]  # table[k][i] = max(values[i : i + 2**k])
-    while 2 ** len(table) <= n:
-        prev, half = table[-1], 2 ** (len(table) - 1)
-        table.append(np.maximum(prev[:-half], prev[half:]))
+    table = _sparse_table(values, np.maximum)
     for k in range(len(table) - 1, -1, -1):
         size = 2**k
         low = pos - size + 1  # the block [low, pos]
@@ -71,3 +65,13 @@ def last_at_least(values: np.ndarray, stops: np.ndarray, limits: np.ndarray) -> 
     hit = np.zeros(len(pos), bool)
     hit[inside] = values[pos[inside]] >= limits[inside]
     return np.where(hit, pos, -1).astype(np.int64)
+
+
+def _sparse_table(values: np.ndarray, combine: np.ufunc) -> list[np.ndarray]:
+    """``table[k][i] = combine`` over ``values[i : i + 2**k]`` (``np.minimum``: range minima,
+    ``np.maximum``: maxima), for every ``2**k`` up to ``len(values)``."""
+    table = [values]
+    while 2 ** len(table) <= len(values):
+        prev, half = table[-1], 2 ** (len(table) - 1)
+        table.append(combine(prev[:-half], prev[half:]))
+    return table
