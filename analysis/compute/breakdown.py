@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from rankscope.analysis.compute.painting import paint as paint
 from rankscope.analysis.compute.rank_views import rank_view
 from rankscope.analysis.store.schema import EventKind, LaneKind, tid_numbers
 
@@ -176,54 +177,6 @@ def measure_below(starts: np.ndarray, ends: np.ndarray, x: np.ndarray) -> np.nda
 def interval_measure(iv: tuple[np.ndarray, np.ndarray]) -> int:
     """Total length of an interval set (ns), as HTA sums it (``sum(end) - sum(start)``)."""
     return int(iv[1].sum() - iv[0].sum())
-
-
-def _covered(iv: tuple[np.ndarray, np.ndarray], points: np.ndarray) -> np.ndarray:
-    """For each point p: is ``[p, next point)`` inside the set (i.e. is p covered)?"""
-    starts, ends = iv
-    if len(starts) == 0:
-        return np.zeros(len(points), bool)
-    idx = np.searchsorted(starts, points, side="right") - 1
-    ok = idx >= 0
-    out = np.zeros(len(points), bool)
-    out[ok] = ends[idx[ok]] > points[ok]
-    return out
-
-
-def paint(
-    sets: dict[str, tuple[np.ndarray, np.ndarray]],
-    categories: Any,
-    win_start: np.ndarray,
-    win_end: np.ndarray,
-) -> dict[str, np.ndarray]:
-    """Measure boolean combinations of interval sets inside windows.
-
-    ``categories(cov)`` gets ``{set name: bool array per elementary segment}`` and returns
-    ``{category: bool array}``; the result is ``{category: ns inside each window}``. Windows may
-    overlap (each is measured independently through cumulative sums).
-    """
-    pieces = [np.asarray(win_start, np.int64), np.asarray(win_end, np.int64)]
-    for s, e in sets.values():
-        keep = e > s
-        pieces += [s[keep], e[keep]]
-    points = np.sort(np.concatenate(pieces))
-    if len(points):
-        keep = np.empty(len(points), bool)
-        keep[0] = True
-        np.not_equal(points[1:], points[:-1], out=keep[1:])
-        points = points[keep]
-    if len(points) == 0:
-        return {}
-    seg_len = np.diff(points)
-    cov = {name: _covered(iv, points[:-1]) for name, iv in sets.items()}
-    lo = np.searchsorted(points, np.asarray(win_start, np.int64))
-    hi = np.searchsorted(points, np.asarray(win_end, np.int64))
-    hi = np.maximum(hi, lo)
-    out: dict[str, np.ndarray] = {}
-    for name, mask in categories(cov).items():
-        cum = np.concatenate([[0], np.cumsum(np.where(mask, seg_len, 0))])
-        out[name] = (cum[hi] - cum[lo]).astype(np.int64)
-    return out
 
 
 # -- classification ------------------------------------------------------------------------

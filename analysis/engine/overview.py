@@ -217,16 +217,19 @@ def rank_cells(
     grid: Grid,
     rank: int = 0,
     painted: tuple[Any, dict[str, Any]] | None = None,
+    steps: pd.DataFrame | None = None,
 ) -> RankCells:
     """One rank's bins (pure; runs in the rank's analysis task).
 
     Covers the bins its profiled steps touch (``breakdown.step_windows``); ``painted``: the
-    ``(device, sets)`` of :func:`rankscope.analysis.compute.breakdown.rank_sets` when already built.
+    ``(device, sets)`` of :func:`rankscope.analysis.compute.breakdown.rank_sets`, and ``steps``
+    the rank's ``step_windows``, when the task has them already (each ~1 ms for a small rank).
     """
     from rankscope.analysis.compute import breakdown as bd
 
     device, sets = painted if painted is not None else bd.rank_sets(events, lanes)
-    steps = bd.step_windows(events, lanes, device)
+    if steps is None:
+        steps = bd.step_windows(events, lanes, device)
     if (steps["step"] >= 0).any():
         steps = steps[steps["step"] >= 0]
     spans = bd.interval_union(steps["start"].to_numpy(np.int64), steps["end"].to_numpy(np.int64))

@@ -137,7 +137,7 @@ def _rank_task(
         unmatched_comm=unmatched_comm(events, coll_rows, rank),
     )
     if grid is not None:
-        out.overview = rank_cells(events, lanes, coll_rows, grid, rank, (device, sets))
+        out.overview = rank_cells(events, lanes, coll_rows, grid, rank, (device, sets), steps)
     if whatif_times is not None and len(whatif_times):
         out.whatif_clock = rank_clock(events, lanes, whatif_times, (device, measure))
     if device is bd.Device.GPU:
