@@ -130,20 +130,33 @@ def link_enqueue(
 
 
 def fill_from_enqueue(comm: pd.DataFrame, enqueue: pd.DataFrame, link: np.ndarray) -> None:
-    """Fill what each linked kernel row lacks from its ``record_param_comms`` (rule 2), in place."""
+    """Fill what each linked kernel row lacks from its ``record_param_comms`` (rule 2), in place.
+
+    Each column is filled as one array and put back whole, in its own dtype: writing the linked
+    rows through ``.loc`` cost ~0.3 ms a column, most of a small rank's comm table.
+    """
     rows = np.flatnonzero(link >= 0)
     if not len(rows):
         return
-    src = enqueue.iloc[link[rows]]
-    idx = comm.index[rows]
-    op = comm.loc[idx, "op"].to_numpy(object)
-    comm.loc[idx, "op"] = np.where(op == "sendrecv", src["op"].to_numpy(object), op)
+    src = link[rows]
+
+    def filled(col: str, new: np.ndarray) -> None:
+        comm[col] = pd.Series(new, index=comm.index, dtype=comm[col].dtype)
+
+    op = comm["op"].to_numpy(object).copy()
+    op[rows] = np.where(op[rows] == "sendrecv", enqueue["op"].to_numpy(object)[src], op[rows])
+    filled("op", op)
     for col, missing in (("seq", -1), ("bytes", -1), ("group", "")):
-        have = comm.loc[idx, col].to_numpy()
-        comm.loc[idx, col] = np.where(have == missing, src[col].to_numpy(), have)
-    peer = comm.loc[idx, "peer"].to_numpy(np.int64)
-    p2p = np.isin(comm.loc[idx, "op"].to_numpy(object), list(P2P_OPS))
-    comm.loc[idx, "peer"] = np.where(p2p & (peer < 0), src["peer"].to_numpy(np.int64), peer)
+        have = comm[col].to_numpy().copy()
+        mine = have[rows]
+        have[rows] = np.where(mine == missing, enqueue[col].to_numpy()[src], mine)
+        filled(col, have)
+    peer = comm["peer"].to_numpy(np.int64).copy()
+    p2p = np.isin(op[rows], list(P2P_OPS))
+    peer[rows] = np.where(
+        p2p & (peer[rows] < 0), enqueue["peer"].to_numpy(np.int64)[src], peer[rows]
+    )
+    filled("peer", peer)
 
 
 def expand_coalesced(

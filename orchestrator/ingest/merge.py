@@ -226,7 +226,12 @@ def _merge_locked(
     from rankscope.analysis.store.reader import StoreWriter
     from rankscope.analysis.store.schema import P2P_WITHOUT_PEER_ATTR
     from rankscope.orchestrator.ingest import clock as clk
-    from rankscope.orchestrator.ingest.matching import match, renumber, without_peer
+    from rankscope.orchestrator.ingest.matching import (
+        colls_by_rank,
+        match,
+        renumber,
+        without_peer,
+    )
     from rankscope.orchestrator.ingest.rank_columns import parse_source
 
     sources, run, problems = discover(inputs)
@@ -377,6 +382,7 @@ def _merge_locked(
             clock_table, colls_aligned = clk.align(colls, inputs_clock, ref)
             colls_aligned = renumber(colls_aligned) if not colls_aligned.empty else colls_aligned
             per_rank_clock = clock_table.set_index("rank")
+            coll_of = colls_by_rank(colls_aligned)
             steps_frames = []
             for r in sorted(parked):
                 c = per_rank_clock.loc[r]
@@ -384,11 +390,8 @@ def _merge_locked(
                 events = spill.take(r)
                 events["ts"] = clk.apply_transform(events["ts"], *args)
                 events["coll"] = np.full(len(events["ts"]), -1, dtype=np.int64)
-                if not colls_aligned.empty:
-                    mine = colls_aligned[colls_aligned["rank"] == r]
-                    events["coll"][mine["event"].to_numpy(np.int64)] = mine["coll"].to_numpy(
-                        np.int64
-                    )
+                event, coll = coll_of(r)
+                events["coll"][event] = coll
                 _write_rank(writer, r, parked[r], events)
                 del events
                 memory = spill.take(r, part="memory")
