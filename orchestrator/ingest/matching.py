@@ -57,14 +57,17 @@ def normalise_groups(comm: pd.DataFrame, comm_cpu: pd.Series, lane: pd.Series) -
 
     ``comm_cpu``: True for gloo ops (host side); ``lane``: the event's lane id.
     """
-    groups = comm["group"].astype(str).copy()
-    missing = groups == ""
-    gpu_missing = missing & ~comm_cpu
+    groups = comm["group"].astype(str)
+    names = groups.to_numpy(object).copy()  # filled as one array: pandas' masked writes cost
+    missing = names == ""  # ~0.3 ms each, a tenth of a small rank's comm table
+    cpu = comm_cpu.to_numpy(bool)
+    gpu_missing = missing & ~cpu
     if gpu_missing.any():
-        order = {lane_id: i for i, lane_id in enumerate(pd.unique(lane[gpu_missing]))}
-        groups[gpu_missing] = [f"stream#{order[x]}" for x in lane[gpu_missing]]
-    groups[missing & comm_cpu] = "gloo"
-    return groups
+        lanes = lane.to_numpy()[gpu_missing].tolist()
+        order = {lane_id: i for i, lane_id in enumerate(dict.fromkeys(lanes))}
+        names[gpu_missing] = [f"stream#{order[x]}" for x in lanes]
+    names[missing & cpu] = "gloo"
+    return pd.Series(names, index=groups.index, dtype=groups.dtype, name=groups.name)
 
 
 def rank_keys(comm: pd.DataFrame, rank: int) -> pd.Series:

@@ -217,8 +217,14 @@ def _steps(columns: dict[str, np.ndarray], strings: list[str]) -> pd.DataFrame:
             continue
         start = int(columns["ts"][i])
         rows.append((step, start, start + int(columns["dur"][i])))
-    frame = pd.DataFrame(rows, columns=["step", "start", "end"])
-    return frame.drop_duplicates("step").sort_values("start").reset_index(drop=True)
+    if not rows:
+        return pd.DataFrame(rows, columns=["step", "start", "end"])
+    # pandas' drop_duplicates("step") (first kept) then sort_values("start") (its quicksort), in
+    # numpy: the frame's three conversions cost ~0.9 ms a rank, a twentieth of a small one
+    table = np.array(rows, dtype=np.int64)
+    table = table[np.sort(np.unique(table[:, 0], return_index=True)[1])]
+    table = table[np.argsort(table[:, 1], kind="quicksort")]
+    return pd.DataFrame({"step": table[:, 0], "start": table[:, 1], "end": table[:, 2]})
 
 
 def _step_column(columns: dict[str, np.ndarray], steps: pd.DataFrame) -> np.ndarray:
