@@ -125,3 +125,34 @@ def test_stream_numbers_are_read_as_pandas_extract_read_them() -> None:
     assert tid_numbers(lanes) == want == [7, -3, 12, None, None, 15, 3]
     assert gpu_lanes(lanes).tolist() == [0, 2, 3, 4, 5, 6]  # every stream but the negative one
     assert kernel_launches.lane_streams(lanes).tolist() == [7, -1, 12, -1, -1, 15, 3]
+
+
+def test_per_rank_is_the_rank_filter_in_row_order() -> None:
+    """The merge writes each rank's ``coll`` column, and the analysis and the overview give each
+    rank task its collectives, from ``per_rank``: the rows of that rank, in the table's order,
+    index labels and dtypes kept (a repeated event keeps its last row's collective), no rows for
+    a rank without any or an empty table."""
+    from rankscope.analysis.store.frames import per_rank
+
+    rng = np.random.default_rng(3)
+    n = 500
+    colls = pd.DataFrame(
+        {
+            "rank": rng.integers(0, 9, n).astype(np.int32),
+            "event": rng.integers(0, 60, n),
+            "coll": np.arange(n),
+        },
+        index=rng.permutation(n) + 1000,
+    )
+    parts = per_rank(colls, range(11), ["event", "coll"])
+    assert sorted(parts) == list(range(11))
+    for rank in range(11):
+        mine = colls[colls["rank"] == rank][["event", "coll"]]
+        assert_frame_equal(parts[rank], mine)
+        want = np.full(60, -1)
+        want[mine["event"].to_numpy()] = mine["coll"].to_numpy()
+        got = np.full(60, -1)
+        got[parts[rank]["event"].to_numpy()] = parts[rank]["coll"].to_numpy()
+        assert np.array_equal(got, want)
+    none = per_rank(colls.iloc[:0], [0], ["event", "coll"])[0]
+    assert_frame_equal(none, colls.iloc[:0][["event", "coll"]])

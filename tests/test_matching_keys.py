@@ -114,30 +114,3 @@ def test_keys_of_random_tables() -> None:
         if n:
             text = comm.astype({"op": "str", "group": "str"})
             _same(text, rank)
-
-
-def test_colls_by_rank_is_the_rank_filter_in_row_order() -> None:
-    """The merge writes each rank's ``coll`` column from ``colls_by_rank``: the rows of that rank,
-    in the table's order (a repeated event keeps its last row's collective), none for a rank
-    without rows or an empty table."""
-    rng = np.random.default_rng(3)
-    n = 500
-    colls = pd.DataFrame(
-        {
-            "rank": rng.integers(0, 9, n).astype(np.int32),
-            "event": rng.integers(0, 60, n),
-            "coll": np.arange(n),
-        }
-    )
-    of = matching.colls_by_rank(colls)
-    for rank in range(11):
-        mine = colls[colls["rank"] == rank]
-        event, coll = of(rank)
-        assert event.tolist() == mine["event"].tolist() and coll.tolist() == mine["coll"].tolist()
-        want = np.full(60, -1)
-        want[mine["event"].to_numpy()] = mine["coll"].to_numpy()
-        got = np.full(60, -1)
-        got[event] = coll
-        assert np.array_equal(got, want)
-    event, coll = matching.colls_by_rank(colls.iloc[:0])(0)
-    assert len(event) == len(coll) == 0

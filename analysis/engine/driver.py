@@ -267,6 +267,7 @@ def analyze(
     from rankscope.analysis.compute.verdict import verdicts
     from rankscope.analysis.compute.whatif_graph import own_points
     from rankscope.analysis.engine.overview import assemble, grid_for
+    from rankscope.analysis.store.frames import per_rank
     from rankscope.analysis.store.reader import open_store
 
     spec = spec or ClusterSpec()
@@ -302,13 +303,12 @@ def analyze(
         if points is not None
         else {}
     )
+    coll_rows = per_rank(colls, ranks, ["coll", "start", "end", "last_start", "event"])
     calls = [
         (
             str(store_path),
             rank,
-            colls[colls["rank"] == rank][
-                ["coll", "start", "end", "last_start", "event"]
-            ].reset_index(drop=True),
+            coll_rows[rank].reset_index(drop=True),
             int(offsets.get(rank, 0)) % bd.HTA_GRID_NS,
             drop_last,
             point_times.get(int(rank)),

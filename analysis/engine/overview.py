@@ -277,6 +277,7 @@ def overview_of(store: StoreLike, spec: ClusterSpec | None = None) -> Overview |
     """The overview of a store without the rest of the analysis (``rankscope view
     --no-analysis``, Jupyter); None when the store has no profiled steps."""
     from rankscope.analysis.engine.scheduler import ANALYSIS_RANK_S, ClusterSpec, choose, run_each
+    from rankscope.analysis.store.frames import per_rank
     from rankscope.analysis.store.reader import open_store
 
     spec = spec or ClusterSpec()
@@ -289,9 +290,8 @@ def overview_of(store: StoreLike, spec: ClusterSpec | None = None) -> Overview |
     if grid is None:
         return None
     colls["last_start"] = colls.groupby("coll")["start"].transform("max")
-    calls = [
-        (path, r, colls[colls["rank"] == r][["start", "end", "last_start"]], grid) for r in ranks
-    ]
+    coll_rows = per_rank(colls, ranks, ["start", "end", "last_start"])
+    calls = [(path, r, coll_rows[r], grid) for r in ranks]
     choice = choose(spec, len(ranks), n_events, ANALYSIS_RANK_S)
     spec = dataclasses.replace(spec, scheduler=choice.scheduler)
     return assemble(list(run_each(_overview_task, calls, spec, len(ranks))), grid, hosts)

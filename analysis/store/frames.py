@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import collections
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -140,3 +140,16 @@ def rows(frame: pd.DataFrame) -> list[Any]:
         return list(frame.itertuples(index=False))
     make = _row_type(tuple(str(c) for c in frame.columns))._make
     return [make(r) for r in frame.to_numpy(dtype=object).tolist()]
+
+
+def per_rank(
+    frame: pd.DataFrame, ranks: Iterable[int], columns: list[str]
+) -> dict[int, pd.DataFrame]:
+    """``{rank: frame[frame["rank"] == rank][columns]}`` for each of ``ranks`` (no rows for a rank
+    the frame lacks): the same rows, index labels and order, from one grouping. Filtering the
+    whole table once per rank grew with ranks × rows, and a job's collectives table holds every
+    rank's rows (the merge's ``coll`` column, the analysis' rank tasks, the overview's)."""
+    rows = frame.groupby("rank", sort=False).indices
+    none = np.empty(0, np.intp)
+    part = frame[columns]
+    return {int(r): part.iloc[rows.get(r, none)] for r in ranks}

@@ -34,8 +34,6 @@ matched; so does an op whose peer's counterpart is in no trace.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 import pandas as pd
 
@@ -184,25 +182,3 @@ def renumber(colls: pd.DataFrame) -> pd.DataFrame:
     out = colls.copy()
     out["coll"] = mapping.loc[out["coll"]].to_numpy()
     return out.sort_values(["coll", "rank"], kind="stable").reset_index(drop=True)
-
-
-def colls_by_rank(colls: pd.DataFrame) -> Callable[[int], tuple[np.ndarray, np.ndarray]]:
-    """``rank -> (event, coll)`` of the matched collectives' rows of that rank, in their order.
-
-    One stable sort by rank, then a slice per rank: filtering the whole table once per rank
-    grew with ranks × rows (every rank's rows are in it).
-    """
-    if colls.empty:
-        none = np.empty(0, np.int64)
-        return lambda rank: (none, none)
-    ranks = colls["rank"].to_numpy(np.int64)
-    order = np.argsort(ranks, kind="stable")
-    ranks = ranks[order]
-    event = colls["event"].to_numpy(np.int64)[order]
-    coll = colls["coll"].to_numpy(np.int64)[order]
-
-    def of(rank: int) -> tuple[np.ndarray, np.ndarray]:
-        lo, hi = np.searchsorted(ranks, [rank, rank + 1])
-        return event[lo:hi], coll[lo:hi]
-
-    return of

@@ -223,15 +223,11 @@ def _merge_locked(
     """The merge proper, under the output lock; returns the problems found."""
     from rankscope import __version__
     from rankscope.analysis.engine.scheduler import AUTO, ClusterSpec, choose, run_each
+    from rankscope.analysis.store.frames import per_rank
     from rankscope.analysis.store.reader import StoreWriter
     from rankscope.analysis.store.schema import P2P_WITHOUT_PEER_ATTR
     from rankscope.orchestrator.ingest import clock as clk
-    from rankscope.orchestrator.ingest.matching import (
-        colls_by_rank,
-        match,
-        renumber,
-        without_peer,
-    )
+    from rankscope.orchestrator.ingest.matching import match, renumber, without_peer
     from rankscope.orchestrator.ingest.rank_columns import parse_source
 
     sources, run, problems = discover(inputs)
@@ -382,7 +378,7 @@ def _merge_locked(
             clock_table, colls_aligned = clk.align(colls, inputs_clock, ref)
             colls_aligned = renumber(colls_aligned) if not colls_aligned.empty else colls_aligned
             per_rank_clock = clock_table.set_index("rank")
-            coll_of = colls_by_rank(colls_aligned)
+            coll_of = per_rank(colls_aligned, parked, ["event", "coll"])
             steps_frames = []
             for r in sorted(parked):
                 c = per_rank_clock.loc[r]
@@ -390,8 +386,8 @@ def _merge_locked(
                 events = spill.take(r)
                 events["ts"] = clk.apply_transform(events["ts"], *args)
                 events["coll"] = np.full(len(events["ts"]), -1, dtype=np.int64)
-                event, coll = coll_of(r)
-                events["coll"][event] = coll
+                mine = coll_of[r]
+                events["coll"][mine["event"].to_numpy(np.int64)] = mine["coll"].to_numpy(np.int64)
                 _write_rank(writer, r, parked[r], events)
                 del events
                 memory = spill.take(r, part="memory")
