@@ -26,11 +26,12 @@ import enum
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from decimal import Decimal
-from typing import Any, TypeGuard
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import numpy as np
-import pandas as pd
-from rankscope.analysis.store import frames
+
+if TYPE_CHECKING:  # the merge's reader uses this module without pandas (file_trace.py)
+    import pandas as pd
 
 #: Columns of the memory table (one row per ``[memory]`` event), in order, with their dtypes.
 MEMORY_COLUMNS: dict[str, str] = {
@@ -82,6 +83,8 @@ def device_name(device_type: int, device_id: int) -> str:
 
 def empty_memory() -> pd.DataFrame:
     """A memory table without rows, with the dtypes of :data:`MEMORY_COLUMNS`."""
+    from rankscope.analysis.store import frames
+
     return frames.empty(MEMORY_COLUMNS)
 
 
@@ -192,6 +195,8 @@ def memory_rows(
     other than ``ProfilerStep#N``; ``step`` the ``ProfilerStep#N`` range containing it (any
     thread).
     """
+    import pandas as pd
+
     skipped: dict[str, int] = {}
     rows: list[tuple[Any, ...]] = []
     ranges: dict[Any, list[tuple[int, int, str, bool]]] = {}

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import enum
 import re
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:  # the merge's reader uses this module without pandas (file_trace.py)
+    import pandas as pd
 
 SCHEMA_NAME = "rankscope-store"
 SCHEMA_VERSION = 1
@@ -206,6 +209,8 @@ def text_values(column: pd.Series) -> np.ndarray:
     ``astype(str)`` builds a new string array row by row (pandas 3: an Arrow string array, then
     converted back), the largest single cost of a rank's analysis at ~30 k events. Taking the
     categories by the codes is one array take."""
+    import pandas as pd
+
     if isinstance(column.dtype, pd.CategoricalDtype):
         codes, texts = text_codes(column)
         out: np.ndarray = texts[codes]
@@ -217,6 +222,8 @@ def text_codes(column: pd.Series, missing: str = "nan") -> tuple[np.ndarray, np.
     """``(codes, texts)`` of a text column: ``texts[codes]`` is :func:`text_values` (a missing
     value ``missing``), ``codes`` int64 — to group rows by their text on integers (grouping on
     Python strings hashes each row's string: most of a rank's op table)."""
+    import pandas as pd
+
     if isinstance(column.dtype, pd.CategoricalDtype):
         index = column.cat.categories  # the store's: one Index for all calls, its type cached
         texts = np.asarray(index, dtype=object)

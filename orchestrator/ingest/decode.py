@@ -21,7 +21,8 @@ from typing import Any
 
 import msgspec
 from rankscope.orchestrator.ingest.comm_kernels import DEFAULT_VOCABULARY, CommVocabulary
-from rankscope.orchestrator.ingest.event_columns import EventColumns, FileTrace, StringTable
+from rankscope.orchestrator.ingest.event_columns import EventColumns, StringTable
+from rankscope.orchestrator.ingest.file_trace import FileTrace
 from rankscope.orchestrator.ingest.kineto_json import (
     BLOCK_DECODER,
     BLOCK_DECODER_EXACT,

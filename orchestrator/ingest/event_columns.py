@@ -4,7 +4,8 @@
 streaming reader produces it and keeps only columns: ``ts``/``dur`` in int64 ns, interned
 name/category codes, the event kind, lane, correlation id, input-shape codes, the communication
 rows (collective, group, Seq, bytes, peer) and the ``[memory]`` events; :meth:`EventColumns.finish`
-concatenates them into a :class:`FileTrace`. Each block is reduced before the next is decoded, so
+concatenates them into a :class:`~rankscope.orchestrator.ingest.file_trace.FileTrace` (numpy and
+plain rows: the reader never imports pandas, ``file_trace.py``). Each block is reduced before the next is decoded, so
 the decoded objects of a whole file never exist together.
 
 Timestamps (the part that must be exact): absolute ns = ``baseTimeNanoseconds`` + ts·1000
@@ -19,7 +20,7 @@ the row numbering.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from decimal import Decimal
 from operator import attrgetter
 from pathlib import Path
@@ -27,10 +28,10 @@ from typing import Any
 
 import msgspec
 import numpy as np
-import pandas as pd
 from rankscope.analysis.store.memory_table import memory_field_limits
 from rankscope.analysis.store.schema import EventKind, LaneKind
 from rankscope.orchestrator.ingest.comm_kernels import DEFAULT_VOCABULARY, CommVocabulary
+from rankscope.orchestrator.ingest.file_trace import CommRecord, CommRecords, FileTrace, LaneRow
 from rankscope.orchestrator.ingest.kineto_json import KEvent, KFile, TraceReadError
 from rankscope.orchestrator.ingest.memory_columns import MemoryColumns
 from rankscope.orchestrator.ingest.stamps import BASE_LIMIT_NS as BASE_LIMIT_NS
@@ -49,55 +50,6 @@ from rankscope.orchestrator.ingest.vocabulary import (
 
 #: One rank's (or one file's) string table: string -> code, in first-seen order.
 StringTable = dict[str, int]
-
-
-@dataclass
-class FileTrace:
-    """One parsed trace file, as compact columns (raw clock of the rank).
-
-    Events are sorted by ts, unless read with ``sort=False`` (the merge reads a rank's windows
-    that way and sorts them once, together: ``rank_columns.parse_source``).
-    """
-
-    path: Path
-    rank: int | None
-    """rank from ``distributedInfo`` (None when absent)"""
-    world_size: int | None
-    backend: str | None
-    trace_id: str | None
-    host: str | None
-    nbytes: int
-    """size of the JSON text in bytes (after gunzip)"""
-    columns: dict[str, np.ndarray]
-    """ts (ns, raw clock), dur (ns), name/cat (int32 codes into ``strings``), kind, lane, corr;
-    shapes/dtypes (codes of ``Input Dims`` / ``Input type`` as text, -1 without record_shapes)"""
-    strings: list[str]
-    """the string table the name/cat codes index (the rank's so far when it was shared)"""
-    lanes: pd.DataFrame
-    comm: pd.DataFrame
-    """communication events: event (row), op, group, seq (-1 unknown), bytes (-1 unknown),
-    peer (global rank from ``Dst Rank`` / ``Src Rank``, -1 unknown), lane"""
-    dropped: dict[str, int] = field(default_factory=dict)
-    """events left out and why (negative / missing duration ...)"""
-    memory: dict[str, np.ndarray] | None = None
-    """the ``[memory]`` events (None when there are none): the columns of
-    ``analysis.memory_events.MEMORY_COLUMNS`` but rank and window, ts raw ns, op and scope as codes
-    into ``strings``, in file order"""
-    memory_skipped: dict[str, int] = field(default_factory=dict)
-    """memory events left out and why (``memory_events.skip_reason``)"""
-    device_memory: dict[int, int] = field(default_factory=dict)
-    """GPU index → total bytes (``deviceProperties``)"""
-    device_capability: dict[int, tuple[int, int]] = field(default_factory=dict)
-    """GPU index → (computeMajor, computeMinor) (``deviceProperties``)"""
-    process_groups: list[dict[str, Any]] = field(default_factory=list)
-    """the groups the rank is in (``distributedInfo.pg_config``): ``name``, ``desc`` and global
-    ``ranks`` of each, as :func:`process_groups` reads them"""
-    enqueue: pd.DataFrame | None = None
-    """the ``record_param_comms`` ops that name a collective, columns as :attr:`comm`: the
-    metadata of the NCCL kernels they launch (``rank_columns``; Seq is not copied to kernels)"""
-    rank_signs: bool = False
-    """the file shows a sign of holding several ranks (``multirank.block_signs``, a repeated
-    ``ProfilerStep#N``, or complete events dropped unseen): the merge then checks it whole"""
 
 
 # The range of an int64 field, as plain ints for the reader's inline tests.
@@ -199,7 +151,7 @@ class EventColumns(MemoryColumns):
         self.unmatchable: dict[tuple[str, str], bool] = {}
         self.thread_names: dict[tuple[str, str], list[str]] = {}
         self.parts: dict[str, list[np.ndarray]] = {}
-        self.comm_rows: list[tuple[int, str, str, int, int, int, bool]] = []
+        self.comm_rows: list[CommRecord] = []
         self.count = 0
         self.dropped = 0
         self.out_of_range = 0
@@ -478,7 +430,7 @@ class EventColumns(MemoryColumns):
             is_gpu |= gpu_cat[cols["cat"]]
         lane_gpu = np.zeros(len(self.lanes), dtype=bool)
         np.logical_or.at(lane_gpu, cols["lane"], is_gpu)
-        rows = []
+        rows: list[LaneRow] = []
         for (pid, tid), i in self.lanes.items():
             if lane_gpu[i]:
                 label = tid if tid.startswith("stream") else f"stream {tid}"
@@ -486,19 +438,10 @@ class EventColumns(MemoryColumns):
             else:
                 label = " / ".join(self.thread_names.get((pid, tid), [])) or f"thread {tid}"
                 rows.append((i, int(LaneKind.THREAD), pid, tid, label))
-        lanes = pd.DataFrame(rows, columns=["lane", "kind", "pid", "tid", "name"])
-        rows = pd.DataFrame(
-            self.comm_rows, columns=["event", "op", "group", "seq", "bytes", "peer", "enqueue"]
-        )
-        if len(rows):
-            if inverse is not None:
-                rows["event"] = inverse[rows["event"].to_numpy(np.int64)]
-            rows["lane"] = cols["lane"][rows["event"].to_numpy(np.int64)]
-        else:
-            rows["lane"] = np.zeros(0, np.int32)
-        on_cpu = rows.pop("enqueue").to_numpy(bool)
-        comm = rows[~on_cpu].reset_index(drop=True)
-        enqueue = rows[on_cpu].reset_index(drop=True)
+        event = np.fromiter((r[0] for r in self.comm_rows), np.int64, len(self.comm_rows))
+        if inverse is not None:
+            event = inverse[event]
+        records = CommRecords(self.comm_rows, event, cols["lane"][event])
         info = top.distributedInfo or {}
         world = info.get("world_size")
         rank = info.get("rank")
@@ -527,14 +470,13 @@ class EventColumns(MemoryColumns):
             nbytes=self.nbytes,
             columns=cols,
             strings=strings,
-            lanes=lanes,
-            comm=comm,
+            lane_rows=rows,
+            comm_records=records,
             dropped=dropped,
             memory=memory,
             memory_skipped=dict(self.memory_skipped),
             device_memory=device_total_memory(top.deviceProperties),
             device_capability=device_capability(top.deviceProperties),
-            enqueue=enqueue,
             process_groups=process_groups(info.get("pg_config")),
             rank_signs=rank_signs,
         )

@@ -25,7 +25,7 @@ from rankscope.orchestrator.ingest.vocabulary import GPU_KINDS
 
 if TYPE_CHECKING:
     from rankscope.orchestrator.ingest.comm_links import LinkCounts
-    from rankscope.orchestrator.ingest.event_columns import FileTrace
+    from rankscope.orchestrator.ingest.file_trace import FileTrace
 
 #: Annotations looked back through for one that is still open (p2p calls nest at most this deep).
 MAX_P2P_NESTING = 4

@@ -26,15 +26,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 from rankscope.analysis.store.schema import CHANGE_COLUMNS, STEP_LOG_COLUMNS, ChangeKind
 from rankscope.launchers.rundir import CHANGES_FILE
 from rankscope.launchers.step_log import STEP_LOG_FILE, read_steps
 from rankscope.orchestrator.ingest.discovery import Problem, RankSource
 from rankscope.orchestrator.ingest.staging import Spill
+
+if TYPE_CHECKING:  # the merge's reader uses this module without pandas (file_trace.py)
+    import pandas as pd
 
 #: The step log's part in the spill (:class:`~rankscope.orchestrator.ingest.staging.Spill`).
 STEP_LOG_PART = "steplog"
@@ -133,6 +135,8 @@ def read_changes(run_dir: Path) -> tuple[pd.DataFrame | None, Problem | None]:
     """The live monitor's changes (``RUN/changes.jsonl``) as schema.CHANGE_COLUMNS, and one
     problem line for lines that are not understood (they are left out); ``(None, None)`` when
     the run has no such file."""
+    import pandas as pd
+
     path = run_dir / CHANGES_FILE
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
