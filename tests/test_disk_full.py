@@ -195,6 +195,101 @@ def test_store_writer_disk_full_no_crash(tiny_fs: Mount) -> None:
     assert _listing(fs) == []
 
 
+#: Ranks with string lanes written into each of several small file systems until one fills,
+#: with the freed heap full of a non-zero pattern (what stale memory looks like to HDF5).
+FILLING_SCRIPT = """
+import sys
+import numpy as np, pandas as pd
+from pathlib import Path
+from rankscope.analysis.store.writer import StoreWriter
+from rankscope.errors import OutputError
+
+pattern = np.full(4096, 0xB300000001, dtype=np.int64)
+def stale_heap():
+    keep = []
+    for n in (64, 256, 1024, 4096, 16384):
+        for _ in range(100):
+            keep.append(np.tile(pattern, n // 4096 + 1)[:n].copy())
+            keep.append(pattern[: n // 8 + 1].tobytes())
+    del keep
+n = 3000
+events = {c: np.arange(n, dtype=np.int64) for c in ("ts", "dur", "corr", "coll")}
+events.update({c: np.zeros(n, np.int32) for c in ("name", "cat", "lane", "step")})
+events.update(kind=np.zeros(n, np.int8), window=np.zeros(n, np.int16))
+lanes = pd.DataFrame({"lane": np.arange(60, dtype=np.int32), "kind": np.zeros(60, np.int8),
+                      "pid": [f"pid {i}" for i in range(60)], "tid": [f"tid {i}" for i in range(60)],
+                      "name": [f"thread name number {i} of the rank" for i in range(60)]})
+for where in map(Path, sys.argv[1:]):
+    stale_heap()
+    try:
+        with StoreWriter(where / "s.h5", attrs={"run_id": "x"}) as w:
+            for r in range(400):
+                stale_heap()
+                w.write_rank(r, dict(events, ts=events["ts"] * (r + 1)), lanes, {})
+        print("fitted")
+    except OutputError as exc:
+        print(exc)
+"""
+
+
+def test_a_store_filling_the_disk_never_crashes(tiny_fs: Mount) -> None:
+    """Ranks written until the disk is full, on 40 file systems of 100-139 KiB: each ends in
+    the one disk-full line, none in a crash. Before HDF5 read back its own writes after a failed
+    one (``_GuardedFile``'s pages), it read stale bytes as string heap references and freed a
+    garbage pointer (SIGSEGV in ``H5T__conv_vlen``; here at the sixth size)."""
+    mounts = [tiny_fs(k * 1024) for k in range(100, 140)]
+    done = _run([sys.executable, "-c", FILLING_SCRIPT, *map(str, mounts)])
+    assert done.returncode == 0, (done.returncode, done.stderr[-3000:])
+    lines = done.stdout.splitlines()
+    assert len(lines) == len(mounts)
+    for where, line in zip(mounts, lines, strict=True):
+        assert line == (
+            f"{where / 's.h5'}: cannot write (no space left on device); "
+            "the previous s.h5 is untouched"
+        )
+
+
+def test_after_a_failed_write_hdf5_reads_back_what_it_wrote(tiny_fs: Mount) -> None:
+    """The guarded file after a failed write: nothing more reaches the disk, and every read
+    returns what was written last at that place (a write that failed halfway whole), the
+    disk's bytes elsewhere, zeros where nothing was ever written."""
+    import errno
+
+    from rankscope.analysis.store.writer import _GuardedFile
+
+    fs = tiny_fs(64 * 1024)
+    f = _GuardedFile(fs / "x.h5")
+    try:
+        first = bytes(range(256)) * 16  # 4 KiB that reach the disk
+        assert f.write(first) == len(first) and f.error is None
+        _fill(fs)
+        half = b"H" * 10_000  # fails: the disk is full
+        assert f.write(half) == len(half)
+        assert f.error is not None and f.error.errno == errno.ENOSPC
+        f.seek(20_000)
+        late = b"L" * 70_000  # spans pages
+        f.write(late)
+        f.seek(1000)
+        f.write(b"patch")
+        assert f.tell() == 1005
+        assert f.seek(0, os.SEEK_END) == 90_000
+
+        def read(at: int, n: int) -> bytes:
+            f.seek(at)
+            buffer = bytearray(n)
+            assert f.readinto(buffer) == n
+            return bytes(buffer)
+
+        assert read(0, 4096) == first[:1000] + b"patch" + first[1005:]
+        assert read(4096, 10_000) == half
+        assert read(14_096, 5904) == bytes(5904)  # never written
+        assert read(20_000, 70_000) == late
+        assert read(89_990, 20) == late[-10:] + bytes(10)
+        assert os.path.getsize(fs / "x.h5") <= 4096 + 10_000  # nothing after the failure
+    finally:
+        f.close()
+
+
 def _small_store(fs: Path) -> str:
     """Merge the small run into ``fs/trace.h5`` (a previous good store); its digest."""
     done = _rankscope("merge", SMALL, "-o", fs / "trace.h5", "-q")

@@ -54,6 +54,11 @@ from rankscope.errors import OutputError
 if TYPE_CHECKING:
     import pandas as pd
 
+#: Bytes per page of what HDF5 writes after a failed write (``_GuardedFile``, kept in memory).
+OVERLAY_PAGE = 1 << 16
+#: The largest file offset (a seek past it is an I/O error to HDF5).
+MAX_OFFSET = 2**63 - 1
+
 
 def _dataset_kwargs(n: int) -> dict[str, Any]:
     """Chunking/compression for a 1-D dataset of ``n`` rows (tiny ones stay contiguous)."""
@@ -102,55 +107,133 @@ def write_table(
 
 class _GuardedFile:
     """The store's file as HDF5 sees it (h5py's ``fileobj`` driver): a write that fails is
-    recorded, never reported to HDF5.
+    recorded, never reported to HDF5, and HDF5 reads back what it wrote.
 
     Why: HDF5 surfaces a failed write (a full disk) late and repeatedly — on flushes, on every
     object's release, at close — and h5py 3.x can crash (SIGSEGV) closing a file whose writes
-    failed. Here the first ``OSError`` is kept in :attr:`error` and every later write is
-    dropped while HDF5 is told it succeeded, so HDF5 stays consistent, closes cleanly, and the
-    writer raises one :class:`~rankscope.errors.OutputError` (the file is then deleted).
+    failed. Here the first ``OSError`` is kept in :attr:`error` and from then on HDF5 is told
+    every write succeeded, so HDF5 stays consistent, closes cleanly, and the writer raises one
+    :class:`~rankscope.errors.OutputError` (the file is then deleted).
+
+    What HDF5 writes after the failure is kept in memory (:attr:`_pages`, whole pages of
+    :data:`OVERLAY_PAGE` bytes: the file's bytes with the writes applied) and read back from
+    there. Dropping it instead left HDF5 reading its own later writes as the disk's stale or
+    missing bytes: a string column's heap references read back that way made HDF5 free a
+    garbage pointer (SIGSEGV in ``H5T__conv_vlen``, a merge on a nearly full disk; reproduced
+    with this writer alone on a tmpfs, ``tests/test_disk_full.py``). The pages hold what HDF5
+    writes between the failure and the writer's report of it: the rest of one rank's columns,
+    then the metadata flushed at close.
     """
 
     def __init__(self, path: Path) -> None:
         self._raw = open(path, "w+b", buffering=0)  # noqa: SIM115 (closed by :meth:`close`)
         self.error: OSError | None = None
+        #: after :attr:`error`: page number → the page as HDF5 last wrote it
+        self._pages: dict[int, bytearray] = {}
+        #: after :attr:`error`: the position and the end HDF5 believes the file has
+        self._pos = 0
+        self._end = 0
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
         if self.error is None:
+            start = self._raw.tell()
             try:
                 done = 0
                 while done < len(view):
                     done += self._raw.write(view[done:]) or 0
+                return len(view)
             except OSError as exc:
-                self.error = exc
+                self._fail(
+                    exc, start
+                )  # the whole write goes to the pages (its start may be on disk)
+        self._keep(self._pos, view)
+        self._pos += len(view)
+        self._end = max(self._end, self._pos)
         return len(view)
 
+    def _fail(self, exc: OSError, pos: int) -> None:
+        """Keep the first failure; from now on HDF5's file is the disk's bytes and the pages,
+        at ``pos`` (the position HDF5 believes in)."""
+        self.error = exc
+        self._pos = pos
+        try:
+            self._end = os.fstat(self._raw.fileno()).st_size
+        except OSError:
+            self._end = pos
+
+    def _page(self, number: int) -> bytearray:
+        """The page as HDF5 last wrote it: from the pages, else read from the disk."""
+        page = self._pages.get(number)
+        if page is None:
+            page = bytearray(OVERLAY_PAGE)
+            with contextlib.suppress(OSError):
+                os.preadv(self._raw.fileno(), [page], number * OVERLAY_PAGE)
+            self._pages[number] = page
+        return page
+
+    def _keep(self, offset: int, view: memoryview) -> None:
+        """Apply a write HDF5 made after the failure to the pages."""
+        done = 0
+        while done < len(view):
+            number, at = divmod(offset + done, OVERLAY_PAGE)
+            n = min(OVERLAY_PAGE - at, len(view) - done)
+            self._page(number)[at : at + n] = view[done : done + n]
+            done += n
+
     def readinto(self, buffer: Any) -> int:
-        return self._raw.readinto(buffer) or 0
+        if self.error is None:
+            return self._raw.readinto(buffer) or 0
+        out = memoryview(buffer).cast("B")
+        done = 0
+        while done < len(out):
+            number, at = divmod(self._pos + done, OVERLAY_PAGE)
+            n = min(OVERLAY_PAGE - at, len(out) - done)
+            page = self._pages.get(number)
+            if page is None:  # never written after the failure: the disk's bytes, else zeros
+                got = 0
+                with contextlib.suppress(OSError):
+                    got = os.preadv(self._raw.fileno(), [out[done : done + n]], self._pos + done)
+                out[done + got : done + n] = bytes(n - got)
+            else:
+                out[done : done + n] = page[at : at + n]
+            done += n
+        self._pos += len(out)
+        return len(out)
 
     def read(self, size: int = -1) -> bytes:
-        return self._raw.read(size) or b""
+        if self.error is None:
+            return self._raw.read(size) or b""
+        buffer = bytearray(max(size, 0))
+        self.readinto(buffer)
+        return bytes(buffer)
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        if self.error is not None:  # the position HDF5 believes in (its writes are in pages)
+            base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: self._end}[whence]
+            if not 0 <= base + offset < MAX_OFFSET:
+                raise OSError(errno.EIO, f"seek to {offset} (whence {whence})")
+            self._pos = base + offset
+            return self._pos
         try:
             return self._raw.seek(offset, whence)
         except (OverflowError, ValueError) as exc:
-            # After a dropped write HDF5 may read its own metadata back as garbage and seek to
-            # an undefined address (2**64 - 1: seen in a CI run when the disk filled mid-rank).
-            # An I/O error to HDF5, so the writer reports the first failure, kept in ``error``.
+            # HDF5 reading garbage may seek to an undefined address (2**64 - 1: seen in a CI
+            # run when the disk filled mid-rank, before the pages kept HDF5's own writes). An
+            # I/O error to HDF5, so the writer reports the first failure, kept in ``error``.
             raise OSError(errno.EIO, f"seek to {offset}: {exc}") from exc
 
     def tell(self) -> int:
-        return self._raw.tell()
+        return self._raw.tell() if self.error is None else self._pos
 
     def truncate(self, size: int | None = None) -> int:
         if self.error is None:
             try:
                 return self._raw.truncate(size)
             except OSError as exc:
-                self.error = exc
-        return self._raw.tell() if size is None else size
+                self._fail(exc, self._raw.tell())
+        self._end = self._pos if size is None else size
+        return self._end
 
     def flush(self) -> None:
         """Nothing is buffered here (the file is unbuffered); :meth:`sync` makes it durable."""
@@ -161,7 +244,7 @@ class _GuardedFile:
             try:
                 os.fsync(self._raw.fileno())
             except OSError as exc:
-                self.error = exc
+                self._fail(exc, self._raw.tell())
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
