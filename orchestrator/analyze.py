@@ -49,25 +49,31 @@ def main(args: argparse.Namespace) -> int:
     """Entry point of ``rankscope analyze``."""
     from rankscope.analysis.engine.cluster_flags import cluster_spec_from_args
     from rankscope.collector import paced_collector
-    from rankscope.orchestrator.merge import comm_from_args, pandas_without_arrow
+    from rankscope.orchestrator.merge import comm_from_args, pandas_without_arrow, read_ahead
+    from rankscope.orchestrator.workflow import merge_is_due
 
     # One spec for both: a merge that must run first uses the same workers (its own "auto"
     # choice, for its own size, when none were asked for).
     cluster = cluster_spec_from_args(args, main_is_guarded=True)
-    with paced_collector():  # the imports at an analysis' pace too (as rankscope merge)
-        pandas_without_arrow(cluster)  # where every worker shares this interpreter
-        from rankscope.orchestrator.workflow import Workflow, merge_analyse_report
+    comm = comm_from_args(args)
+    # a merge due first begins reading while this process imports (source_reads.py)
+    inputs = [args.path] if merge_is_due(args.path) else []
+    with read_ahead(inputs, cluster, comm) as ahead:
+        with paced_collector():  # the imports at an analysis' pace too (as rankscope merge)
+            pandas_without_arrow(cluster)  # where every worker shares this interpreter
+            from rankscope.orchestrator.workflow import Workflow, merge_analyse_report
 
-    merge_analyse_report(
-        args.path,
-        Workflow(
-            cluster=cluster,
-            rank_from=getattr(args, "rank_from", None),
-            comm=comm_from_args(args),
-            json_path=args.json,
-            html_path=args.html,
-            top_ops=args.top_ops,
-            all_ranks=getattr(args, "all_ranks", False),
-        ),
-    )
+        merge_analyse_report(
+            args.path,
+            Workflow(
+                cluster=cluster,
+                rank_from=getattr(args, "rank_from", None),
+                comm=comm,
+                json_path=args.json,
+                html_path=args.html,
+                top_ops=args.top_ops,
+                all_ranks=getattr(args, "all_ranks", False),
+                read_ahead=ahead,
+            ),
+        )
     return 0

@@ -30,6 +30,7 @@ from rankscope.orchestrator.ingest.comm_kernels import (
 
 if TYPE_CHECKING:
     from rankscope.analysis.engine.scheduler import ClusterSpec
+    from rankscope.orchestrator.ingest.source_reads import ReadAhead
 
 #: ``--comm-kernel REGEX`` from :class:`CommKernelSettings`'s field.
 COMM_FLAGS = Flags(CommKernelSettings, repeat_note=" (repeatable)")
@@ -168,10 +169,11 @@ def main(args: argparse.Namespace) -> int:
     from rankscope.collector import paced_collector
 
     cluster = cluster_spec_from_args(args, main_is_guarded=True)
+    comm = comm_from_args(args)
     # Paced from the imports on: at Python's pace, importing numpy, pandas and h5py ran ~140
     # young passes, ~13 middle ones and a full one, 0.05-0.08 s of CPU (one 54 MB rank's merge).
-    with paced_collector():
-        pandas_without_arrow(cluster)
+    with paced_collector(), read_ahead(paths, cluster, comm) as ahead:
+        pandas_without_arrow(cluster)  # while the traces are read (source_reads.py)
         from rankscope.orchestrator.ingest.merge import merge_run_dir
         from rankscope.pandas_strings import object_strings
 
@@ -186,6 +188,23 @@ def main(args: argparse.Namespace) -> int:
                 extra_inputs=paths[1:],
                 main_is_guarded=True,
                 rank_from=args.rank_from,
-                comm=comm_from_args(args),
+                comm=comm,
+                read_ahead=ahead,
             )
     return 0
+
+
+@contextlib.contextmanager
+def read_ahead(
+    inputs: list[Path], cluster: ClusterSpec, comm: CommVocabulary
+) -> Iterator[ReadAhead | None]:
+    """The traces of ``inputs`` read in a forked process from now on, where that pays
+    (``source_reads.ReadAhead.start``; None where not), ended when the block ends."""
+    from rankscope.orchestrator.ingest.source_reads import ReadAhead
+
+    ahead = ReadAhead.start(inputs, cluster, comm) if inputs else None
+    try:
+        yield ahead
+    finally:
+        if ahead is not None:
+            ahead.close()

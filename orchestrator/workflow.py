@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from rankscope.analysis.engine.scheduler import ClusterSpec
     from rankscope.analysis.render.summary_json import Summarised
     from rankscope.orchestrator.ingest.comm_kernels import CommVocabulary
+    from rankscope.orchestrator.ingest.source_reads import ReadAhead
 
 #: Width of the summary when stdout is not a terminal (rich would use 80 columns).
 PIPE_WIDTH = 110
@@ -56,6 +57,10 @@ class Workflow:
     """List every rank in the terminal tables and the HTML report (above 16 they are summarised)."""
     progress: bool = True
     """Show the per-rank progress bar on stderr."""
+    read_ahead: ReadAhead | None = None
+    """The traces' reads begun in a forked process at start-up (``source_reads.ReadAhead``, which
+    the caller owns; ``rankscope analyze`` starts it when :func:`merge_is_due`), taken by a merge
+    run first instead of reading again."""
     comm: CommVocabulary | None = None
     """The communication kernels of a merge run first (``--comm-kernel``, the config file's);
     a store merged with other user patterns is merged again. None: as the store was merged."""
@@ -84,7 +89,12 @@ def _merge_analyse_report(path: Path, wf: Workflow) -> Analysis:
     cluster = wf.cluster or ClusterSpec(scheduler=AUTO, main_is_guarded=True)
     _refuse_unprofiled_run(path)
     store = resolve_store(
-        path, merge=wf.merge, cluster=cluster, rank_from=wf.rank_from, comm=wf.comm
+        path,
+        merge=wf.merge,
+        cluster=cluster,
+        rank_from=wf.rank_from,
+        comm=wf.comm,
+        read_ahead=wf.read_ahead,
     )
     analysis = run_analysis(
         store,
@@ -114,16 +124,23 @@ def merge_into_store(
     cluster: ClusterSpec | None = None,
     rank_from: str | None = None,
     comm: CommVocabulary | None = None,
+    read_ahead: ReadAhead | None = None,
 ) -> Path:
     """Merge ``path`` into its default store (``store_names.store_for``; prints the clock line
-    and where it went); Ctrl-C during it is reported as an interrupt. Returns the store."""
+    and where it went); Ctrl-C during it is reported as an interrupt. Returns the store.
+    ``read_ahead``: reads begun at start-up (``merge_run_dir``)."""
     from rankscope.orchestrator.ingest.merge import merge_run_dir
     from rankscope.orchestrator.merge import interrupt_wins
 
     with interrupt_wins():
         return Path(
             merge_run_dir(
-                path, cluster=cluster, main_is_guarded=True, rank_from=rank_from, comm=comm
+                path,
+                cluster=cluster,
+                main_is_guarded=True,
+                rank_from=rank_from,
+                comm=comm,
+                read_ahead=read_ahead,
             )
         )
 
@@ -163,6 +180,7 @@ def resolve_store(
     rank_from: str | None = None,
     cluster: ClusterSpec | None = None,
     comm: CommVocabulary | None = None,
+    read_ahead: ReadAhead | None = None,
 ) -> Path:
     """The store to analyse for ``path``, checked readable (so a bad one fails in one line).
 
@@ -173,7 +191,8 @@ def resolve_store(
     the trace's own store beside it (``a.json.gz`` → ``a.rankscope.h5``). An existing store is
     used as it is when no input is newer and it was merged with the same user patterns of
     communication kernels (``comm``; None: not checked); ``merge=False`` never merges
-    (``rankscope run`` merged already). ``rank_from``: ``--rank-from`` of the merge.
+    (``rankscope run`` merged already). ``rank_from``: ``--rank-from`` of the merge;
+    ``read_ahead``: its reads begun at start-up (:func:`merge_is_due`).
     """
     from rankscope.orchestrator.ingest.store_names import store_for
 
@@ -188,7 +207,14 @@ def resolve_store(
     if path.is_file():
         if _is_store_file(path):
             return _checked(path)
-        return _store_for_trace(path, merge=merge, cluster=cluster, rank_from=rank_from, comm=comm)
+        return _store_for_trace(
+            path,
+            merge=merge,
+            cluster=cluster,
+            rank_from=rank_from,
+            comm=comm,
+            read_ahead=read_ahead,
+        )
     store = store_for(path)
     if store.exists():
         why = _stale(store, path, comm) if merge else None
@@ -197,7 +223,22 @@ def resolve_store(
         print(f"{why}: merging again", file=sys.stderr)
     elif not merge:
         raise InputFileError(f"{path}: no {store.name} (run `rankscope merge {path}` first)")
-    return _checked(merge_into_store(path, cluster, rank_from, comm))
+    return _checked(merge_into_store(path, cluster, rank_from, comm, read_ahead))
+
+
+def merge_is_due(path: Path) -> bool:
+    """Will :func:`resolve_store` merge ``path``? Told without opening a store (so without
+    h5py), for ``rankscope analyze`` to begin reading the traces while it imports
+    (``source_reads.ReadAhead``): True for a folder whose store is missing or older than one of
+    its traces, and a trace file without its store. Other stale stores (merged with other comm
+    kernels, a trace's store older than it) are merged again without reads begun ahead."""
+    from rankscope.orchestrator.ingest.discovery import is_trace_name
+    from rankscope.orchestrator.ingest.store_names import store_for
+
+    if path.is_dir():
+        store = store_for(path)
+        return not store.exists() or _newer_input(store, [path]) is not None
+    return path.is_file() and is_trace_name(path) and not store_for(path).exists()
 
 
 def _stale(store: Path, path: Path, comm: CommVocabulary | None) -> str | None:
@@ -232,6 +273,7 @@ def _store_for_trace(
     cluster: ClusterSpec,
     rank_from: str | None = None,
     comm: CommVocabulary | None = None,
+    read_ahead: ReadAhead | None = None,
 ) -> Path:
     """The store of one trace file: its own (``store_names.store_for``), merged from it when
     out of date.
@@ -272,7 +314,7 @@ def _store_for_trace(
         print(f"{why}: merging again", file=sys.stderr)
     elif not merge:
         raise InputFileError(f"{trace}: no {store} (run `rankscope merge {trace}`)")
-    return _checked(merge_into_store(trace, cluster, rank_from, comm))
+    return _checked(merge_into_store(trace, cluster, rank_from, comm, read_ahead))
 
 
 def _newer_input(store: Path, inputs: list[Path]) -> Path | None:

@@ -106,7 +106,7 @@ def test_forked_workers_pay_sooner_than_a_cluster(monkeypatch: pytest.MonkeyPatc
     from rankscope.analysis.engine import scheduler
 
     monkeypatch.setattr(scheduler, "can_fork", lambda: True)
-    monkeypatch.setattr(scheduler, "_cores", lambda: 2)
+    monkeypatch.setattr(scheduler, "cores", lambda: 2)
     spec = scheduler.ClusterSpec()
     # 2 workers: pays when the work is over 2 x FORK_START_S (1.0 s: 800,000 events)
     assert scheduler.choose(spec, 8, 1_000_000).scheduler == scheduler.PROCESSES
@@ -117,10 +117,10 @@ def test_forked_workers_pay_sooner_than_a_cluster(monkeypatch: pytest.MonkeyPatc
     small = scheduler.choose(spec, 8, 20_000, scheduler.ANALYSIS_RANK_S)
     assert small.scheduler == scheduler.SYNCHRONOUS and "too little" in small.reason
     assert scheduler.choose(spec, 1, 100_000_000).scheduler == scheduler.SYNCHRONOUS
-    monkeypatch.setattr(scheduler, "_cores", lambda: 1)
+    monkeypatch.setattr(scheduler, "cores", lambda: 1)
     assert scheduler.choose(spec, 8, 100_000_000).scheduler == scheduler.SYNCHRONOUS
     # 64 small ranks: their fixed cost per task (ANALYSIS_RANK_S) is the work that pays
-    monkeypatch.setattr(scheduler, "_cores", lambda: 2)
+    monkeypatch.setattr(scheduler, "cores", lambda: 2)
     assert scheduler.choose(spec, 64, 64_000).scheduler == scheduler.SYNCHRONOUS
     busy = scheduler.choose(spec, 64, 64_000, scheduler.ANALYSIS_RANK_S)
     assert busy.scheduler == scheduler.PROCESSES
@@ -134,16 +134,16 @@ def test_the_merge_weighs_its_work_at_the_parse_rate(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The merge sizes its work at the parse's rate (3.4 µs per estimated event + 0.03 s per rank,
-    orchestrator/ingest/merge.py), not the analysis' (1.25 µs): an 8-rank synth job of 370,559
+    orchestrator/ingest/source_reads.py), not the analysis' (1.25 µs): an 8-rank synth job of 370,559
     estimated events parsed in 1.51 s of CPU, which the analysis' rate called 0.46 s, so it ran
     in-process where 2 forked workers halve it. Small jobs (param_dlrm_8rank, 19k) stay in-process."""
     from rankscope.analysis.engine import scheduler
-    from rankscope.orchestrator.ingest import merge
+    from rankscope.orchestrator.ingest import merge, source_reads
 
     monkeypatch.setattr(scheduler, "can_fork", lambda: True)
-    monkeypatch.setattr(scheduler, "_cores", lambda: 2)
+    monkeypatch.setattr(scheduler, "cores", lambda: 2)
     spec = scheduler.ClusterSpec()
-    rate = (merge.PARSE_RANK_S, merge.PARSE_EVENTS_PER_S)
+    rate = (source_reads.PARSE_RANK_S, source_reads.PARSE_EVENTS_PER_S)
     assert scheduler.choose(spec, 8, 370_559, *rate).scheduler == scheduler.PROCESSES
     assert scheduler.choose(spec, 8, 19_352, *rate).scheduler == scheduler.SYNCHRONOUS
     # the real merge of the small job says in-process, and uses the parse rate to say it
@@ -192,10 +192,10 @@ def test_unsized_cluster_counts_the_parents_core(monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.setattr(scheduler, "can_fork", lambda: False)
     guarded = scheduler.ClusterSpec(main_is_guarded=True)
-    monkeypatch.setattr(scheduler, "_cores", lambda: 2)
+    monkeypatch.setattr(scheduler, "cores", lambda: 2)
     two = scheduler.choose(guarded, 8, 100_000_000)
     assert two.scheduler == scheduler.SYNCHRONOUS and "one is the parent's" in two.reason
-    monkeypatch.setattr(scheduler, "_cores", lambda: 16)
+    monkeypatch.setattr(scheduler, "cores", lambda: 16)
     assert scheduler.choose(guarded, 8, 100_000_000).scheduler == scheduler.LOCAL
     assert scheduler.choose(guarded, 8, 10_000).scheduler == scheduler.SYNCHRONOUS
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
-    from concurrent.futures import Executor
+    from concurrent.futures import Executor, ProcessPoolExecutor
 
 #: What a task returns.
 Result = TypeVar("Result")
@@ -39,6 +39,22 @@ def run_forked(
     ``BrokenProcessPool`` (the scheduler says it in one line); a task's own exception reaches
     the caller as raised.
     """
+    pool, before = forked_pool(workers)
+    finished = False
+    try:
+        yield from in_flight(pool, func, calls, limit)
+        finished = True
+    finally:
+        if finished:
+            pool.shutdown(wait=True)
+        else:
+            stop_pool(pool, before)
+
+
+def forked_pool(workers: int) -> tuple[ProcessPoolExecutor, set[Any]]:
+    """A pool of ``workers`` processes forked from this one (each begins with
+    :func:`_forked_worker_start`), and the children this process had before it (for
+    :func:`stop_pool`). The workers are forked at the first submit."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
@@ -49,22 +65,22 @@ def run_forked(
         initializer=_forked_worker_start,
         initargs=(os.getpid(),),
     )
-    finished = False
-    try:
-        yield from in_flight(pool, func, calls, limit)
-        finished = True
-    finally:
-        if finished:
-            pool.shutdown(wait=True)
-        else:
-            # the pool's manager thread also ends and reaps the workers once one died: it is
-            # joined (bounded) too, or a worker it is still reaping would look alive to the
-            # caller for a moment (a reaped pid is never seen again by another waitpid)
-            manager: threading.Thread | None = getattr(pool, "_executor_manager_thread", None)
-            pool.shutdown(wait=False, cancel_futures=True)
-            _end(set(multiprocessing.active_children()) - before)
-            if manager is not None:
-                manager.join(FORK_STOP_S)
+    return pool, before
+
+
+def stop_pool(pool: ProcessPoolExecutor, before: set[Any]) -> None:
+    """End a :func:`forked_pool` now: calls not started are cancelled, its workers terminated,
+    then killed (each wait bounded by :data:`FORK_STOP_S`)."""
+    import multiprocessing
+
+    # the pool's manager thread also ends and reaps the workers once one died: it is joined
+    # (bounded) too, or a worker it is still reaping would look alive to the caller for a
+    # moment (a reaped pid is never seen again by another waitpid)
+    manager: threading.Thread | None = getattr(pool, "_executor_manager_thread", None)
+    pool.shutdown(wait=False, cancel_futures=True)
+    _end(set(multiprocessing.active_children()) - before)
+    if manager is not None:
+        manager.join(FORK_STOP_S)
 
 
 def in_flight(

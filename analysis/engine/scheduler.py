@@ -129,7 +129,8 @@ class ClusterSpec:
             self.scheduler = AUTO
 
 
-def _cores() -> int:
+def cores() -> int:
+    """The cores this process may run on (its CPU affinity where the system tells it)."""
     return (
         len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     )
@@ -232,10 +233,10 @@ def choose(
     # Without a size from the user, the parent keeps a core busy (the scheduler, unpickling the
     # results and, in a merge, writing the store), so only the others add parallelism: on 2
     # cores a LocalCluster was 3x slower than in-process at 1 M events (docs/performance.md).
-    parallel = min(spec.workers, n_ranks) if spec.workers else min(_cores() - 1, n_ranks)
+    parallel = min(spec.workers, n_ranks) if spec.workers else min(cores() - 1, n_ranks)
     if parallel < 2 or seconds * (1 - 1 / parallel) <= CLUSTER_START_S:
         why = (
-            f"{_cores()} cores: one is the parent's, worker processes would not pay off"
+            f"{cores()} cores: one is the parent's, worker processes would not pay off"
             if parallel < 2 and not spec.workers and n_ranks >= 2
             else "worker processes would not pay off"
         )
@@ -255,7 +256,7 @@ CONNECT_TIMEOUT_S = 20
 
 
 def _local_workers(spec: ClusterSpec, n_ranks: int) -> int:
-    return max(1, min(spec.workers or _cores(), max(n_ranks, 1)))
+    return max(1, min(spec.workers or cores(), max(n_ranks, 1)))
 
 
 def run_each(

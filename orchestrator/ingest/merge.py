@@ -89,6 +89,7 @@ from rankscope.orchestrator.ingest.rank_selection import rank_in_name as rank_in
 from rankscope.orchestrator.ingest.rank_selection import rank_pattern as rank_pattern
 from rankscope.orchestrator.ingest.rank_selection import rank_rankless as rank_rankless
 from rankscope.orchestrator.ingest.rank_selection import rankless_note as rankless_note
+from rankscope.orchestrator.ingest.source_reads import parse_choice
 from rankscope.orchestrator.ingest.staging import (
     SPILL_FORMAT,
     SPLIT_FORMAT,
@@ -104,42 +105,10 @@ from rankscope.rank_ranges import rank_ranges
 if TYPE_CHECKING:
     from rankscope.analysis.engine.scheduler import ClusterSpec
     from rankscope.orchestrator.ingest.rank_columns import RankResult
+    from rankscope.orchestrator.ingest.source_reads import ReadAhead
 
-#: Bytes of Kineto JSON per event, to size a merge before parsing it (:func:`estimate_events`).
-#: Measured on tests/data: 367-409 bytes per event (mean 380) over 21 plain traces.
-JSON_BYTES_PER_EVENT = 380
-#: The same for gzip-compressed traces: 24-30 bytes per event (mean 25) over 16 ``.json.gz``.
-GZIP_BYTES_PER_EVENT = 25
-#: Estimated events (:func:`estimate_events`) one core parses per second, and the fixed seconds
-#: of one rank's parse (open, inflate set-up, the rank's tables), for the scheduler's choice
-#: (``scheduler.choose``; the analysis' own rate, 800,000 events/s, made an 8-rank job of 370k
-#: events look like 0.46 s of parsing where it took 1.51 s, so it ran in-process where forked
-#: workers would have parsed it on both cores). Fitted to the parse CPU (``parse_source``,
-#: in-process) of two jobs on this project's 2-core machine: a synth job of 8 ranks x 50k events
-#: (370,559 estimated, 1.51 s) and ``param_dlrm_8rank`` (18k estimated, 0.30 s): 3.4 µs per
-#: event plus 0.03 s per rank.
-PARSE_EVENTS_PER_S = 290_000
-PARSE_RANK_S = 0.03
 #: Slurm job name of the merge's ``--slurm-workers`` (what squeue and sacct show).
 MERGE_JOB_NAME = "rankscope-merge"
-
-
-def estimate_events(sources: list[RankSource]) -> int:
-    """Events the sources hold, estimated from their size on disk (nothing is read).
-
-    Enough to choose where to parse (:func:`rankscope.analysis.engine.scheduler.choose` weighs it
-    against what worker processes cost, at the parse's own rate: :data:`PARSE_EVENTS_PER_S`).
-    """
-    total = 0
-    for source in sources:
-        for _, path in source.files:
-            try:
-                size = path.stat().st_size
-            except OSError:
-                continue
-            per_event = GZIP_BYTES_PER_EVENT if path.name.endswith(".gz") else JSON_BYTES_PER_EVENT
-            total += size // per_event
-    return total
 
 
 def merge_run_dir(
@@ -154,6 +123,7 @@ def merge_run_dir(
     main_is_guarded: bool = False,
     rank_from: str | None = None,
     comm: CommVocabulary | None = None,
+    read_ahead: ReadAhead | None = None,
 ) -> Path:
     """Merge the traces under ``run_dir`` (a run directory or any folder of traces) into a store.
 
@@ -177,6 +147,9 @@ def merge_run_dir(
     communication kernels in force (None: the built-in ones and the config file's,
     :func:`~rankscope.orchestrator.ingest.comm_kernels.vocabulary`); the store records the
     user's patterns (:data:`COMM_KERNELS_ATTR`) so that a store merged with others is merged again.
+    ``read_ahead``: reads begun in a forked process before this process' imports
+    (:class:`~rankscope.orchestrator.ingest.source_reads.ReadAhead`, which the caller owns; the
+    merge closes it once its parse is over), taken where the merge parses in-process.
     """
     if cluster is not None and scheduler is not None:
         raise ValueError("give merge_run_dir scheduler= or cluster=, not both")
@@ -203,6 +176,7 @@ def merge_run_dir(
             main_is_guarded=main_is_guarded,
             rank_from=rank_rx,
             comm=comm if comm is not None else vocabulary(),
+            ahead=read_ahead,
         )
     if strict and problems:
         raise InputFileError(f"{out}: {len(problems)} input problem(s) (--strict)", exit_code=1)
@@ -219,10 +193,11 @@ def _merge_locked(
     rank_from: re.Pattern[str] | None = None,
     cluster: ClusterSpec | None = None,
     comm: CommVocabulary = DEFAULT_VOCABULARY,
+    ahead: ReadAhead | None = None,
 ) -> list[Problem]:
     """The merge proper, under the output lock; returns the problems found."""
     from rankscope import __version__
-    from rankscope.analysis.engine.scheduler import AUTO, ClusterSpec, choose, run_each
+    from rankscope.analysis.engine.scheduler import AUTO, SYNCHRONOUS, ClusterSpec, run_each
     from rankscope.analysis.store.frames import per_rank
     from rankscope.analysis.store.reader import StoreWriter
     from rankscope.analysis.store.schema import P2P_WITHOUT_PEER_ATTR
@@ -256,9 +231,7 @@ def _merge_locked(
 
     def plan(sources: list[RankSource]) -> tuple[Any, ClusterSpec]:
         """Where ``sources`` are parsed: the choice and the spec that carries it out."""
-        choice = choose(
-            asked, len(sources), estimate_events(sources), PARSE_RANK_S, PARSE_EVENTS_PER_S
-        )
+        choice = parse_choice(asked, sources)
         return choice, dataclasses.replace(
             asked,
             scheduler=choice.scheduler,
@@ -268,13 +241,20 @@ def _merge_locked(
             slurm_work_dir=asked.slurm_work_dir or workers_dir,
         )
 
+    def calls(source: RankSource) -> tuple[Any, ...]:
+        """parse_source's arguments for ``source``: the reads begun ahead, where it runs here."""
+        return (source, comm, ahead) if reading_ahead() else (source, comm)
+
+    def reading_ahead() -> bool:
+        return ahead is not None and spec.scheduler == SYNCHRONOUS
+
     choice, spec = plan(sources)
     first: RankResult | None = None  # the one file's parse, when it stands as one rank
     if _may_be_merged(sources):
         # Parsed once as one rank; split (and parsed again, by part) only on a sign of several
         # ranks (multirank.py): the common one-rank file is never decoded twice.
         try:
-            with contextlib.closing(run_each(parse_source, [(sources[0], comm)], spec, 1)) as one:
+            with contextlib.closing(run_each(parse_source, [calls(sources[0])], spec, 1)) as one:
                 first = next(iter(one))
         except BaseException:
             shutil.rmtree(workers_dir, ignore_errors=True)
@@ -290,7 +270,8 @@ def _merge_locked(
                 choice, spec = plan(sources)
     order = {src.label: i for i, src in enumerate(sources)}
     if not quiet:
-        print(f"merge: {choice.reason}", file=sys.stderr)  # the line analyze prints, for the merge
+        note = ahead.note if ahead is not None and reading_ahead() else ""
+        print(f"merge: {choice.reason}{note}", file=sys.stderr)  # analyze prints it too
     tmp = out.parent / TMP_FORMAT.format(name=out.name, pid=os.getpid())
     spill_dir = out.parent / SPILL_FORMAT.format(name=out.name, pid=os.getpid())
     total_bytes = sum(p.stat().st_size for s in sources for _, p in s.files if p.exists())
@@ -315,7 +296,7 @@ def _merge_locked(
             writer,
             _Progress(quiet, len(sources), total_bytes) as progress,
             contextlib.closing(
-                run_each(parse_source, [(s, comm) for s in sources], spec, len(sources))
+                run_each(parse_source, [calls(s) for s in sources], spec, len(sources))
                 if first is None
                 else _parsed(first)
             ) as results,
@@ -430,6 +411,8 @@ def _merge_locked(
             os.replace(tmp, out)
         written_here(out)  # an analysis in this process need not walk its links
     finally:
+        if ahead is not None:
+            ahead.close()  # before anything forks again (an analysis in this process)
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
         shutil.rmtree(spill_dir, ignore_errors=True)

@@ -11,7 +11,6 @@ besides the columns (a few tens of bytes per event); all times are the rank's ra
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -26,6 +25,7 @@ from rankscope.orchestrator.ingest.vocabulary import GPU_KINDS
 if TYPE_CHECKING:
     from rankscope.orchestrator.ingest.comm_links import LinkCounts
     from rankscope.orchestrator.ingest.file_trace import FileTrace
+    from rankscope.orchestrator.ingest.source_reads import ReadAhead
 
 #: Annotations looked back through for one that is still open (p2p calls nest at most this deep).
 MAX_P2P_NESTING = 4
@@ -69,27 +69,28 @@ class RankResult:
     (``FileTrace.rank_signs``): a merge of this one file checks it whole (``multirank.py``)"""
 
 
-def parse_source(source: RankSource, vocabulary: CommVocabulary = DEFAULT_VOCABULARY) -> RankResult:
+def parse_source(
+    source: RankSource,
+    vocabulary: CommVocabulary = DEFAULT_VOCABULARY,
+    ahead: ReadAhead | None = None,
+) -> RankResult:
     """Parse all files of one rank (runs in a Dask worker): compact columns + small tables.
 
-    ``vocabulary``: the communication kernels in force (``comm_kernels.py``)."""
-    from rankscope.orchestrator.ingest.decode import read_trace
-    from rankscope.orchestrator.ingest.event_columns import StringTable, sort_by_ts
-    from rankscope.orchestrator.ingest.kineto_json import TraceReadError
+    ``vocabulary``: the communication kernels in force (``comm_kernels.py``). ``ahead``: reads
+    begun in a forked process (``source_reads.ReadAhead``; in-process parses only), taken
+    instead of reading the files here when it has them."""
+    from rankscope.orchestrator.ingest.event_columns import sort_by_ts
+    from rankscope.orchestrator.ingest.source_reads import read_source
 
+    reads = ahead.take(source, vocabulary) if ahead is not None else None
+    if reads is None:
+        reads = read_source(source, vocabulary)
     parts: list[tuple[int, FileTrace]] = []
     problems: list[Problem] = []
     hint = source.rank_hint if source.rank_hint is not None else -1
-    strings: StringTable = {}  # one table for all windows: codes need no translation below
-    for window, file in source.files:
-        path = Path(source.origin) if source.origin is not None else file  # the name to print
-        try:
-            ft = read_trace(file, strings=strings, sort=False, comm=vocabulary)
-        except TraceReadError as exc:
-            problems.append(Problem(str(path), hint, str(exc)))
-            continue
-        except MemoryError:
-            problems.append(Problem(str(path), hint, "out of memory while parsing"))
+    for window, path, ft in reads.outcomes:
+        if isinstance(ft, str):
+            problems.append(Problem(str(path), hint, ft))
             continue
         for why, count in ft.dropped.items():
             problems.append(Problem(str(path), hint, f"{count} {why} dropped"))
@@ -162,7 +163,7 @@ def parse_source(source: RankSource, vocabulary: CommVocabulary = DEFAULT_VOCABU
     # The one sort of the rank's events (files were read unsorted; stable, see sort_by_ts).
     columns, inverse = sort_by_ts({k: np.concatenate(v) for k, v in cols.items()})
     del cols
-    strings_list = list(strings)
+    strings_list = reads.strings
     comm_all = pd.concat(comms, ignore_index=True) if comms else pd.DataFrame()
     if len(comm_all):
         comm_all["event"] = inverse[comm_all["event"].to_numpy(np.int64)]

@@ -1,0 +1,217 @@
+"""A rank source's trace files read: here, or ahead in a process forked before the heavy imports.
+
+:func:`read_source` is the one loop that reads a rank's files (``decode.read_trace``, one string
+table for all its windows): ``rank_columns.parse_source`` builds the rank from what it returns.
+
+:class:`ReadAhead` runs that loop early. A small job's merge (``rankscope merge``, ``rankscope
+analyze FOLDER``) spent ~0.3 s importing pandas and h5py before its first read, then read on one
+core while the other idled. The reader needs neither (``file_trace.py``), so the command forks one
+process before those imports, which reads every source in turn while this one imports; the
+merge then takes each rank's reads instead of reading it again (docs/performance.md, tenth pass).
+
+When (:meth:`ReadAhead.start`): only where the merge itself would parse in this process
+(``scheduler.choose`` with the merge's own rates, :func:`parse_choice`, ``"auto"`` asked), on
+Linux (a fork) with two cores or more. A job worth worker processes gets them as before, forked
+after the imports; a user who asked for one process (``--scheduler synchronous``) gets one.
+
+What is taken (:meth:`ReadAhead.take`): a source's reads only when its files and the comm
+kernels in force are the ones read ahead (a merged file split into ranks, say, is read as
+usual). A read not begun yet when the merge reaches its rank is cancelled and done here, so both
+cores read from then on; one begun is waited for, at most :data:`READ_AHEAD_WAIT_S` beyond the
+job's estimated parse time; a read-ahead process that died (killed for memory) or took too long
+is ended and its ranks read here, as if there had been none. The process ends with this one
+(``forked_workers``), and :meth:`ReadAhead.close` ends it at once (terminate, then kill, bounded).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rankscope.orchestrator.ingest.comm_kernels import DEFAULT_VOCABULARY, CommVocabulary
+from rankscope.orchestrator.ingest.discovery import RankSource
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future, ProcessPoolExecutor
+    from types import TracebackType
+
+    from rankscope.analysis.engine.scheduler import Choice, ClusterSpec
+    from rankscope.orchestrator.ingest.file_trace import FileTrace
+
+#: Bytes of Kineto JSON per event, to size a merge before parsing it (:func:`estimate_events`).
+#: Measured on tests/data: 367-409 bytes per event (mean 380) over 21 plain traces.
+JSON_BYTES_PER_EVENT = 380
+#: The same for gzip-compressed traces: 24-30 bytes per event (mean 25) over 16 ``.json.gz``.
+GZIP_BYTES_PER_EVENT = 25
+#: Estimated events (:func:`estimate_events`) one core parses per second, and the fixed seconds
+#: of one rank's parse (open, inflate set-up, the rank's tables), for the scheduler's choice
+#: (``scheduler.choose``; the analysis' own rate, 800,000 events/s, made an 8-rank job of 370k
+#: events look like 0.46 s of parsing where it took 1.51 s, so it ran in-process where forked
+#: workers would have parsed it on both cores). Fitted to the parse CPU (``parse_source``,
+#: in-process) of two jobs on this project's 2-core machine: a synth job of 8 ranks x 50k events
+#: (370,559 estimated, 1.51 s) and ``param_dlrm_8rank`` (18k estimated, 0.30 s): 3.4 µs per
+#: event plus 0.03 s per rank.
+PARSE_EVENTS_PER_S = 290_000
+PARSE_RANK_S = 0.03
+#: Seconds a take waits for a read begun ahead, beyond the whole job's estimated parse time
+#: (:func:`estimate_events` at :data:`PARSE_EVENTS_PER_S`): past it the read-ahead process is
+#: ended and the rank read here.
+READ_AHEAD_WAIT_S = 30.0
+
+
+def estimate_events(sources: list[RankSource]) -> int:
+    """Events the sources hold, estimated from their size on disk (nothing is read).
+
+    Enough to choose where to parse (:func:`rankscope.analysis.engine.scheduler.choose` weighs it
+    against what worker processes cost, at the parse's own rate: :data:`PARSE_EVENTS_PER_S`).
+    """
+    total = 0
+    for source in sources:
+        for _, path in source.files:
+            try:
+                size = path.stat().st_size
+            except OSError:
+                continue
+            per_event = GZIP_BYTES_PER_EVENT if path.name.endswith(".gz") else JSON_BYTES_PER_EVENT
+            total += size // per_event
+    return total
+
+
+def parse_choice(spec: ClusterSpec, sources: list[RankSource]) -> Choice:
+    """Where ``sources`` are parsed (``scheduler.choose`` at the parse's own rates)."""
+    from rankscope.analysis.engine.scheduler import choose
+
+    return choose(spec, len(sources), estimate_events(sources), PARSE_RANK_S, PARSE_EVENTS_PER_S)
+
+
+@dataclass
+class SourceReads:
+    """What :func:`read_source` made of one rank source's files."""
+
+    outcomes: list[tuple[int, Path, FileTrace | str]]
+    """per file, in the source's order: window, the name to print, and its trace or the one-line
+    problem that made it unreadable"""
+    strings: list[str]
+    """the rank's string table once every file was read (the traces' codes index it)"""
+
+
+def read_source(source: RankSource, vocabulary: CommVocabulary = DEFAULT_VOCABULARY) -> SourceReads:
+    """Read every file of ``source`` into one string table (``decode.read_trace``, unsorted: the
+    rank sorts its windows' events once); a file that cannot be read becomes its problem text."""
+    from rankscope.orchestrator.ingest.decode import read_trace
+    from rankscope.orchestrator.ingest.event_columns import StringTable
+    from rankscope.orchestrator.ingest.kineto_json import TraceReadError
+
+    strings: StringTable = {}  # one table for all windows: codes need no translation
+    outcomes: list[tuple[int, Path, FileTrace | str]] = []
+    for window, file in source.files:
+        path = Path(source.origin) if source.origin is not None else file  # the name to print
+        try:
+            outcomes.append(
+                (window, path, read_trace(file, strings=strings, sort=False, comm=vocabulary))
+            )
+        except TraceReadError as exc:
+            outcomes.append((window, path, str(exc)))
+        except MemoryError:
+            outcomes.append((window, path, "out of memory while parsing"))
+    return SourceReads(outcomes, list(strings))
+
+
+def _files(source: RankSource) -> tuple[tuple[int, Path], ...]:
+    """What a source's reads depend on, besides the comm kernels: its files, in order."""
+    return tuple(source.files)
+
+
+class ReadAhead:
+    """Sources read in one forked process while this one goes on (module docstring)."""
+
+    def __init__(
+        self, sources: list[RankSource], vocabulary: CommVocabulary, wait_s: float
+    ) -> None:
+        from rankscope.analysis.engine.forked_workers import forked_pool
+
+        self.vocabulary = vocabulary
+        self.wait_s = wait_s
+        """seconds a take waits for a read begun (:data:`READ_AHEAD_WAIT_S` and the estimate)"""
+        self._pool: ProcessPoolExecutor | None
+        self._pool, self._before = forked_pool(1)
+        self._reads: dict[tuple[tuple[int, Path], ...], Future[SourceReads]] = {}
+        for source in sources:
+            self._reads.setdefault(
+                _files(source), self._pool.submit(read_source, source, vocabulary)
+            )
+        self.taken = 0
+        """sources whose reads were taken (the rest were read here)"""
+
+    @classmethod
+    def start(
+        cls, inputs: list[Path], spec: ClusterSpec, vocabulary: CommVocabulary
+    ) -> ReadAhead | None:
+        """Begin reading the sources of ``inputs`` in a forked process, where that pays (module
+        docstring); None where it does not, or where there is nothing to read."""
+        from rankscope.analysis.engine.scheduler import AUTO, SYNCHRONOUS, can_fork, cores
+        from rankscope.orchestrator.ingest.discovery import discover
+
+        if spec.scheduler != AUTO or spec.slurm_workers is not None:
+            return None
+        if cores() < 2 or not can_fork() or not all(p.exists() for p in inputs):
+            return None
+        try:
+            sources, _, _ = discover(inputs)
+        except (OSError, ValueError):
+            return None  # the merge says what is wrong, in its words
+        if not sources or parse_choice(spec, sources).scheduler != SYNCHRONOUS:
+            return None
+        # the reader's modules before the fork: the process reads at once, and this one needs them
+        import rankscope.orchestrator.ingest.decode  # noqa: F401
+
+        return cls(
+            sources, vocabulary, READ_AHEAD_WAIT_S + estimate_events(sources) / PARSE_EVENTS_PER_S
+        )
+
+    def take(self, source: RankSource, vocabulary: CommVocabulary) -> SourceReads | None:
+        """The reads of ``source``, or None: read it here (not read ahead, read with other comm
+        kernels, not begun yet (cancelled now), the read-ahead process failed (ended now), or
+        the read raised what a read here raises again, with this process' own traceback)."""
+        from concurrent.futures import CancelledError
+        from concurrent.futures import TimeoutError as FutureTimeout
+        from concurrent.futures.process import BrokenProcessPool
+
+        fut = self._reads.pop(_files(source), None)
+        if fut is None or vocabulary != self.vocabulary or fut.cancel():
+            return None
+        try:
+            reads = fut.result(timeout=self.wait_s)
+        except (BrokenProcessPool, FutureTimeout, CancelledError):
+            self.close()
+            return None
+        except Exception:  # read here: the same error, raised where it belongs
+            return None
+        self.taken += 1
+        return reads
+
+    @property
+    def note(self) -> str:
+        """The words the merge adds to its line about where it parses."""
+        return "; its reads begun by a process forked at start-up"
+
+    def close(self) -> None:
+        """End the read-ahead process now (reads not taken are dropped)."""
+        from rankscope.analysis.engine.forked_workers import stop_pool
+
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            self._reads.clear()
+            stop_pool(pool, self._before)
+
+    def __enter__(self) -> ReadAhead:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

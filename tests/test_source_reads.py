@@ -1,0 +1,212 @@
+"""A rank's files read here or ahead in a forked process (``orchestrator/ingest/source_reads.py``).
+
+The read-ahead must change nothing but when the reading happens: its reads equal this process'
+own, a merge that takes them writes the same store, and every way it can fail (a read not begun,
+a process that died, one that takes too long) falls back to reading here, leaving no process.
+(That the reader needs neither pandas nor h5py is ``test_reader_imports.py``.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from rankscope.analysis.engine import scheduler
+from rankscope.analysis.engine.scheduler import AUTO, ClusterSpec
+from rankscope.orchestrator.ingest.comm_kernels import DEFAULT_VOCABULARY, CommVocabulary
+from rankscope.orchestrator.ingest.discovery import RankSource, discover
+from rankscope.orchestrator.ingest.file_trace import FileTrace
+from rankscope.orchestrator.ingest.source_reads import ReadAhead, SourceReads, read_source
+from rankscope.orchestrator.workflow import merge_is_due
+
+from tests.store_compare import same_store
+
+DATA = Path(__file__).parent / "data"
+DLRM = DATA / "param_dlrm_8rank"
+
+
+def _same_trace(a: FileTrace, b: FileTrace) -> None:
+    """Every field of two reads of one file equal (arrays exactly, dtypes included)."""
+    for f in dataclasses.fields(FileTrace):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if f.name == "columns" or (f.name == "memory" and x is not None):
+            assert x.keys() == y.keys()
+            for k in x:
+                assert x[k].dtype == y[k].dtype and np.array_equal(x[k], y[k]), k
+        elif f.name == "comm_records":
+            assert x.records == y.records
+            assert x.event.dtype == y.event.dtype and np.array_equal(x.event, y.event)
+            assert x.lane.dtype == y.lane.dtype and np.array_equal(x.lane, y.lane)
+        else:
+            assert x == y, f.name
+
+
+def _same_reads(a: SourceReads, b: SourceReads) -> None:
+    assert a.strings == b.strings
+    assert len(a.outcomes) == len(b.outcomes)
+    for (wa, pa, ta), (wb, pb, tb) in zip(a.outcomes, b.outcomes, strict=True):
+        assert (wa, pa) == (wb, pb)
+        if isinstance(ta, str) or isinstance(tb, str):
+            assert ta == tb
+        else:
+            _same_trace(ta, tb)
+
+
+@pytest.fixture
+def two_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The read-ahead's rule on any machine: it needs a second core."""
+    monkeypatch.setattr(scheduler, "cores", lambda: 2)
+
+
+def _no_children_left(before: set[multiprocessing.process.BaseProcess]) -> None:
+    assert set(multiprocessing.active_children()) <= before
+
+
+def test_reads_taken_from_ahead_equal_reads_here(two_cores: None) -> None:
+    sources, _, _ = discover([DLRM])
+    before = set(multiprocessing.active_children())
+    ahead = ReadAhead.start([DLRM], ClusterSpec(scheduler=AUTO), DEFAULT_VOCABULARY)
+    assert ahead is not None
+    with ahead:
+        for source in sources:
+            got = ahead.take(source, DEFAULT_VOCABULARY)
+            assert got is not None
+            _same_reads(got, read_source(source))
+        assert ahead.taken == len(sources)
+        # taken once: a second take reads here
+        assert ahead.take(sources[0], DEFAULT_VOCABULARY) is None
+    _no_children_left(before)
+
+
+def test_read_ahead_only_where_the_merge_parses_here(
+    two_cores: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert ReadAhead.start([DLRM], ClusterSpec(scheduler="synchronous"), DEFAULT_VOCABULARY) is None
+    assert ReadAhead.start([DLRM], ClusterSpec(scheduler="processes"), DEFAULT_VOCABULARY) is None
+    assert ReadAhead.start([DATA / "nothing here"], ClusterSpec(), DEFAULT_VOCABULARY) is None
+    monkeypatch.setattr(scheduler, "cores", lambda: 1)
+    assert ReadAhead.start([DLRM], ClusterSpec(scheduler=AUTO), DEFAULT_VOCABULARY) is None
+
+
+def test_other_comm_kernels_or_other_files_are_read_here(two_cores: None, tmp_path: Path) -> None:
+    sources, _, _ = discover([DLRM])
+    other = CommVocabulary(("my_allreduce_kernel",))
+    assert other != DEFAULT_VOCABULARY
+    with ReadAhead(sources[:1], DEFAULT_VOCABULARY, wait_s=60) as ahead:
+        assert ahead.take(sources[0], other) is None  # read with other kernels: not these reads
+        assert ahead.take(sources[1], DEFAULT_VOCABULARY) is None  # never read ahead
+
+
+@pytest.fixture
+def blocked(tmp_path: Path) -> tuple[Path, list[RankSource]]:
+    """Sources whose first file is a FIFO: the read-ahead process blocks in its read until the
+    test writes to it (or ends the process), so which reads have begun is known."""
+    fifo = tmp_path / "slow.json"
+    os.mkfifo(fifo)
+    files = sorted(DLRM.glob("*.json"))
+    sources = [RankSource([(0, fifo)], 0)] + [
+        RankSource([(0, f)], i + 1) for i, f in enumerate(files[:4])
+    ]
+    return fifo, sources
+
+
+def _read_ahead_pid(ahead: ReadAhead) -> int:
+    """The forked process' pid (the pool's only worker)."""
+    procs = ahead._pool._processes  # type: ignore[union-attr]
+    assert procs is not None and len(procs) == 1
+    return next(iter(procs))
+
+
+def test_a_read_not_begun_is_cancelled_and_done_here(
+    blocked: tuple[Path, list[RankSource]],
+) -> None:
+    fifo, sources = blocked
+    before = set(multiprocessing.active_children())
+    with ReadAhead(sources, DEFAULT_VOCABULARY, wait_s=60) as ahead:
+        # the process reads the FIFO (blocked) with one more call queued: the last is not begun
+        assert ahead.take(sources[-1], DEFAULT_VOCABULARY) is None
+        text = sources[1].files[0][1].read_bytes()  # a DLRM trace, through the FIFO
+        feeder = threading.Thread(target=fifo.write_bytes, args=(text,))
+        feeder.start()
+        got = ahead.take(sources[0], DEFAULT_VOCABULARY)
+        feeder.join(30)
+        assert got is not None and not isinstance(got.outcomes[0][2], str)
+        assert len(got.outcomes[0][2].columns["ts"]) > 0
+        assert ahead.taken == 1
+    _no_children_left(before)
+
+
+def test_a_read_ahead_process_that_died_leaves_the_reads_here(
+    blocked: tuple[Path, list[RankSource]],
+) -> None:
+    _, sources = blocked
+    before = set(multiprocessing.active_children())
+    with ReadAhead(sources, DEFAULT_VOCABULARY, wait_s=60) as ahead:
+        os.kill(_read_ahead_pid(ahead), signal.SIGKILL)  # as the out-of-memory killer would
+        assert ahead.take(sources[0], DEFAULT_VOCABULARY) is None
+        assert ahead.take(sources[1], DEFAULT_VOCABULARY) is None  # closed: all read here
+    _no_children_left(before)
+
+
+def test_a_read_taking_too_long_is_ended(blocked: tuple[Path, list[RankSource]]) -> None:
+    _, sources = blocked
+    before = set(multiprocessing.active_children())
+    ahead = ReadAhead(sources, DEFAULT_VOCABULARY, wait_s=0.5)
+    pid = _read_ahead_pid(ahead)
+    assert ahead.take(sources[0], DEFAULT_VOCABULARY) is None  # blocked past wait_s
+    _no_children_left(before)  # ended at once, not at close
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    ahead.close()  # closing again is harmless
+
+
+def _merge(folder: Path, out: Path, *flags: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", "rankscope", "merge", str(folder), "-o", str(out), *flags],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stderr
+
+
+def test_a_merge_that_reads_ahead_writes_the_same_store(tmp_path: Path) -> None:
+    """``rankscope merge`` of DLRM plus an unreadable trace and one without events: the store
+    (events, lanes, collectives, clocks, steps, problems) equals a one-process merge's."""
+    folder = tmp_path / "job"
+    shutil.copytree(DLRM, folder)
+    (folder / "worker8_step_12.pt.trace.json").write_text('{"traceEvents": [}')
+    (folder / "worker9_step_12.pt.trace.json").write_text('{"traceEvents": []}')
+    err = _merge(folder, tmp_path / "ahead.h5")
+    if scheduler.cores() >= 2:
+        assert "its reads begun by a process forked at start-up" in err, err
+    plain = _merge(folder, tmp_path / "here.h5", "--scheduler", "synchronous")
+    assert "forked" not in plain
+    assert same_store(tmp_path / "ahead.h5", tmp_path / "here.h5") == list(range(8))
+
+
+def test_merge_is_due_without_opening_a_store(tmp_path: Path) -> None:
+    folder = tmp_path / "job"
+    shutil.copytree(DLRM, folder)
+    assert merge_is_due(folder)
+    _merge(folder, folder / "trace.h5", "--quiet")
+    assert not merge_is_due(folder)
+    trace = next(folder.glob("*.json"))
+    os.utime(trace, (trace.stat().st_atime, (folder / "trace.h5").stat().st_mtime + 10))
+    assert merge_is_due(folder)
+    single = tmp_path / "one.json"
+    shutil.copy(trace, single)
+    assert merge_is_due(single)
+    assert not merge_is_due(tmp_path / "absent")
+    assert not merge_is_due(folder / "trace.h5")
