@@ -144,9 +144,8 @@ class _GuardedFile:
                     done += self._raw.write(view[done:]) or 0
                 return len(view)
             except OSError as exc:
-                self._fail(
-                    exc, start
-                )  # the whole write goes to the pages (its start may be on disk)
+                # the whole write goes to the pages (its start may be on disk)
+                self._fail(exc, start)
         self._keep(self._pos, view)
         self._pos += len(view)
         self._end = max(self._end, self._pos)

@@ -4,9 +4,9 @@
 streaming reader produces it and keeps only columns: ``ts``/``dur`` in int64 ns, interned
 name/category codes, the event kind, lane, correlation id, input-shape codes, the communication
 rows (collective, group, Seq, bytes, peer) and the ``[memory]`` events; :meth:`EventColumns.finish`
-concatenates them into a :class:`~rankscope.orchestrator.ingest.file_trace.FileTrace` (numpy and
-plain rows: the reader never imports pandas, ``file_trace.py``). Each block is reduced before the next is decoded, so
-the decoded objects of a whole file never exist together.
+concatenates them into a :class:`~rankscope.orchestrator.ingest.file_trace.FileTrace` (numpy
+and plain rows: the reader never imports pandas, ``file_trace.py``). Each block is reduced
+before the next is decoded, so the decoded objects of a whole file never exist together.
 
 Timestamps (the part that must be exact): absolute ns = ``baseTimeNanoseconds`` + ts·1000
 (``baseTimeNanoseconds`` absent in older traces, whose ``ts`` is absolute epoch µs), converted in

@@ -17,18 +17,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from rankscope.analysis.store.schema import LANE_COLUMNS
 
 if TYPE_CHECKING:
     import pandas as pd
 
-#: Columns of :attr:`FileTrace.lanes`, in order.
-LANE_COLUMNS = ["lane", "kind", "pid", "tid", "name"]
 #: Columns of a communication record (:class:`CommRecords`), in order: ``enqueue`` tells the
 #: host's ``record_param_comms`` ops (:attr:`FileTrace.enqueue`) from the rest
 #: (:attr:`FileTrace.comm`), which do not keep it.
 COMM_RECORD_COLUMNS = ["event", "op", "group", "seq", "bytes", "peer", "enqueue"]
 
-#: One lane: lane (its code), kind (``schema.LaneKind``), pid, tid, name.
+#: One lane, in ``schema.LANE_COLUMNS``' order: lane (its code), kind (``schema.LaneKind``), pid,
+#: tid, name.
 LaneRow = tuple[int, int, str, str, str]
 #: One communication record, in :data:`COMM_RECORD_COLUMNS`' order (``event``: the row in file
 #: order, before the sort; :attr:`CommRecords.event` has it after).
@@ -96,7 +96,7 @@ class FileTrace:
         """The lanes: lane, kind (``schema.LaneKind``), pid, tid, name (threads' own names)."""
         import pandas as pd
 
-        return pd.DataFrame(self.lane_rows, columns=LANE_COLUMNS)
+        return pd.DataFrame(self.lane_rows, columns=list(LANE_COLUMNS))
 
     @cached_property
     def comm(self) -> pd.DataFrame:

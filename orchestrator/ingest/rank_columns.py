@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 from rankscope.analysis.compute.ops import launch_rows
-from rankscope.analysis.store.schema import EventKind
+from rankscope.analysis.store.schema import LANE_COLUMNS, EventKind
 from rankscope.orchestrator.ingest.comm_kernels import DEFAULT_VOCABULARY, CommVocabulary
 from rankscope.orchestrator.ingest.discovery import Problem, RankSource
 from rankscope.orchestrator.ingest.step_logs import read_rank_step_log
@@ -172,7 +172,7 @@ def parse_source(
         enqueue_all["event"] = inverse[enqueue_all["event"].to_numpy(np.int64)]
     steps = _steps(columns, strings_list)
     columns["step"] = _step_column(columns, steps)
-    lanes = pd.DataFrame(lane_rows, columns=["lane", "kind", "pid", "tid", "name"])
+    lanes = pd.DataFrame(lane_rows, columns=list(LANE_COLUMNS))
     comm_table, counts = _comm_table(comm_all, columns, strings_list, enqueue_all)
     problems.extend(Problem(source.label, hint, note) for note in counts.notes())
     memory = None
