@@ -358,3 +358,53 @@ def test_a_soft_link_is_refused(store_path: Path, tmp_path: Path) -> None:
     with h5py.File(path, "r+") as f:
         f["ranks/00000/loop"] = h5py.SoftLink("/ranks")
     _refused(path, "SoftLink")
+
+
+def test_groups_nested_too_deep_are_refused(store_path: Path, tmp_path: Path) -> None:
+    """Nesting past MAX_GROUP_DEPTH is refused without walking it to its end."""
+    from rankscope.analysis.store.hdf5_links import MAX_GROUP_DEPTH
+
+    path = _copy(store_path, tmp_path)
+    with h5py.File(path, "r+") as f:
+        f.create_group("/".join(["deep"] * (MAX_GROUP_DEPTH + 2)))
+    _refused(path, "nested too deep")
+
+
+def test_a_group_hard_linked_into_itself_is_refused_not_walked_forever(
+    store_path: Path, tmp_path: Path
+) -> None:
+    """A hard link makes a cycle (each link is a hard one): the walk stops at the depth bound."""
+    path = _copy(store_path, tmp_path)
+    with h5py.File(path, "r+") as f:
+        f["ranks/00000/again"] = f["ranks"]
+    _refused(path, "nested too deep")
+
+
+def test_the_fast_walk_suspects_what_the_naming_walk_refuses(
+    store_path: Path, tmp_path: Path
+) -> None:
+    """hdf5_links._suspect (HDF5's C walk) is the gate: a clean store passes it, and each store
+    the naming walk refuses is suspect to it (else it would be opened unchecked)."""
+    from rankscope.analysis.store import hdf5_links
+
+    with h5py.File(store_path, "r") as f:
+        assert not hdf5_links._suspect(f)
+        hdf5_links._refuse(store_path, f)  # clean: no refusal
+    secret = _outside(tmp_path)
+    edits = {
+        "external link": lambda f: f.__setitem__("x", h5py.ExternalLink(str(secret), "/ts")),
+        "soft link": lambda f: f.__setitem__("ranks/00000/s", h5py.SoftLink("/ranks")),
+        "external raw": lambda f: f.create_dataset(
+            "raw", shape=(4,), dtype=np.int64, external=[(str(tmp_path / "r.bin"), 0, 32)]
+        ),
+        "deep": lambda f: f.create_group("/".join(["d"] * (hdf5_links.MAX_GROUP_DEPTH + 1))),
+    }
+    for what, edit in edits.items():
+        path = tmp_path / f"{what.replace(' ', '_')}.h5"
+        shutil.copy2(store_path, path)
+        with h5py.File(path, "r+") as f:
+            edit(f)
+        with h5py.File(path, "r") as f:
+            assert hdf5_links._suspect(f), what
+            with pytest.raises(InputFileError):
+                hdf5_links._refuse(path, f)

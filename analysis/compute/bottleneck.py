@@ -58,6 +58,19 @@ def _typical_stage(sends: pd.DataFrame, col: str) -> float:
     return float(sends.groupby("rank")[col].median().median())
 
 
+def _direct_values(
+    sends: pd.DataFrame, coll: np.ndarray, direct: np.ndarray, col: str
+) -> np.ndarray | None:
+    """Per pair of the roots table: its sender's ``col`` (``sends``, indexed by coll) where the
+    pair is direct (``via`` 0), 0 where the sender has no window; NaN elsewhere (never read).
+    None when the windows have no such column."""
+    if col not in sends:
+        return None
+    out = np.full(len(coll), np.nan)
+    out[direct] = sends[col].reindex(coll[direct]).fillna(0).to_numpy(np.float64)
+    return out
+
+
 def p2p_roots(waits: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
     """Trace each receiver's wait back to the pipeline stage whose own extra work caused it.
 
@@ -166,20 +179,33 @@ def pipeline_stages(
     sends = sent.merge(windows, on=["coll", "rank"], how="inner") if len(windows) else sent
     typical = {c: _typical_stage(sends, col) if col in sends else 0.0 for c, col in parts.items()}
     sends = sends.set_index("coll")
-    # each root's pairs, in the table's order (one grouping, not a filter of it per rank)
-    by_root = dict(iter(roots.groupby("root", sort=False)))
-    none = roots.iloc[0:0]
+    # Each root's pairs, in the table's order, as positions (one stable sort, not a filter of the
+    # table per rank: 1.6 ms a rank at 256 ranks); its direct pairs' sender windows read once.
+    root = roots["root"].to_numpy()
+    order = np.argsort(root, kind="stable")
+    keys, starts = np.unique(root[order], return_index=True)
+    by_root = dict(zip(keys.tolist(), np.split(order, starts[1:]), strict=True))
+    caused_ns = roots["caused_ns"].to_numpy()
+    wait_ns = roots["wait_ns"].to_numpy()
+    direct = roots["via"].to_numpy() == 0
+    own = {
+        c: _direct_values(sends, roots["coll"].to_numpy(), direct, col) for c, col in parts.items()
+    }
+    none = order[:0]
     rows = []
-    for rank, sub in roots.groupby("sender"):
-        mine = by_root.get(rank, none)
-        caused = float(mine["caused_ns"].sum())
-        traced = float(mine["wait_ns"].sum())
-        direct = sends.reindex(mine.loc[mine["via"] == 0, "coll"])
+    for rank, n_sends in zip(
+        *np.unique(roots["sender"].to_numpy(), return_counts=True), strict=True
+    ):
+        mine = by_root.get(int(rank), none)
+        caused = float(caused_ns[mine].sum())
+        traced = float(wait_ns[mine].sum())
+        mine_direct = mine[direct[mine]]
+        # (the sender's window, missing = 0, less the typical stage's) clipped at 0, summed
         extras = {
-            c: float((direct[col].fillna(0) - typical[c]).clip(lower=0).sum())
-            if col in direct
+            c: float(np.clip(values[mine_direct] - typical[c], 0, None).sum())
+            if values is not None
             else 0.0
-            for c, col in parts.items()
+            for c, values in own.items()
         }
         cause = max(extras, key=lambda c: extras[c]) if caused > 0 else Cause.UNKNOWN
         if caused > 0 and extras[cause] <= 0:
@@ -189,7 +215,7 @@ def pipeline_stages(
         rows.append(
             {
                 "rank": int(rank),
-                "sends": len(sub),
+                "sends": int(n_sends),
                 "root_pairs": len(mine),
                 "wait_traced_s": traced / 1e9,
                 "wait_share": share,

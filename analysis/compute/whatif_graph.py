@@ -280,7 +280,7 @@ def build(
     for rank, idx in own.groupby("rank", sort=True).groups.items():
         ids = np.asarray(idx, np.int64)  # own node ids in program order (own is sorted)
         t = t_all[ids]
-        clock = clocks.get(int(rank))
+        clock = _clock_arrays(clocks.get(int(rank)))
         exposed, stall = _cumulative(clock, t)
         mine_end = end_ids[end_rank == rank]
         e_sorted = mine_end[np.argsort(t_all[mine_end], kind="stable")]
@@ -374,17 +374,35 @@ def _edge_frame(runs: list[dict[str, Any]]) -> pd.DataFrame:
     )
 
 
-def _cumulative(clock: pd.DataFrame | None, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(exposed, input) cumulative measures of a rank's clock table at times ``t``."""
+#: A rank's clock table as arrays sorted by time: (time_ns, exposed_ns, input_ns); None: none.
+ClockArrays = tuple[np.ndarray, np.ndarray, np.ndarray] | None
+
+
+def _clock_arrays(clock: pd.DataFrame | None) -> ClockArrays:
+    """A rank's :func:`rank_clock` table sorted by time, as arrays (read twice per rank by
+    :func:`build`: sorted once). A table already in strictly increasing time order, as
+    :func:`rank_clock` writes it, is its own sorted order; any other is sorted as
+    ``sort_values("time_ns")`` sorts it."""
     if clock is None or len(clock) == 0:
+        return None
+    ct = clock["time_ns"].to_numpy(np.int64)
+    if not (ct[1:] > ct[:-1]).all():
+        clock = clock.sort_values("time_ns")
+        ct = clock["time_ns"].to_numpy(np.int64)
+    return ct, clock["exposed_ns"].to_numpy(np.int64), clock["input_ns"].to_numpy(np.int64)
+
+
+def _cumulative(clock: ClockArrays, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(exposed, input) cumulative measures of a rank's clock (:func:`_clock_arrays`) at times
+    ``t``."""
+    if clock is None:
         z = np.zeros(len(t), np.int64)
         return z, z
-    c = clock.sort_values("time_ns")
-    ct = c["time_ns"].to_numpy(np.int64)
+    ct, exposed, stall = clock
     idx = np.clip(np.searchsorted(ct, t), 0, len(ct) - 1)
     if not np.array_equal(ct[idx], t):
         raise ValueError("rank_clock table does not cover every point of the rank")
-    return c["exposed_ns"].to_numpy(np.int64)[idx], c["input_ns"].to_numpy(np.int64)[idx]
+    return exposed[idx], stall[idx]
 
 
 def _levels(n_nodes: int, edges: pd.DataFrame) -> list[np.ndarray]:
