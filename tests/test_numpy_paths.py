@@ -180,13 +180,15 @@ EDGE_VALUES = [
     np.array([1e18, 1.0, -1e18, 3.5, np.nan, -2.25, 1e-9]),
     np.random.default_rng(3).normal(0, 1e7, 777),  # more than numpy's pairwise block of 128
     np.array([3, -4, 0, 9], np.int64),
+    np.array([2.5, np.nan, -1.0, 7.0]),  # an even count of values present: two middles averaged
     np.array([True, False, True]),
 ]
 
 
 @pytest.mark.parametrize("values", EDGE_VALUES, ids=range(len(EDGE_VALUES)))
 def test_straggler_reductions_are_pandas_bit_for_bit(values: np.ndarray) -> None:
-    """``pandas_sum`` / ``pandas_mean`` / ``pandas_max`` / ``clip_low0`` give pandas' float bits
+    """``pandas_sum`` / ``pandas_mean`` / ``pandas_median`` / ``pandas_max`` / ``clip_low0`` give
+    pandas' float bits
     (summation order, -0.0, NaN skipped) and types."""
     series = pd.Series(values)
 
@@ -204,6 +206,7 @@ def test_straggler_reductions_are_pandas_bit_for_bit(values: np.ndarray) -> None
         same(X.pandas_sum(clipped), series.clip(lower=0).sum())
         if len(values):
             same(X.pandas_max(values), series.max())
+            same(X.pandas_median(values), series.median())
 
 
 def test_rank_positions_are_pandas_groups() -> None:

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from rankscope.analysis.compute.exact_reductions import group_positions
 from rankscope.analysis.store.frames import typed
 
 #: A collective's end is a sync point when no rank computed through most of its last phase
@@ -162,34 +163,45 @@ def arrival_windows(points: pd.DataFrame) -> pd.DataFrame:
     positive = p["end"] > p["arrival"]
     nobody_busy = ~p.groupby("coll")["busy_before_end"].transform("any")
     p["is_sync"] = positive & nobody_busy & (p["end_block_start"] > lowest)
-    frames = []
-    for _, r in p.groupby("rank", sort=True):
-        r = r.sort_values(["arrival", "coll"], kind="stable")
-        sync = r[r["is_sync"]].sort_values("end", kind="stable")
+    # Every rank's rows sorted by (arrival, coll), ranks in order, and its sync points by end
+    # (ties in that order): stable sorts of the whole table give each rank's own sorts; the
+    # rest is numpy on each rank's rows (a pandas frame and two sorts per rank cost ~2 ms a
+    # rank, 0.5 s at 256 ranks).
+    p = p.sort_values(["rank", "arrival", "coll"], kind="stable")
+    sync = p[p["is_sync"]].sort_values(["rank", "end"], kind="stable")
+    col = {c: p[c].to_numpy(np.int64) for c in ("arrival", "stop", "block_start")}
+    at_part = {part: p[f"at_{part}"].to_numpy(np.int64) for part in PARTS}
+    s_all = {c: sync[c].to_numpy(np.int64) for c in ("end", "end_block_start")}
+    s_part = {part: sync[f"end_{part}"].to_numpy(np.int64) for part in PARTS}
+    syncs = group_positions(sync["rank"].to_numpy())
+    none = np.zeros(0, np.intp)
+    start = np.empty(len(p), np.int64)
+    parts = {part: np.empty(len(p), np.int64) for part in PARTS}
+    for rank, at in group_positions(p["rank"].to_numpy()).items():
+        s_at = syncs.get(rank, none)
         # a sentinel first row, so that "no sync point yet" indexes something
-        s_end = np.concatenate([[lowest], sync["end"].to_numpy(np.int64)])
-        s_block = np.concatenate([[lowest], sync["end_block_start"].to_numpy(np.int64)])
-        kk = np.searchsorted(s_end, r["arrival"].to_numpy(np.int64), side="right") - 1
-        block = r["block_start"].to_numpy(np.int64)
+        s_end = np.concatenate([[lowest], s_all["end"][s_at]])
+        s_block = np.concatenate([[lowest], s_all["end_block_start"][s_at]])
+        kk = np.searchsorted(s_end, col["arrival"][at], side="right") - 1
+        block = col["block_start"][at]
+        stop = col["stop"][at]
         # the sync point counts when it lies in the arrival's block (else: the block's start)
         same_block = (kk > 0) & (s_block[kk] == block) & (block > lowest)
-        start = np.where(same_block, s_end[kk], np.where(block > lowest, block, r["stop"]))
-        stop = r["stop"].to_numpy(np.int64)
-        start = np.minimum(start, stop)
-        w = pd.DataFrame(
-            {
-                "coll": r["coll"].to_numpy(np.int64),
-                "rank": r["rank"].to_numpy(np.int32),
-                "step": r["step"].to_numpy(np.int64),
-                "window_start": start,
-                "window_end": stop,
-                "arrival": r["arrival"].to_numpy(np.int64),
-            }
-        )
+        first = np.where(same_block, s_end[kk], np.where(block > lowest, block, stop))
+        start[at] = np.minimum(first, stop)
         for part in PARTS:
-            at = r[f"at_{part}"].to_numpy(np.int64)
-            ends = np.concatenate([[0], sync[f"end_{part}"].to_numpy(np.int64)])
+            ends = np.concatenate([[0], s_part[part][s_at]])
             base = np.where(same_block, ends[kk], 0)
-            w[part] = np.where(block > lowest, np.maximum(at - base, 0), 0)
-        frames.append(w)
-    return pd.concat(frames, ignore_index=True).astype(WINDOW_COLUMNS)
+            parts[part][at] = np.where(block > lowest, np.maximum(at_part[part][at] - base, 0), 0)
+    out = pd.DataFrame(
+        {
+            "coll": p["coll"].to_numpy(np.int64),
+            "rank": p["rank"].to_numpy(np.int32),
+            "step": p["step"].to_numpy(np.int64),
+            "window_start": start,
+            "window_end": col["stop"],
+            "arrival": col["arrival"],
+            **parts,
+        }
+    )
+    return out.astype(WINDOW_COLUMNS)

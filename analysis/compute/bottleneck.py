@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from rankscope.analysis.compute.exact_reductions import clip_low0, group_positions, pandas_sum
 from rankscope.analysis.compute.stragglers import MIN_RUN_FRACTION, OWN_FRACTION, Cause
 
 #: Receiver waits shorter than this (ns) are not traced back (scheduling noise, not a stage).
@@ -179,30 +180,26 @@ def pipeline_stages(
     sends = sent.merge(windows, on=["coll", "rank"], how="inner") if len(windows) else sent
     typical = {c: _typical_stage(sends, col) if col in sends else 0.0 for c, col in parts.items()}
     sends = sends.set_index("coll")
-    # Each root's pairs, in the table's order, as positions (one stable sort, not a filter of the
-    # table per rank: 1.6 ms a rank at 256 ranks); its direct pairs' sender windows read once.
-    root = roots["root"].to_numpy()
-    order = np.argsort(root, kind="stable")
-    keys, starts = np.unique(root[order], return_index=True)
-    by_root = dict(zip(keys.tolist(), np.split(order, starts[1:]), strict=True))
+    # Each root's pairs, in the table's order, as positions (not a filter of the table per rank:
+    # 1.6 ms a rank at 256 ranks), reduced as pandas reduces (exact_reductions); the direct
+    # pairs' sender windows read once.
+    by_root = group_positions(roots["root"].to_numpy())
     caused_ns = roots["caused_ns"].to_numpy()
     wait_ns = roots["wait_ns"].to_numpy()
     direct = roots["via"].to_numpy() == 0
     own = {
         c: _direct_values(sends, roots["coll"].to_numpy(), direct, col) for c, col in parts.items()
     }
-    none = order[:0]
+    none = np.zeros(0, np.intp)
     rows = []
-    for rank, n_sends in zip(
-        *np.unique(roots["sender"].to_numpy(), return_counts=True), strict=True
-    ):
-        mine = by_root.get(int(rank), none)
+    for rank, sent_at in group_positions(roots["sender"].to_numpy()).items():
+        mine = by_root.get(rank, none)
         caused = float(caused_ns[mine].sum())
         traced = float(wait_ns[mine].sum())
         mine_direct = mine[direct[mine]]
         # (the sender's window, missing = 0, less the typical stage's) clipped at 0, summed
         extras = {
-            c: float(np.clip(values[mine_direct] - typical[c], 0, None).sum())
+            c: float(pandas_sum(clip_low0(values[mine_direct] - typical[c])))
             if values is not None
             else 0.0
             for c, values in own.items()
@@ -215,7 +212,7 @@ def pipeline_stages(
         rows.append(
             {
                 "rank": int(rank),
-                "sends": int(n_sends),
+                "sends": len(sent_at),
                 "root_pairs": len(mine),
                 "wait_traced_s": traced / 1e9,
                 "wait_share": share,

@@ -34,8 +34,11 @@ Definitions (``docs/analysis.md``):
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
+from rankscope.analysis.compute.exact_reductions import group_positions
 
 #: Fixed part of the slack allowed between the aligned-clock wait and the clock-free check, ns.
 CHECK_SLACK_NS = 50_000
@@ -193,15 +196,26 @@ def wait_totals(waits: pd.DataFrame, spans: pd.DataFrame | None = None) -> pd.Da
         comm_transfer_sum_ns=("transfer_ns", "sum"),
         disagree=("clock_disagree", "sum"),
     )
+    # each rank's rows as positions (in row order, ranks ascending: the groupby's), not a pandas
+    # selection of the waits and of the spans per rank
+    arrival_all = waits["arrival"].to_numpy(np.int64)
+    wait_all = waits["wait_ns"].to_numpy(np.int64)
+    end_all = waits["end"].to_numpy(np.int64)
+    span_at: dict[Any, np.ndarray] = {}
+    span_lo = span_hi = None
+    if spans is not None and len(spans):
+        span_at = group_positions(spans["rank"].to_numpy())
+        span_lo, span_hi = spans["start"].to_numpy(np.int64), spans["end"].to_numpy(np.int64)
+    none = np.zeros(0, np.intp)
     wall_wait, wall_xfer = [], []
-    for rank, sub in waits.groupby("rank", sort=True):
-        arrival = sub["arrival"].to_numpy(np.int64)
-        waited = arrival + sub["wait_ns"].to_numpy(np.int64)
-        end = np.maximum(sub["end"].to_numpy(np.int64), arrival)
+    for rank, at in group_positions(waits["rank"].to_numpy()).items():
+        arrival = arrival_all[at]
+        waited = arrival + wait_all[at]
+        end = np.maximum(end_all[at], arrival)
         sets = {"W": interval_union(arrival, waited), "F": interval_union(arrival, end)}
-        if spans is not None and len(spans):
-            mine = spans[spans["rank"] == rank]
-            lo, hi = mine["start"].to_numpy(np.int64), mine["end"].to_numpy(np.int64)
+        if span_lo is not None and span_hi is not None:
+            mine = span_at.get(rank, none)
+            lo, hi = span_lo[mine], span_hi[mine]
         else:
             lo, hi = np.array([arrival.min()]), np.array([end.max()])
         got = paint(sets, lambda c: {"wait": c["W"], "xfer": c["F"] & ~c["W"]}, lo, hi)

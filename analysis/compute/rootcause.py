@@ -37,7 +37,7 @@ peers' (ns). Three classes (:class:`RootClass`), each with general rules (docs/a
 Each named slow worker comes with the **path** its delay took (:func:`wait_path`): the ops
 where it arrived last and the ranks that waited there, then where those ranks arrived last.
 
-Why one module of ~550 lines: one model (peers, excess, replayed fixes) for jobs the flat rules
+Why one module of ~590 lines: one model (peers, excess, replayed fixes) for jobs the flat rules
 do not fit, its three class tests read together; flat jobs (every multi-rank collective spans
 all ranks) never reach it (:func:`applies`). The weights it replays are in
 :mod:`rankscope.analysis.compute.peer_weights`, the wording in :mod:`rankscope.analysis.conclude.rootcause_findings`.
@@ -53,6 +53,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
+from rankscope.analysis.compute.exact_reductions import (
+    group_positions,
+    pandas_mean,
+    pandas_median,
+)
 from rankscope.analysis.compute.peer_weights import (
     Replayer,
     index_of,
@@ -359,33 +364,29 @@ def _rank_tests(per: pd.DataFrame, lay: pd.DataFrame, rp: Replayer) -> pd.DataFr
     ranks_in: dict[Any, list[Any]] = {}
     for rank, g in per.groupby("rank")["g"].first().items():
         ranks_in.setdefault(g, []).append(rank)
-    # each rank's rows as positions, in the table's order (one stable sort: a pandas filter and
-    # five pandas reductions per rank cost ~1.5 ms a rank, 0.4 s at 256 ranks); the reductions
-    # below are numpy's own on the same values in the same order, as pandas' are
-    rank_of = per["rank"].to_numpy()
-    order = np.argsort(rank_of, kind="stable")
-    keys, starts = np.unique(rank_of[order], return_index=True)
+    # each rank's rows as positions, in the table's order, reduced as pandas reduces
+    # (exact_reductions: a pandas filter and five pandas reductions per rank cost ~1.5 ms a
+    # rank, 0.4 s at 256 ranks)
     g_of = per["g"].to_numpy()
     excess = per["excess"].to_numpy(float)
     medians_of = {
         c: per[c].to_numpy(float) for c in ("compute_excess", "input_excess", "gc_excess")
     }
     rows = []
-    segments = np.split(order, starts[1:]) if len(order) else []
-    for r, mine in zip(keys.tolist(), segments, strict=True):
+    for r, mine in group_positions(per["rank"].to_numpy()).items():
         g = g_of[mine[0]]
         k = int(size.get(int(g), 1))
         ex = excess[mine]
         ex = ex[~np.isnan(ex)]
         n = len(ex)
         var = np.array([var_of[q] for q in ranks_in[g] if q != r], float)
-        var = var[~np.isnan(var)]
-        noise = float(math.sqrt(var.mean())) if len(var) else 0.0
+        var = var[~np.isnan(var)]  # dropped first: pandas sums the values left, in order
+        noise = float(math.sqrt(pandas_mean(var))) if len(var) else 0.0
         t = int(times.get(r, 0))
         p = binomial_p_value(t, n, 1.0 / k) if k >= 2 and n else 1.0
         typical = float(np.median(ex)) if n else 0.0
         comp, inp, paused = (
-            _median_skipping_nan(medians_of[c][mine]) if n else 0.0
+            pandas_median(medians_of[c][mine]) if n else 0.0
             for c in ("compute_excess", "input_excess", "gc_excess")
         )
         host = typical - comp - inp - paused
@@ -437,12 +438,6 @@ def _rank_tests(per: pd.DataFrame, lay: pd.DataFrame, rp: Replayer) -> pd.DataFr
         ["is_straggler", "saving_s", "typical_s"], ascending=False, na_position="last"
     )
     return out.reset_index(drop=True).astype(RANK_COLUMNS)
-
-
-def _median_skipping_nan(values: np.ndarray) -> float:
-    """The median of ``values`` without their NaNs (NaN when all are): a pandas Series' median."""
-    kept = values[~np.isnan(values)]
-    return float(np.median(kept)) if len(kept) else math.nan
 
 
 def _stage_work(per: pd.DataFrame, named: Sequence[int]) -> pd.DataFrame:
