@@ -30,6 +30,8 @@ Sets (each a row of the table):
   printed). Made once, outside the timing. ``rankscope analyze FOLDER`` (one process) vs HTA's
   load + breakdown + overlap + stragglers on the same 64 files; an HTA failure is said in its
   cell (its exit status and last line), never hidden.
+* ``pp256`` (not in the default sets: ~10 s a round): the same at 256 ranks (TP 2 × PP 8 ×
+  DP 16), where the analysis' serial cross-rank phase is seconds (issue 31, eleventh pass).
 
 rankscope's own modules are byte-compiled first (:func:`compile_rankscope`, outside the timing), as
 ``pip install`` of its wheel does and as HTA's were when it was installed: a machine that sets
@@ -61,10 +63,17 @@ DLRM = ROOT / "tests" / "data" / "param_dlrm_8rank"
 BIG = ROOT / "tests" / "data" / "hta" / "df_index_resolver"
 RUN = ROOT / "tests" / "data" / "cpu_gloo_4rank_ddp_buckets"
 HTA_PYTHON = Path("/tmp/hta-venv/bin/python")
-SETS = ("dlrm", "big", "reader", "end-of-run", "pp64")
+SETS = ("dlrm", "big", "reader", "end-of-run", "pp64", "pp256")
+#: The sets run when ``--sets`` is not given.
+DEFAULT_SETS = ("dlrm", "big", "reader", "end-of-run", "pp64")
 #: The large-model job of ``pp64``: ``rankscope synth`` arguments (64 ranks, TP 2 × PP 8 × DP 4).
 PP64_SYNTH = ("--ranks", "64", "--ranks-per-host", "8", "--tp", "2", "--pp", "8", "--dp", "4",
               "--layers", "8", "--steps", "3", "--seed", "1")  # fmt: skip
+#: The same job at 256 ranks (TP 2 × PP 8 × DP 16): the ``pp256`` set.
+PP256_SYNTH = ("--ranks", "256", "--ranks-per-host", "8", "--tp", "2", "--pp", "8", "--dp", "16",
+               "--layers", "8", "--steps", "3", "--seed", "1")  # fmt: skip
+#: Each large-model set: its ``rankscope synth`` arguments.
+LAYERED_SETS = {"pp64": PP64_SYNTH, "pp256": PP256_SYNTH}
 #: Microbatches per step of ``pp64`` (each one a send and a receive per stage boundary, twice).
 PP64_MICROBATCHES = 16
 
@@ -178,23 +187,25 @@ def reader_mb_per_s() -> tuple[float, float]:
     return best, raw_mb / best
 
 
-def make_pp64(work: Path, microbatches: int) -> tuple[Path, int, int]:
-    """The ``pp64`` job (made once): (folder, point-to-point ops per step over all ranks, MB of
-    gzip on disk). The p2p count is read from the traces (``send``/``recv`` kernels)."""
+def make_layered(work: Path, name: str, microbatches: int) -> tuple[Path, int, int]:
+    """The large-model job of set ``name`` (made once, :data:`LAYERED_SETS`): (folder,
+    point-to-point ops per step over all ranks, MB of gzip on disk). The p2p count is read from
+    the traces (``send``/``recv`` kernels)."""
     import gzip
     import re
     import subprocess
 
-    job = work / "pp64"
+    job = work / name
+    synth = LAYERED_SETS[name]
     subprocess.run(
-        rankscope_argv("synth", str(job), *PP64_SYNTH, "--microbatches", str(microbatches)),
+        rankscope_argv("synth", str(job), *synth, "--microbatches", str(microbatches)),
         check=True,
         capture_output=True,
         timeout=3600,
     )
     kernel = re.compile(rb'"name": "ncclDevKernel_(?:Send|Recv)[^"]*"')
     p2p = sum(len(kernel.findall(gzip.decompress(f.read_bytes()))) for f in job.glob("*.json.gz"))
-    steps = int(PP64_SYNTH[PP64_SYNTH.index("--steps") + 1])
+    steps = int(synth[synth.index("--steps") + 1])
     size = sum(f.stat().st_size for f in job.glob("*.json.gz")) // 10**6
     (job / "truth.json").unlink(missing_ok=True)  # HTA takes every *.json of its folder
     return job, p2p // steps, size
@@ -245,14 +256,14 @@ def ratio(rs: list[float], hta: list[float]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds (median reported)")
-    ap.add_argument("--sets", nargs="+", choices=SETS, default=list(SETS))
+    ap.add_argument("--sets", nargs="+", choices=SETS, default=list(DEFAULT_SETS))
     ap.add_argument("--hta-python", type=Path, default=HTA_PYTHON)
     ap.add_argument("--no-hta", action="store_true", help="rankscope only (the smoke test)")
     ap.add_argument(
         "--microbatches",
         type=int,
         default=PP64_MICROBATCHES,
-        help=f"microbatches per step of the pp64 job (default {PP64_MICROBATCHES})",
+        help=f"microbatches per step of the pp64 and pp256 jobs (default {PP64_MICROBATCHES})",
     )
     args = ap.parse_args(argv)
     hta_py = None if args.no_hta else args.hta_python
@@ -322,24 +333,29 @@ def main(argv: list[str] | None = None) -> int:
                     "—",
                 )
             )
-        if "pp64" in args.sets:
-            job, p2p, size = make_pp64(work, args.microbatches)
+        for name in (n for n in LAYERED_SETS if n in args.sets):
+            job, p2p, size = make_layered(work, name, args.microbatches)
             failed: list[str] = []
 
-            def hta_pp64() -> float:
+            def hta_layered(job: Path = job, failed: list[str] = failed) -> float:
                 dt, why = hta_or_failure([str(hta_py), "-c", HTA_ANALYSE, str(job)])
                 if why:
                     failed.append(why)
                 return dt
 
+            def rankscope_layered(job: Path = job) -> float:
+                return rankscope_dlrm_one(job)
+
             rs, ht = interleave(
-                args.rounds,
-                lambda: rankscope_dlrm_one(job),
-                None if hta_py is None else hta_pp64,
+                args.rounds, rankscope_layered, None if hta_py is None else hta_layered
+            )
+            synth = LAYERED_SETS[name]
+            ranks, tp, pp, dp = (
+                synth[synth.index(f) + 1] for f in ("--ranks", "--tp", "--pp", "--dp")
             )
             rows.append(
                 (
-                    f"synth 64 ranks TP2×PP8×DP4, {args.microbatches} microbatches "
+                    f"synth {ranks} ranks TP{tp}×PP{pp}×DP{dp}, {args.microbatches} microbatches "
                     f"({p2p:,} point-to-point ops per step, {size} MB gzip): "
                     "`analyze FOLDER` vs HTA load + breakdown + overlap + stragglers",
                     cell(rs),
