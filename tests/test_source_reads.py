@@ -8,6 +8,7 @@ a process that died, one that takes too long) falls back to reading here, leavin
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import multiprocessing
 import os
@@ -76,7 +77,7 @@ def test_reads_taken_from_ahead_equal_reads_here(two_cores: None) -> None:
     before = set(multiprocessing.active_children())
     ahead = ReadAhead.start([DLRM], ClusterSpec(scheduler=AUTO), DEFAULT_VOCABULARY)
     assert ahead is not None
-    with ahead:
+    with contextlib.closing(ahead):
         for source in sources:
             got = ahead.take(source, DEFAULT_VOCABULARY)
             assert got is not None
@@ -101,7 +102,7 @@ def test_other_comm_kernels_or_other_files_are_read_here(two_cores: None, tmp_pa
     sources, _, _ = discover([DLRM])
     other = CommVocabulary(("my_allreduce_kernel",))
     assert other != DEFAULT_VOCABULARY
-    with ReadAhead(sources[:1], DEFAULT_VOCABULARY, wait_s=60) as ahead:
+    with contextlib.closing(ReadAhead(sources[:1], DEFAULT_VOCABULARY, wait_s=60)) as ahead:
         assert ahead.take(sources[0], other) is None  # read with other kernels: not these reads
         assert ahead.take(sources[1], DEFAULT_VOCABULARY) is None  # never read ahead
 
@@ -131,7 +132,7 @@ def test_a_read_not_begun_is_cancelled_and_done_here(
 ) -> None:
     fifo, sources = blocked
     before = set(multiprocessing.active_children())
-    with ReadAhead(sources, DEFAULT_VOCABULARY, wait_s=60) as ahead:
+    with contextlib.closing(ReadAhead(sources, DEFAULT_VOCABULARY, wait_s=60)) as ahead:
         # the process reads the FIFO (blocked) with one more call queued: the last is not begun
         assert ahead.take(sources[-1], DEFAULT_VOCABULARY) is None
         text = sources[1].files[0][1].read_bytes()  # a DLRM trace, through the FIFO
@@ -150,7 +151,7 @@ def test_a_read_ahead_process_that_died_leaves_the_reads_here(
 ) -> None:
     _, sources = blocked
     before = set(multiprocessing.active_children())
-    with ReadAhead(sources, DEFAULT_VOCABULARY, wait_s=60) as ahead:
+    with contextlib.closing(ReadAhead(sources, DEFAULT_VOCABULARY, wait_s=60)) as ahead:
         os.kill(_read_ahead_pid(ahead), signal.SIGKILL)  # as the out-of-memory killer would
         assert ahead.take(sources[0], DEFAULT_VOCABULARY) is None
         assert ahead.take(sources[1], DEFAULT_VOCABULARY) is None  # closed: all read here

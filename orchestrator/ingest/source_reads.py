@@ -34,7 +34,6 @@ from rankscope.orchestrator.ingest.discovery import RankSource
 
 if TYPE_CHECKING:
     from concurrent.futures import Future, ProcessPoolExecutor
-    from types import TracebackType
 
     from rankscope.analysis.engine.scheduler import Choice, ClusterSpec
     from rankscope.orchestrator.ingest.file_trace import FileTrace
@@ -124,7 +123,8 @@ def _files(source: RankSource) -> tuple[tuple[int, Path], ...]:
 
 
 class ReadAhead:
-    """Sources read in one forked process while this one goes on (module docstring)."""
+    """Sources read in one forked process while this one goes on (module docstring); scoped by
+    ``orchestrator.merge.read_ahead``, which closes it (``contextlib.closing`` elsewhere)."""
 
     def __init__(
         self, sources: list[RankSource], vocabulary: CommVocabulary, wait_s: float
@@ -204,14 +204,3 @@ class ReadAhead:
             pool, self._pool = self._pool, None
             self._reads.clear()
             stop_pool(pool, self._before)
-
-    def __enter__(self) -> ReadAhead:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
