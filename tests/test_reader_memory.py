@@ -18,8 +18,9 @@ import pytest
 from rankscope.analysis.store import memory_table
 from rankscope.orchestrator.ingest import kineto_json
 from rankscope.orchestrator.ingest.decode import read_trace
-from rankscope.orchestrator.ingest.event_columns import EventColumns, factorize
+from rankscope.orchestrator.ingest.event_columns import EventColumns
 from rankscope.orchestrator.ingest.memory_columns import holding
+from rankscope.orchestrator.ingest.string_codes import factorize
 from test_memory import mem_event, op
 
 

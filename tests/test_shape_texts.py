@@ -1,4 +1,4 @@
-"""Input shapes and dtypes as text (``event_columns.text_codes``): the codes and the table of
+"""Input shapes and dtypes as text (``string_codes.text_codes``): the codes and the table of
 ``str`` per event, with ``str`` called once per distinct value; on real traces recorded with
 ``record_shapes`` and on decoded JSON values of every kind."""
 
@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 import numpy as np
 from rankscope.orchestrator.ingest import decode
-from rankscope.orchestrator.ingest.event_columns import codes_in, text_codes
+from rankscope.orchestrator.ingest.string_codes import codes_in, text_codes
 
 DATA = Path(__file__).parent / "data"
 #: Real traces with ``Input Dims`` / ``Input type`` (PARAM's DLRM, record_shapes=True).

@@ -26,6 +26,7 @@ from rankscope.orchestrator.ingest.file_trace import FileTrace
 from rankscope.orchestrator.ingest.kineto_json import (
     BLOCK_DECODER,
     BLOCK_DECODER_EXACT,
+    EXACT_FLOAT_LIMIT_US,
     FILE_DECODER,
     FILE_DECODER_EXACT,
     KEvent,
@@ -36,6 +37,10 @@ from rankscope.orchestrator.ingest.kineto_json import (
     read_bytes,
     text_pieces,
 )
+from rankscope.orchestrator.ingest.kineto_scan import ScanRules, scan
+from rankscope.orchestrator.ingest.memory_columns import MEMORY_LIMITS
+from rankscope.orchestrator.ingest.multirank import PID_BLOCK
+from rankscope.orchestrator.ingest.stamps import TS_LIMIT_US
 
 
 def read_trace(
@@ -89,6 +94,12 @@ class _NotStreamable(Exception):
 #: Separator between two events in Kineto's own JSON layout (strings cannot hold a raw newline,
 #: and nested args objects are indented deeper, so this only occurs between events).
 EVENT_SEPARATOR = b"\n  },\n  {"
+#: The reduction's limits, for the compiled scanner (``kineto_scan``).
+SCAN_RULES = ScanRules(PID_BLOCK, float(TS_LIMIT_US), EXACT_FLOAT_LIMIT_US, MEMORY_LIMITS)
+#: The end of the events array in Kineto's layout: the last event's ``}``, then the array's
+#: ``]`` (where it is found, the text up to it is read as a block like the others; a text
+#: up to it that is not an array of events reads the file whole, as any block that fails).
+EVENTS_END = b"\n  }\n  ]"
 #: Bytes of JSON text per block of the streaming reader (the unit of the string codes' order:
 #: ``event_columns.EventColumns.end_block``).
 BLOCK_BYTES = 4 << 20
@@ -140,10 +151,21 @@ def _stream_events(
     if head is None:
         raise _NotStreamable
     acc.nbytes = total
-    rest = b'{"traceEvents": ' + bytes(buf)
     try:
         top = decode_json(FILE_DECODER, head + b'"traceEvents": []}')
+    except msgspec.MsgspecError:
+        raise _NotStreamable from None
+    end = buf.rfind(EVENTS_END)
+    if end > 0:  # the last block of events, like the others, then the keys after it
+        end += len(EVENTS_END)
+        _add_block(buf, end, acc, sub_bytes)
+        rest = b'{"traceEvents": []' + bytes(buf[end:])
+    else:
+        rest = b'{"traceEvents": ' + bytes(buf)
+    try:
         tail = decode_json(FILE_DECODER, rest)
+        if end > 0 and tail.traceEvents:
+            raise _NotStreamable  # a second "traceEvents" key: the whole file's decode decides
         if tail.traceEvents and needs_exact(tail.traceEvents):
             tail = decode_json(FILE_DECODER_EXACT, rest)
     except msgspec.MsgspecError:
@@ -204,6 +226,12 @@ def _add_sub_blocks(
                 buf[cut + 5] = ord("[")
                 patched.append(cut)
             text = view[start:stop]
+            if not exact:  # the compiled scanner first (kineto_scan: exact, or it refuses)
+                scanned = scan(text, SCAN_RULES)
+                if scanned is not None:
+                    acc.extract_scanned(scanned, text)
+                    start = stop
+                    continue
             decoder: msgspec.json.Decoder[Any] = BLOCK_DECODER_EXACT if exact else BLOCK_DECODER
             events: list[KEvent] = decode_json(decoder, text)
             if not exact and needs_exact(events):

@@ -13,31 +13,45 @@ Timestamps (the part that must be exact): absolute ns = ``baseTimeNanoseconds`` 
 int64, never in float (``stamps.py``). The ``[memory]`` events are ``memory_columns.py``'s part
 of the reduction (:class:`EventColumns` inherits it).
 
-Why one module of ~450 lines: one reduction, block by block, of the complete events, thread
+Two ways in, one reduction: :meth:`EventColumns.extract` takes msgspec's decoded events,
+:meth:`EventColumns.extract_scanned` the columns of the compiled scanner (``kineto_scan``), and
+both end in :meth:`EventColumns._keep_complete`, so the kinds, communication rows and string
+codes are made once. The interning (first-seen codes) is ``string_codes.py``.
+
+Why one module of ~530 lines: one reduction, block by block, of the complete events, thread
 names and communication args into one :class:`FileTrace`; its parts share the string table and
 the row numbering.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
 from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import numpy as np
 from rankscope.analysis.store.memory_table import memory_field_limits
 from rankscope.analysis.store.schema import EventKind, LaneKind
 from rankscope.orchestrator.ingest.comm_kernels import DEFAULT_VOCABULARY, CommVocabulary
 from rankscope.orchestrator.ingest.file_trace import CommRecord, CommRecords, FileTrace, LaneRow
-from rankscope.orchestrator.ingest.kineto_json import KEvent, KFile, TraceReadError
+from rankscope.orchestrator.ingest.kineto_json import (
+    BLOCK_DECODER,
+    KArgs,
+    KEvent,
+    KFile,
+    TraceReadError,
+    decode_json,
+)
+from rankscope.orchestrator.ingest.kineto_scan import Scanned
 from rankscope.orchestrator.ingest.memory_columns import MemoryColumns
 from rankscope.orchestrator.ingest.stamps import BASE_LIMIT_NS as BASE_LIMIT_NS
 from rankscope.orchestrator.ingest.stamps import TS_LIMIT_US as TS_LIMIT_US
 from rankscope.orchestrator.ingest.stamps import decimal_to_ns
 from rankscope.orchestrator.ingest.stamps import us_to_ns as us_to_ns
+from rankscope.orchestrator.ingest.string_codes import codes_in, factorize, shape_codes
 from rankscope.orchestrator.ingest.vocabulary import (
     GPU_CATS,
     GPU_KINDS,
@@ -60,57 +74,6 @@ _INT64_LO, _INT64_HI = memory_field_limits()["bytes"]
 _TS, _DUR, _NAME, _CAT, _PID, _TID, _ARGS = (
     attrgetter(a) for a in ("ts", "dur", "name", "cat", "pid", "tid", "args")
 )
-
-
-def codes_in(table: dict[Any, int], values: list[Any], dtype: Any = np.int64) -> np.ndarray:
-    """Codes of ``values`` in ``table`` (value → code), new values appended in first-seen
-    order: one dict lookup per value (2.4-2.5x faster than ``pd.factorize`` of an object Series
-    and a lookup per distinct value, measured on the 123k events of the 54 MB
-    ``df_index_resolver``)."""
-    add = table.setdefault
-    return np.fromiter([add(v, len(table)) for v in values], dtype, len(values))
-
-
-#: JSON text of a decoded value, in C (the key :func:`text_codes` groups values by).
-_JSON_TEXT = msgspec.json.Encoder().encode
-#: How that text writes None, NaN and the infinities alike (:func:`text_codes`).
-_NULL = b"null"
-
-
-def text_codes(values: list[Any]) -> tuple[np.ndarray, list[str]]:
-    """(codes, distinct texts in first-seen order) of ``str(v)`` for decoded JSON ``values``
-    (``Input Dims`` / ``Input type`` lists): :func:`codes_in` of the texts, with ``str`` called
-    once per distinct value instead of once per event.
-
-    Values are grouped by their JSON text (msgspec's encoder, in C: ~0.3 µs against ~2 µs for
-    ``str`` of a nested list); two values with the same JSON text are the same JSON value, so
-    the same ``str``. The first value of each group stands for it, and the groups' texts get
-    their codes in the groups' first-seen order, which is the texts' first-seen order: the codes
-    and the table are those of ``codes_in(seen, [str(v) for v in values])`` (test). Values
-    whose texts hold ``null`` take that plain path (the encoder writes ``None``, NaN and the
-    infinities all as ``null``; decoded JSON holds none of the last two, but a key must never
-    join two texts), and so would a value the encoder refuses (none that JSON decodes to).
-    """
-    try:
-        keys = list(map(_JSON_TEXT, values))
-    except (msgspec.EncodeError, TypeError, ValueError, OverflowError):
-        keys = [_NULL]
-    if _NULL in b"".join(keys):
-        seen: dict[str, int] = {}
-        return codes_in(seen, [str(v) for v in values], np.int32), list(seen)
-    groups: dict[bytes, int] = {}
-    group = codes_in(groups, keys, np.int32)
-    first = np.unique(group, return_index=True)[1]  # group g's first value, g = 0, 1, ...
-    texts: dict[str, int] = {}
-    remap = codes_in(texts, [str(values[i]) for i in first.tolist()], np.int32)
-    return remap[group], list(texts)
-
-
-def factorize(values: list[Any]) -> tuple[np.ndarray, list[Any]]:
-    """(codes, distinct values in first-seen order) of hashable ``values``: ``pd.factorize``'s
-    answer for values without missing ones (pids, tids: ints or strings)."""
-    seen: dict[Any, int] = {}
-    return codes_in(seen, values), list(seen)
 
 
 @dataclass
@@ -179,27 +142,13 @@ class EventColumns(MemoryColumns):
         :meth:`end_block` turns them into the block's codes in the order one whole-block pass
         gives (first-seen over the block: all names, then all categories, shapes, dtypes), so
         the table and the lanes do not depend on the sub-block size.
+        :meth:`extract_scanned` is the same for a sub-block the compiled scanner read.
         """
         if not self.rank_signs:
             from rankscope.orchestrator.ingest.multirank import block_signs
 
             self.rank_signs = block_signs(events)
-        memory = []
-        for ev in events:
-            ph = ev.ph
-            if ph == "X":
-                continue
-            if ph == "M" and ev.name == "thread_name" and ev.args is not None:
-                names = self.thread_names.setdefault((str(ev.pid), str(ev.tid)), [])
-                label = str(ev.args.name or "").strip()
-                if label and label not in names:
-                    names.append(label)
-            elif ph == "i" and ev.name == "[memory]":
-                memory.append(ev)
-        if memory and not self._memory_block(memory):
-            for ev in memory:
-                self._memory_event(ev)
-        self._flush_memory()
+        self._other_events(events)
         xs = [ev for ev in events if ev.ph == "X"]
         n = len(xs)
         if not n:
@@ -239,10 +188,104 @@ class EventColumns(MemoryColumns):
         cat_seen: dict[str, int] = {}
         name = codes_in(name_seen, list(map(_NAME, xs)), np.int32)
         cat = codes_in(cat_seen, list(map(_CAT, xs)), np.int32)
-        name_uniq, cat_uniq = list(name_seen), list(cat_seen)
-        pid_codes, pid_uniq = factorize(list(map(_PID, xs)))
-        tid_codes, tid_uniq = factorize(list(map(_TID, xs)))
-        pair = name.astype(np.int64) << 32 | cat.astype(np.int64)
+        corr = np.fromiter(
+            (
+                ev.args.correlation
+                if ev.args is not None
+                and type(ev.args.correlation) is int
+                and _INT64_LO <= ev.args.correlation <= _INT64_HI
+                else -1
+                for ev in xs
+            ),
+            np.int64,
+            n,
+        )
+        have = [
+            (i, a)
+            for i, a in enumerate(map(_ARGS, xs))
+            if a is not None and a.input_dims is not None
+        ]
+        self._keep_complete(
+            {"ts": ts, "dur": dur, "corr": corr},
+            (name, list(name_seen)),
+            (cat, list(cat_seen)),
+            factorize(list(map(_PID, xs))),
+            factorize(list(map(_TID, xs))),
+            lambda rows: [xs[i] for i in rows],
+            have,
+        )
+
+    def extract_scanned(self, scanned: Scanned, text: Any) -> None:
+        """:meth:`extract` of a sub-block the compiled scanner reduced (``kineto_scan``):
+        ``text`` is the sub-block's JSON, of which only the few events the reduction reads
+        whole are decoded (the ``M`` and ``i`` events, and the complete events whose ``args``
+        it reads: communication ops, recorded shapes), by msgspec, as :meth:`extract` gets
+        them. The same columns, codes and counts as :meth:`extract` of msgspec's decode of
+        ``text`` (tests/test_kineto_scan.py)."""
+        others = decode_json(BLOCK_DECODER, scanned.others) if scanned.others else []
+        if not self.rank_signs:
+            from rankscope.orchestrator.ingest.multirank import block_signs
+
+            self.rank_signs = scanned.sign or block_signs(others)
+        self._other_events(others)
+        if scanned.memory is not None:
+            self._keep_scanned_memory(scanned.memory)
+        self.out_of_range += scanned.out_of_range
+        self.dropped += scanned.bad_duration
+        if not len(scanned.ts_us):
+            return
+        starts, ends = scanned.starts, scanned.ends
+        dims = np.flatnonzero(scanned.dims).tolist()
+        have = list(
+            zip(dims, map(_ARGS, _decode_spans(text, starts[dims], ends[dims])), strict=True)
+        )
+        self._keep_complete(
+            {"ts": us_to_ns(scanned.ts_us), "dur": us_to_ns(scanned.dur_us), "corr": scanned.corr},
+            scanned.name,
+            scanned.cat,
+            scanned.pid,
+            scanned.tid,
+            lambda rows: _decode_spans(text, starts[rows], ends[rows]),
+            have,
+        )
+
+    def _other_events(self, events: list[KEvent]) -> None:
+        """The thread names (``M``) and ``[memory]`` events (``i``) of a sub-block."""
+        memory = []
+        for ev in events:
+            ph = ev.ph
+            if ph == "X":
+                continue
+            if ph == "M" and ev.name == "thread_name" and ev.args is not None:
+                names = self.thread_names.setdefault((str(ev.pid), str(ev.tid)), [])
+                label = str(ev.args.name or "").strip()
+                if label and label not in names:
+                    names.append(label)
+            elif ph == "i" and ev.name == "[memory]":
+                memory.append(ev)
+        if memory and not self._memory_block(memory):
+            for ev in memory:
+                self._memory_event(ev)
+        self._flush_memory()
+
+    def _keep_complete(
+        self,
+        arrays: dict[str, np.ndarray],
+        name: tuple[np.ndarray, list[str]],
+        cat: tuple[np.ndarray, list[str]],
+        pid: tuple[np.ndarray, list[Any]],
+        tid: tuple[np.ndarray, list[Any]],
+        events_at: Callable[[list[int]], list[KEvent]],
+        have: list[tuple[int, KArgs]],
+    ) -> None:
+        """A sub-block's kept complete events (both paths): their kinds and communication rows,
+        then the sub-block waits for :meth:`end_block`. ``arrays``: ts, dur (int64 ns) and
+        corr; ``events_at``: the decoded events of the given rows (read for the communication
+        rows); ``have``: (row, args) of the events with recorded input shapes."""
+        n = len(arrays["ts"])
+        name_codes, name_uniq = name
+        cat_codes, cat_uniq = cat
+        pair = name_codes.astype(np.int64) << 32 | cat_codes.astype(np.int64)
         uniq, inverse = np.unique(pair, return_inverse=True)
         kinds = np.empty(len(uniq), dtype=np.int8)
         unmatchable = np.zeros(len(uniq), dtype=bool)
@@ -258,27 +301,13 @@ class EventColumns(MemoryColumns):
             kinds[i] = k
             unmatchable[i] = self.unmatchable[key]
         kind = kinds[inverse.reshape(-1)]
-        corr = np.fromiter(
-            (
-                ev.args.correlation
-                if ev.args is not None
-                and type(ev.args.correlation) is int
-                and _INT64_LO <= ev.args.correlation <= _INT64_HI
-                else -1
-                for ev in xs
-            ),
-            np.int64,
-            n,
-        )
         is_enqueue = kind == EventKind.COMM_ENQUEUE
         matched = ~unmatchable[inverse.reshape(-1)]
         comm_kind = ((kind == EventKind.KERNEL_COMM) & matched) | (kind == EventKind.COMM_CPU)
-        for i, enqueue in zip(
-            np.flatnonzero(comm_kind | is_enqueue).tolist(),
-            is_enqueue[comm_kind | is_enqueue].tolist(),
-            strict=True,
+        rows = np.flatnonzero(comm_kind | is_enqueue).tolist()
+        for i, enqueue, ev in zip(
+            rows, is_enqueue[rows].tolist(), events_at(rows) if rows else [], strict=True
         ):
-            ev = xs[i]
             a = ev.args
             if enqueue and (ev.name != RECORD_PARAM_COMMS or a is None or not a.collective):
                 continue  # other enqueue ops (c10d::*, nccl:*) name nothing the kernel lacks
@@ -292,12 +321,11 @@ class EventColumns(MemoryColumns):
                 seq = int(a.seq)
             size = message_bytes(a.in_nelems, a.dtype) if a is not None else -1
             self.comm_rows.append((self.count + i, op, group, seq, size, peer, enqueue))
-        shapes, shape_uniq, dtypes, dtype_uniq = self._shape_codes(xs)
+        shapes, shape_uniq, dtypes, dtype_uniq = shape_codes(n, have)
         self.pending.append(
             _SubBlock(
-                {"ts": ts, "dur": dur, "kind": kind, "corr": corr},
-                (name, name_uniq), (cat, cat_uniq), (shapes, shape_uniq), (dtypes, dtype_uniq),
-                (pid_codes, pid_uniq), (tid_codes, tid_uniq),
+                {**arrays, "kind": kind},
+                name, cat, (shapes, shape_uniq), (dtypes, dtype_uniq), pid, tid,
             )
         )  # fmt: skip
         self.count += n
@@ -377,25 +405,6 @@ class EventColumns(MemoryColumns):
         del self.memory_threads[threads:]
         self.memory = []
         self.pending = []
-
-    def _shape_codes(self, xs: list[KEvent]) -> tuple[np.ndarray, list[str], np.ndarray, list[str]]:
-        """First-seen codes (own to ``xs``) of each event's ``Input Dims`` and ``Input type`` as
-        text (``str`` of the lists, the form of torch's ``str(evt.input_shapes)``), -1 where
-        absent (no ``record_shapes``), each with its distinct texts (:meth:`end_block`)."""
-        n = len(xs)
-        shapes = np.full(n, -1, np.int32)
-        dtypes = np.full(n, -1, np.int32)
-        have = [
-            (i, a)
-            for i, a in enumerate(map(_ARGS, xs))
-            if a is not None and a.input_dims is not None
-        ]
-        if not have:
-            return shapes, [], dtypes, []
-        idx = np.asarray([i for i, _ in have], dtype=np.int64)
-        shapes[idx], shape_texts = text_codes([a.input_dims for _, a in have])
-        dtypes[idx], dtype_texts = text_codes([a.input_type or [] for _, a in have])
-        return shapes, shape_texts, dtypes, dtype_texts
 
     def finish(self, path: Path, top: KFile, *, sort: bool = True) -> FileTrace:
         """Concatenate, add the time base, sort by ts (unless ``sort`` is False), build lanes."""
@@ -480,6 +489,16 @@ class EventColumns(MemoryColumns):
             process_groups=process_groups(info.get("pg_config")),
             rank_signs=rank_signs,
         )
+
+
+def _decode_spans(text: Any, starts: np.ndarray, ends: np.ndarray) -> list[KEvent]:
+    """The events at ``[starts, ends)`` (bytes) of ``text``, decoded by msgspec (one decode of
+    their objects joined into an array: what the block's decode gives for them)."""
+    if not len(starts):
+        return []
+    with memoryview(text) as view:
+        joined = b",".join([view[s:e] for s, e in zip(starts.tolist(), ends.tolist(), strict=True)])
+    return decode_json(BLOCK_DECODER, b"[" + joined + b"]")
 
 
 #: Most process groups kept per rank from ``pg_config`` (Megatron creates a few per rank; a

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 from rankscope.analysis.store.memory_table import memory_field_limits
 from rankscope.orchestrator.ingest.kineto_json import KEvent
+from rankscope.orchestrator.ingest.kineto_scan import ScannedMemory
 from rankscope.orchestrator.ingest.stamps import TS_LIMIT_US, decimal_to_ns, us_to_ns
 
 #: Memory columns from ``KArgs``: (column, attribute, dtype); values checked by bad_memory_field.
@@ -40,6 +41,9 @@ _MEMORY_LIMITS = (
     ("total_allocated", 0, _LIMITS["bytes"][1]),
     ("total_reserved", 0, _LIMITS["bytes"][1]),
 )
+
+#: The same bounds as (low, high) pairs in the order of ``_MEMORY_ARGS`` (the compiled scanner's).
+MEMORY_LIMITS = tuple((lo, hi) for _, lo, hi in _MEMORY_LIMITS)
 
 
 _TS, _PID, _TID, _ARGS = (attrgetter(a) for a in ("ts", "pid", "tid", "args"))
@@ -148,6 +152,21 @@ class MemoryColumns:
             part.setdefault(col, []).append(np.fromiter(values[attr], dtype, n))
         self.memory_threads.extend(
             zip(map(str, map(_PID, mem)), map(str, map(_TID, mem)), strict=True)
+        )
+
+    def _keep_scanned_memory(self, mem: ScannedMemory) -> None:
+        """:meth:`_keep_memory` of a sub-block's memory events as the compiled scanner read
+        them (every one well-formed, ``kineto_scan.ScannedMemory``): the same columns and
+        threads."""
+        part = self.memory_parts
+        part.setdefault("ts", []).append(us_to_ns(mem.ts_us))
+        for (col, _, dtype), values in zip(_MEMORY_ARGS, mem.values, strict=True):
+            part.setdefault(col, []).append(values.astype(dtype))
+        (pid, pids), (tid, tids) = mem.pid, mem.tid
+        pid_text, tid_text = [str(v) for v in pids], [str(v) for v in tids]
+        pid_col = map(pid_text.__getitem__, pid.tolist())
+        self.memory_threads.extend(
+            zip(pid_col, map(tid_text.__getitem__, tid.tolist()), strict=True)
         )
 
     def _memory_columns(self, cols: dict[str, np.ndarray], base: int) -> dict[str, np.ndarray]:

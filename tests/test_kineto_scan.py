@@ -1,0 +1,405 @@
+"""The compiled scanner (``kineto_scan``): the reader's columns, bit for bit, or a refusal.
+
+The scanner replaces msgspec's decode + ``EventColumns.extract`` for the sub-blocks it accepts,
+so every test here compares the two: every trace in ``tests/data`` read with and without it,
+generated hostile text (escapes, repeated keys, wrong types, huge numbers, deep nesting, bad
+UTF-8, NaN, exact stamps ...) reduced both ways, and each refusal rule shown on a text it
+refuses beside a near twin it accepts. Where msgspec fails, the scanner must refuse.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+import pytest
+from rankscope.orchestrator.ingest import decode, event_columns, kineto_scan
+from rankscope.orchestrator.ingest.kineto_json import (
+    BLOCK_DECODER,
+    decode_json,
+    needs_exact,
+)
+from rankscope.orchestrator.ingest.multirank import PID_BLOCK
+from test_reader_sub_blocks import _plain, edge_events, kineto_file, read
+
+DATA = Path(__file__).parent / "data"
+TRACES = sorted(
+    p for p in DATA.rglob("*") if p.is_file() and p.name.endswith((".json", ".json.gz"))
+)
+
+
+def scan(text: bytes) -> kineto_scan.Scanned | None:
+    return kineto_scan.scan(text, decode.SCAN_RULES)
+
+
+def state(acc: event_columns.EventColumns) -> Any:
+    """Everything a reduction leaves behind (after its end_block), exactly."""
+    acc.end_block()
+    fields = (
+        "parts", "strings", "comm_rows", "thread_names", "memory_parts", "memory_threads",
+        "memory_skipped", "count", "dropped", "out_of_range", "rank_signs", "lanes", "kinds",
+    )  # fmt: skip
+    return {f: _plain(getattr(acc, f)) for f in fields}
+
+
+def by_msgspec(text: bytes) -> Any:
+    """What the reader did before the scanner: msgspec's decode and extract (or the refusal a
+    scanner must then give: msgspec fails, or the stamps need Decimal)."""
+    try:
+        events = decode_json(BLOCK_DECODER, text)
+    except (msgspec.MsgspecError, RecursionError):
+        return "fails"
+    if needs_exact(events):
+        return "exact"
+    acc = event_columns.EventColumns()
+    acc.extract(events)
+    return state(acc)
+
+
+def by_scanner(text: bytes) -> Any:
+    got = scan(text)
+    if got is None:
+        return None
+    acc = event_columns.EventColumns()
+    acc.extract_scanned(got, text)
+    return state(acc)
+
+
+def test_the_scanner_is_built() -> None:
+    """``pip install`` compiles it (setup.py; a C compiler and Python's headers are needed):
+    without it every read takes the msgspec path at about half the speed."""
+    assert kineto_scan.AVAILABLE, "the compiled scanner is not installed (no C compiler?)"
+
+
+@pytest.fixture
+def scanner_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kineto_scan, "_kineto_scan", None)
+
+
+@pytest.fixture
+def counted(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Each scan's outcome (True: accepted), so that no test passes by never scanning."""
+    outcomes: list[bool] = []
+    real = kineto_scan._kineto_scan
+    assert real is not None
+
+    class Counting:
+        @staticmethod
+        def scan(*args: Any) -> Any:
+            got = real.scan(*args)
+            outcomes.append(got is not None)
+            return got
+
+    monkeypatch.setattr(kineto_scan, "_kineto_scan", Counting)
+    return outcomes
+
+
+def test_every_trace_in_tests_data_reads_the_same(
+    counted: list[bool], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every field of every FileTrace (columns with dtypes, strings in order, lanes, comm rows,
+    memory, counts) with the scanner and without it, at the reader's block size and at 64 KiB
+    (more blocks, more sub-blocks)."""
+    assert len(TRACES) > 100
+    scanner = kineto_scan._kineto_scan
+    for path in TRACES:
+        for block in (decode.BLOCK_BYTES, 64 << 10):
+            monkeypatch.setattr(kineto_scan, "_kineto_scan", scanner)
+            fast = read(path, block, decode.SUB_BLOCK_BYTES)
+            monkeypatch.setattr(kineto_scan, "_kineto_scan", None)
+            assert fast == read(path, block, decode.SUB_BLOCK_BYTES), (path, block)
+    assert sum(counted) > 200 and all(counted)  # real traces: accepted, every sub-block
+
+
+def test_edge_events_read_the_same(tmp_path: Path, counted: list[bool]) -> None:
+    """Every kind of event the reduction reads (shapes, NCCL kernels, record_param_comms,
+    thread names, memory events with a malformed one, a bad duration), in Kineto's layout."""
+    events = edge_events()
+    events[5]["dur"] = None
+    events[7]["ts"] = 4_700_000_000_000_000  # out of range (an int: no Decimal): dropped
+    events[9]["args"] = {"rank": 3}  # a sign of several ranks
+    path = kineto_file(tmp_path / "edge.json", events, baseTimeNanoseconds=10**18)
+    path.write_text(path.read_text().replace("\n]}", "\n  ]}"))  # Kineto's end of the array
+    assert decode.EVENTS_END in path.read_bytes()
+    fast = read(path, 16 << 10, 1000)
+    kineto_scan_off = kineto_scan._kineto_scan
+    kineto_scan._kineto_scan = None
+    try:
+        slow = read(path, 16 << 10, 1000)
+    finally:
+        kineto_scan._kineto_scan = kineto_scan_off
+    assert isinstance(fast, dict) and fast == slow
+    assert sum(counted) > 10 and all(counted)
+
+
+# ---- generated text: both reductions, or a refusal where msgspec fails ----------------------
+
+NAMES = ["aten::mm", "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "record_param_comms",
+         "thread_name", "[memory]", "é", "a\"b", "tab\there", "\u2603", "😀", "", "ProfilerStep#1",
+         "nccl:all_reduce", "cudaLaunchKernel"]  # fmt: skip
+CATS = ["cpu_op", "kernel", "cuda_runtime", "gpu_memcpy", "user_annotation", "", "ac2g"]
+PHS = ["X", "X", "X", "X", "M", "i", "s", "f", "", "x"]
+
+
+def _number(rng: random.Random) -> Any:
+    return rng.choice([
+        0, 1, -1, 7, 123456789, 2**31, 2**53 + 1, 2**63 - 1, -(2**63), 2**63, 2**64 + 5,
+        10**30, 1.5, -2.25, 0.1, 1e-320, 1e300, 1669783687464181, 1669783687464181.5,
+        8796093022207.999, 8796093022208.5, 4611686018427387.0, 12.0005, -0.0,
+    ])  # fmt: skip
+
+
+def _value(rng: random.Random, depth: int = 0) -> Any:
+    kind = rng.randrange(8 if depth < 3 else 5)
+    if kind == 0:
+        return _number(rng)
+    if kind == 1:
+        return rng.choice(NAMES)
+    if kind == 2:
+        return rng.choice([None, True, False])
+    if kind == 3:
+        return rng.choice(["1", "x", "0"])
+    if kind == 4:
+        return rng.randrange(-5, 10**9)
+    if kind == 5:
+        return [_value(rng, depth + 1) for _ in range(rng.randrange(4))]
+    return {rng.choice(["a", "b", "rank"]): _value(rng, depth + 1) for _ in range(rng.randrange(3))}
+
+
+def _event(rng: random.Random) -> list[tuple[str, Any]]:
+    """An event as (key, value) pairs: mostly sane, each field sometimes odd or missing."""
+    ev: list[tuple[str, Any]] = []
+    odd = rng.random() < 0.08
+
+    def pick(sane: Any) -> Any:
+        return _value(rng) if odd and rng.random() < 0.2 else sane
+
+    fields = [
+        ("ph", pick(rng.choice(PHS))),
+        ("name", pick(rng.choice(NAMES))),
+        ("cat", pick(rng.choice(CATS))),
+        ("pid", pick(rng.choice([7, 0, "Spans", 10**8 + 3, -1, "7"]))),
+        ("tid", pick(rng.choice([1, 2, "stream 7", "", 0]))),
+        ("ts", pick(rng.choice([1669783687464181 + rng.randrange(1000), 1000.5, 12.25, 0]))),
+        ("dur", pick(rng.choice([5, 0, 1.5, None, -1, 2**62]))),
+    ]
+    args: dict[str, Any] = {}
+    for key in ("correlation", "rank", "Input Dims", "Input type", "External id",
+                "Collective name", "Process Group Name", "Seq", "In msg nelems", "dtype",
+                "Device Type", "Device Id", "Addr", "Bytes", "Total Allocated",
+                "Total Reserved", "Dst Rank", "Src Rank", "name"):  # fmt: skip
+        if rng.random() < 0.25:
+            args[key] = _value(rng)
+    if args or rng.random() < 0.5:
+        fields.append(("args", pick(args if rng.random() < 0.9 else None)))
+    for key, value in fields:
+        if rng.random() < 0.9:
+            ev.append((key, value))
+    if rng.random() < 0.2:
+        ev.append(("id", _value(rng)))
+    rng.shuffle(ev)
+    if rng.random() < 0.03 and ev:
+        ev.append(rng.choice(ev))  # a repeated key
+    return ev
+
+
+def _text(rng: random.Random, value: Any, key: bool = False) -> str:
+    """JSON text of a value, strings sometimes written with escapes (``\\u`` of any letter;
+    keys rarely: the scanner refuses escaped keys)."""
+    if isinstance(value, list) and value and isinstance(value[0], tuple):  # an event's pairs
+        return "{" + ", ".join(_text(rng, k, True) + ": " + _text(rng, v) for k, v in value) + "}"
+    if isinstance(value, str):
+        if rng.random() < (0.002 if key else 0.1):
+            return '"' + "".join(f"\\u{ord(c):04x}" if ord(c) < 0xD800 else c for c in value) + '"'
+        return json.dumps(value, ensure_ascii=rng.random() < 0.3)
+    if isinstance(value, dict):
+        pairs = (_text(rng, k, True) + ": " + _text(rng, v) for k, v in value.items())
+        return "{" + ", ".join(pairs) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_text(rng, v) for v in value) + "]"
+    return json.dumps(value)
+
+
+#: Damage done to some texts (each a byte-level edit msgspec may or may not accept).
+DAMAGE = [
+    lambda t: t.replace('"ph"', '"p\\u0068"', 1),
+    lambda t: t.replace("1.5", "NaN", 1),
+    lambda t: t.replace("1.5", "1e400", 1),
+    lambda t: t.replace('"é"', '"\\ud800"', 1),
+    lambda t: t.replace("é", "\udcff", 1),  # written as invalid UTF-8 below
+    lambda t: t.replace("}", "},", 1),
+    lambda t: t.replace(", ", ",\n    ", 3),
+    lambda t: t.replace("0,", "01,", 1),
+    lambda t: t.replace('"a"', '"a\\q"', 1),
+    lambda t: t.replace("tab\\there", "tab\there", 1),
+    lambda t: t[:-1],
+    lambda t: t + " x",
+    lambda t: t.replace("[", "[" * 80, 1) + "]" * 79,
+]
+
+
+def generated_texts(seed: int, count: int) -> list[bytes]:
+    rng = random.Random(seed)
+    texts = []
+    for _ in range(count):
+        events = [_event(rng) for _ in range(rng.randrange(1, 8))]
+        text = "[" + ",\n  ".join(_text(rng, e) for e in events) + "]"
+        if rng.random() < 0.25:
+            text = rng.choice(DAMAGE)(text)
+        texts.append(text.encode("utf-8", "surrogateescape"))
+    return texts
+
+
+def test_generated_text_reduces_the_same_or_is_refused() -> None:
+    """4,000 generated sub-blocks: where the scanner accepts, the reduction is msgspec's +
+    extract's exactly; where msgspec fails or needs exact stamps, the scanner refuses. Both
+    outcomes occur often (the test cannot pass by refusing everything)."""
+    accepted = refused = 0
+    for i, text in enumerate(generated_texts(31, 4000)):
+        want = by_msgspec(text)
+        got = by_scanner(text)
+        if got is None:
+            refused += 1
+            continue
+        accepted += 1
+        assert want not in ("fails", "exact"), (i, text)
+        assert got == want, (i, text)
+    assert accepted > 1500 and refused > 400, (accepted, refused)
+
+
+BASE = b'[{"ph": "X", "name": "n", "cat": "c", "pid": 7, "tid": 1, "ts": 10, "dur": 2}]'
+
+
+@pytest.mark.parametrize(
+    ("old", "refused", "twin"),
+    [
+        (b'"ph": "X"', b'"ph": "X", "ph": "X"', b'"ph": "X", "zz": "X"'),  # a repeated key
+        (b'"ph": "X"', b'"p\\u0068": "X"', b'"ph": "\\u0058"'),  # an escaped key (values may be)
+        (
+            b'"name": "n"',
+            b'"name": "\\ud83d\\ude00"',
+            b'"name": "\\u00e9\\n\\"\\u0000"',
+        ),  # surrogates
+        (b'"name": "n"', b'"name": "\xff"', b'"name": "\xc3\xa9"'),  # invalid UTF-8
+        (b'"name": "n"', b'"name": "a\tb"', b'"name": "a\\tb"'),  # a raw control character
+        (b'"ts": 10', b'"ts": 10.5e400', b'"ts": 10.5e4'),  # not finite
+        (b'"ts": 10', b'"ts": 8796093022208.5', b'"ts": 8796093022207.5'),  # needs Decimal
+        (b'"ts": 10', b'"ts": 9223372036854775808', b'"ts": 9223372036854775807'),  # > int64
+        (b'"pid": 7', b'"pid": 7.0', b'"pid": "7.0"'),  # pid: int or str
+        (b'"dur": 2', b'"dur": "2"', b'"dur": null'),  # dur: number or null
+        (b'"ts": 10', b'"ts": NaN', b'"ts": -0'),  # not JSON (NaN: msgspec's path retries)
+        (b'"ts": 10', b'"ts": 01', b'"ts": 0'),  # a leading zero
+        (b'"cat": "c"', b'"cat": null', b'"cat": ""'),  # cat: a string
+        (b'"tid": 1', b'"tid": true', b'"tid": -1'),  # tid: int or str
+        (b'"dur": 2', b'"dur": 2, "zz": ' + b"[" * 70 + b"]" * 70, b'"dur": 2, "zz": [[[]]]'),
+    ],
+)
+def test_each_refusal_beside_an_accepted_twin(old: bytes, refused: bytes, twin: bytes) -> None:
+    """Each rule of the C source's header: the first text is refused (msgspec would fail, or
+    read it in a way the scanner does not), its twin accepted and reduced as msgspec does."""
+    assert old in BASE
+    bad, good = BASE.replace(old, refused, 1), BASE.replace(old, twin, 1)
+    assert scan(bad) is None, bad
+    assert scan(good) is not None, good
+    assert by_scanner(good) == by_msgspec(good)
+
+
+def test_args_read_in_c() -> None:
+    """Correlation ids (int64 only), args.rank as a sign, Input Dims as shapes, an int pid at
+    the pid block as a sign; numbers beyond int64 and floats are no correlation."""
+    events = [
+        {"ph": "X", "ts": 1, "dur": 1, "args": {"correlation": 2**63 - 1}},
+        {"ph": "X", "ts": 2, "dur": 1, "args": {"correlation": 2**63}},
+        {"ph": "X", "ts": 3, "dur": 1, "args": {"correlation": 5.0}},
+        {"ph": "X", "ts": 4, "dur": 1, "args": {"correlation": True, "Input Dims": [[2, 3]]}},
+        {"ph": "X", "ts": 5, "dur": 1, "args": {"correlation": -7, "Input Dims": None}},
+    ]
+    text = json.dumps(events).encode()
+    got = scan(text)
+    assert got is not None and not got.sign
+    assert got.corr.tolist() == [2**63 - 1, -1, -1, -1, -7]
+    assert got.dims.tolist() == [False, False, False, True, False]
+    assert by_scanner(text) == by_msgspec(text)
+    for sign in ({"ph": "s", "pid": PID_BLOCK}, {"ph": "f", "args": {"rank": 0}}):
+        signed = scan(json.dumps([*events, sign]).encode())
+        assert signed is not None and signed.sign
+    unsigned = scan(json.dumps([*events, {"ph": "f", "args": {"rank": None}}]).encode())
+    assert unsigned is not None and not unsigned.sign
+
+
+def test_the_scanned_columns_hold_their_units() -> None:
+    """ts/dur in µs as float64 (an int stamp as float(int)), the drops counted."""
+    events = [
+        {"ph": "X", "name": "a", "ts": 1669783687464181, "dur": 3},
+        {"ph": "X", "name": "b", "ts": 5.5, "dur": None},  # bad duration
+        {"ph": "X", "name": "c", "ts": -(2**62), "dur": 1},  # out of range
+        {"ph": "M", "name": "thread_name", "pid": 1, "tid": 2, "args": {"name": "main"}},
+        {"ph": "X", "name": "a", "ts": 0.25, "dur": 0.5, "pid": "p", "tid": 1},
+    ]
+    got = scan(json.dumps(events).encode())
+    assert got is not None
+    assert (got.complete, got.out_of_range, got.bad_duration) == (4, 1, 1)
+    assert got.ts_us.tolist() == [float(1669783687464181), 0.25]
+    assert got.dur_us.tolist() == [3.0, 0.5]
+    assert got.name[0].tolist() == [0, 0] and got.name[1] == ["a"]
+    assert got.pid[1] == [0, "p"] and got.pid[0].tolist() == [0, 1]
+    assert json.loads(got.others)[0]["name"] == "thread_name"
+    assert got.ts_us.dtype == np.float64 and got.corr.dtype == np.int64
+
+
+def test_without_the_scanner_the_reader_reads_the_same(tmp_path: Path, scanner_off: None) -> None:
+    """The pure-Python path (no compiler at install) is the reader before the scanner."""
+    path = kineto_file(tmp_path / "r.json", edge_events())
+    assert scan(path.read_bytes()) is None  # off
+    assert isinstance(read(path, 16 << 10, 1000), dict)
+
+
+def _memory_event(i: int, **args: Any) -> dict[str, Any]:
+    fields = {"Device Type": 1, "Device Id": 0, "Addr": 4096 + i, "Bytes": 512 - 1024 * (i % 2),
+              "Total Allocated": 1 << 20, "Total Reserved": 1 << 21}  # fmt: skip
+    fields.update(args)
+    return {"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": 7,
+            "tid": "t" if i % 3 else 1, "ts": 1000 + i + 0.5 * (i % 2), "args": fields}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "odd",
+    [
+        None,  # all well-formed: read in C
+        {"Device Type": True},
+        {"Device Id": 1.0},
+        {"Device Id": 2**15},  # beyond its int16 column
+        {"Addr": 2**63 + 5},  # valid (uint64) but not an int64: msgspec's path judges it
+        {"Addr": -1},
+        {"Total Reserved": None},
+        {"Bytes": "5"},
+    ],
+)
+def test_memory_events_in_c_or_judged_by_the_python_path(odd: dict[str, Any] | None) -> None:
+    """A sub-block's ``[memory]`` events become columns in C when every one is well-formed, and
+    are left to ``_memory_event`` (which names what is wrong) when one is not: the same columns,
+    threads and skip counts either way."""
+    events: list[dict[str, Any]] = [_memory_event(i) for i in range(40)]
+    events.insert(5, {"ph": "X", "name": "aten::mm", "cat": "cpu_op", "pid": 7, "tid": 1,
+                      "ts": 999, "dur": 100})  # fmt: skip
+    events.insert(9, {"ph": "i", "name": "other instant", "pid": 7, "tid": 1, "ts": 1})
+    if odd is not None:
+        events[20]["args"].update(odd)
+    text = json.dumps(events).encode()
+    got = scan(text)
+    assert got is not None
+    assert (got.memory is None) == (odd is not None)
+    if got.memory is not None:
+        assert len(got.memory.ts_us) == 40 and b"[memory]" not in got.others
+    want = by_msgspec(text)
+    assert by_scanner(text) == want
+    assert len(json.loads(got.others)) == (1 if odd is None else 41)
+    del events[20]["args"]
+    no_args = json.dumps(events).encode()
+    scanned = scan(no_args)
+    assert scanned is not None and scanned.memory is None
+    assert by_scanner(no_args) == by_msgspec(no_args)
