@@ -133,10 +133,11 @@ def test_forked_workers_pay_sooner_than_a_cluster(monkeypatch: pytest.MonkeyPatc
 def test_the_merge_weighs_its_work_at_the_parse_rate(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The merge sizes its work at the parse's rate (3.4 µs per estimated event + 0.03 s per rank,
-    orchestrator/ingest/source_reads.py), not the analysis' (1.25 µs): an 8-rank synth job of 370,559
-    estimated events parsed in 1.51 s of CPU, which the analysis' rate called 0.46 s, so it ran
-    in-process where 2 forked workers halve it. Small jobs (param_dlrm_8rank, 19k) stay in-process."""
+    """The merge sizes its work at the parse's rate (1.25 µs per estimated event + 0.02 s per
+    rank, orchestrator/ingest/source_reads.py), not the analysis' (0.05 s per rank). Since the
+    compiled scanner, an 8-rank synth job of 370,559 estimated events parses in 0.35-0.39 s of
+    CPU (1.51 s before): in-process (0.78 s) beats 2 forked workers (1.1 s); the 64-rank job
+    (2,977,075) still forks, and small jobs (param_dlrm_8rank, 19k) stay in-process."""
     from rankscope.analysis.engine import scheduler
     from rankscope.orchestrator.ingest import merge, source_reads
 
@@ -144,13 +145,15 @@ def test_the_merge_weighs_its_work_at_the_parse_rate(
     monkeypatch.setattr(scheduler, "cores", lambda: 2)
     spec = scheduler.ClusterSpec()
     rate = (source_reads.PARSE_RANK_S, source_reads.PARSE_EVENTS_PER_S)
-    assert scheduler.choose(spec, 8, 370_559, *rate).scheduler == scheduler.PROCESSES
+    assert scheduler.choose(spec, 8, 370_559, *rate).scheduler == scheduler.SYNCHRONOUS
+    assert scheduler.choose(spec, 64, 2_977_075, *rate).scheduler == scheduler.PROCESSES
     assert scheduler.choose(spec, 8, 19_352, *rate).scheduler == scheduler.SYNCHRONOUS
     # the real merge of the small job says in-process, and uses the parse rate to say it
+    # (8 x 0.02 s + 19,352 / 800,000 = 0.18 s; at the analysis' rate it would be 0.42 s)
     dlrm = Path(__file__).parent / "data" / "param_dlrm_8rank"
     merge.merge_run_dir(dlrm, output=tmp_path / "a.h5", scheduler="auto")
     err = capsys.readouterr().err
-    assert "merge: in-process (19,352 events, ~0.3 s of work" in err, err[-2000:]
+    assert "merge: in-process (19,352 events, ~0.2 s of work" in err, err[-2000:]
 
 
 def test_scheduler_choice_follows_the_work(monkeypatch: pytest.MonkeyPatch) -> None:

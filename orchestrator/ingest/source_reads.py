@@ -45,14 +45,17 @@ JSON_BYTES_PER_EVENT = 380
 GZIP_BYTES_PER_EVENT = 25
 #: Estimated events (:func:`estimate_events`) one core parses per second, and the fixed seconds
 #: of one rank's parse (open, inflate set-up, the rank's tables), for the scheduler's choice
-#: (``scheduler.choose``; the analysis' own rate, 800,000 events/s, made an 8-rank job of 370k
-#: events look like 0.46 s of parsing where it took 1.51 s, so it ran in-process where forked
-#: workers would have parsed it on both cores). Fitted to the parse CPU (``parse_source``,
-#: in-process) of two jobs on this project's 2-core machine: a synth job of 8 ranks x 50k events
-#: (370,559 estimated, 1.51 s) and ``param_dlrm_8rank`` (18k estimated, 0.30 s): 3.4 µs per
-#: event plus 0.03 s per rank.
-PARSE_EVENTS_PER_S = 290_000
-PARSE_RANK_S = 0.03
+#: (``scheduler.choose``: forked workers pay on 2 cores above ~1 s of parsing). Refitted when the
+#: compiled scanner made the reader ~3x faster (issue 31, twelfth pass) to the parse CPU
+#: (``parse_source``, in-process, ``--scheduler synchronous``) of three jobs on this project's
+#: 2-core machine: ``param_dlrm_8rank`` (8 ranks, 19,352 estimated events, 0.19 s), the 54 MB
+#: ``df_index_resolver`` (1 rank, 119,686, 0.19-0.22 s) and a synth job of 8 ranks x 50k
+#: events (370,559, 0.35-0.39 s; 1.15 s before the scanner). Real Kineto events are larger
+#: than synth's (435 against 244 bytes of JSON each, alike in gzip), so no one rate fits both:
+#: 0.02 s per rank and 1.25 µs per event lie between them (DLRM +-5 %, the big rank -17 %,
+#: the synth job +68 %, which keeps it in-process: 0.78 s there, 1.1 s on 2 forked workers).
+PARSE_EVENTS_PER_S = 800_000
+PARSE_RANK_S = 0.02
 #: Seconds a take waits for a read begun ahead, beyond the whole job's estimated parse time
 #: (:func:`estimate_events` at :data:`PARSE_EVENTS_PER_S`): past it the read-ahead process is
 #: ended and the rank read here.
