@@ -19,15 +19,21 @@
  * What it returns for the events it accepts (units: ts/dur in the trace's microseconds, as
  * float64, exactly the values msgspec's int | float gives after float()):
  *   (n_x, n_far, n_bad, ts, dur, name, name_uniq, cat, cat_uniq, pid, pid_uniq, tid, tid_uniq,
- *    corr, starts, ends, dims, others, sign)
+ *    corr, starts, ends, dims, others, memory, sign)
  * n_x: complete events; n_far/n_bad: of those, dropped as out of range / bad duration (the rule
  * of EventColumns.extract); the arrays (bytearrays: float64 ts/dur, int32 name/cat codes, int64
  * pid/tid codes, int64 correlation or -1, int64 [start, end) byte spans of each kept event,
  * int8 1 where args."Input Dims" is present and not null) are over the kept complete events, in
  * order; *_uniq: the distinct values in first-seen order (codes index them); others: the "M"
- * and "i" events' text as one JSON array, in order (empty when none: the caller decodes those
- * few with msgspec); sign:
- * an event with a non-null args.rank or an integer pid >= pid_block (multirank.block_signs).
+ * and "i" events' text as one JSON array, in order (bytes, empty when none: the caller decodes
+ * those few with msgspec), without the "[memory]" events when memory holds them; memory: None,
+ * or, when every "[memory]" event is well-formed (memory_columns._memory_event's test, with the
+ * limits passed in), (ts, device_type, device_id, addr, bytes, total_allocated, total_reserved,
+ * pid codes, pid_uniq, tid codes, tid_uniq): float64 µs and int64 columns; sign: an event with
+ * a non-null args.rank or an integer pid >= pid_block (multirank.block_signs).
+ *
+ * Why one file of ~930 lines: one parser; its strings, numbers, events, interning and refusal
+ * rules share the parser's state and must refuse alike, and split each part would restate them.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

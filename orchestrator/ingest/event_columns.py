@@ -18,7 +18,7 @@ Two ways in, one reduction: :meth:`EventColumns.extract` takes msgspec's decoded
 both end in :meth:`EventColumns._keep_complete`, so the kinds, communication rows and string
 codes are made once. The interning (first-seen codes) is ``string_codes.py``.
 
-Why one module of ~530 lines: one reduction, block by block, of the complete events, thread
+Why one module of ~545 lines: one reduction, block by block, of the complete events, thread
 names and communication args into one :class:`FileTrace`; its parts share the string table and
 the row numbering.
 """
