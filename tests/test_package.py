@@ -132,6 +132,11 @@ def test_every_package_folder_and_module_is_in_the_wheel(wheel: Path) -> None:
                 f"{folder}/{source.relative_to(ROOT / folder)} missing from the wheel"
             )
     assert "rankscope/py.typed" in names
+    # the trace reader's compiled scanner (setup.py), built for this Python
+    assert any(
+        n.startswith("rankscope/orchestrator/ingest/_kineto_scan.") and n.endswith(".so")
+        for n in names
+    ), "the compiled scanner is missing from the wheel"
     # the HTML pages' templates (package data)
     templates = sorted((ROOT / TEMPLATES).glob("*.html.j2"))
     assert templates
@@ -161,6 +166,8 @@ def test_public_names_import_from_the_installed_wheel(venv_python: Path, tmp_pat
             "    except ImportError:",
             "        obj = getattr(importlib.import_module(mod), attr)",
             "    assert obj is not None, name",
+            "from rankscope.orchestrator.ingest import kineto_scan",
+            "assert kineto_scan.AVAILABLE and 'site-packages' in kineto_scan._kineto_scan.__file__",
             "print(len(mods), 'modules')",
         ]
     )
