@@ -297,6 +297,11 @@ BASE = b'[{"ph": "X", "name": "n", "cat": "c", "pid": 7, "tid": 1, "ts": 10, "du
         (b'"ts": 10', b'"ts": 01', b'"ts": 0'),  # a leading zero
         (b'"cat": "c"', b'"cat": null', b'"cat": ""'),  # cat: a string
         (b'"tid": 1', b'"tid": true', b'"tid": -1'),  # tid: int or str
+        (  # a repeated args key read here (msgspec keeps the last)
+            b'"dur": 2',
+            b'"dur": 2, "args": {"Input type": [1], "Input Dims": [], "Input type": [2]}',
+            b'"dur": 2, "args": {"Input type": [1], "Input Dims": [], "zz": [2]}',
+        ),
         (b'"dur": 2', b'"dur": 2, "zz": ' + b"[" * 70 + b"]" * 70, b'"dur": 2, "zz": [[[]]]'),
     ],
 )
@@ -497,3 +502,33 @@ def test_the_scanner_is_memory_safe_under_the_sanitizers(tmp_path: Path) -> None
     assert "Sanitizer" not in done.stderr and "runtime error" not in done.stderr, done.stderr
     scans, accepted = map(int, done.stdout.split()[1::2])
     assert scans > 20_000 and accepted > 1_000, done.stdout
+
+
+def test_shapes_grouped_by_their_text_give_the_python_path_codes() -> None:
+    """Recorded shapes are grouped by their text as written and each group decoded once:
+    texts that differ only in spacing are one value (one code), and an ``Input type`` absent,
+    null, empty or 0 is ``[]`` as in the Python path (``a.input_type or []``)."""
+    base = '{"ph": "X", "name": "aten::mm", "ts": 1, "dur": 1, "args": {%s}}'
+    args = [
+        '"Input Dims": [[8, 16], []], "Input type": ["float", ""]',
+        '"Input Dims": [[8,16],[]], "Input type": ["float",""]',  # the same values, unspaced
+        '"Input Dims": [[1.0, 2]]',  # no Input type
+        '"Input Dims": [[1.0, 2]], "Input type": null',
+        '"Input Dims": [[1.0, 2]], "Input type": []',
+        '"Input Dims": [[1.0, 2]], "Input type": 0',
+        '"Input Dims": "x", "Input type": ""',
+        '"Input Dims": null, "Input type": ["int"]',  # no shapes recorded
+        '"Input type": ["int"], "Input Dims": [[3]]',  # either order
+    ]
+    text = ("[" + ",\n".join(base % a for a in args) + "]").encode()
+    got = scan(text)
+    assert got is not None and got.dims.tolist() == [True] * 7 + [False, True]
+    assert by_scanner(text) == by_msgspec(text)
+    acc = event_columns.EventColumns()
+    acc.extract_scanned(got, text)
+    acc.end_block()
+    shapes, dtypes = acc.parts["shapes"][0].tolist(), acc.parts["dtypes"][0].tolist()
+    assert shapes[0] == shapes[1] and dtypes[0] == dtypes[1]  # spacing does not matter
+    assert len({dtypes[i] for i in (2, 3, 4, 5, 6)}) == 1  # all "[]"
+    assert shapes[7] == dtypes[7] == -1
+    assert acc.strings.get("[[8, 16], []]") is not None and "[]" in acc.strings

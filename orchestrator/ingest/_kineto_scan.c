@@ -19,12 +19,13 @@
  * What it returns for the events it accepts (units: ts/dur in the trace's microseconds, as
  * float64, exactly the values msgspec's int | float gives after float()):
  *   (n_x, n_far, n_bad, ts, dur, name, name_uniq, cat, cat_uniq, pid, pid_uniq, tid, tid_uniq,
- *    corr, starts, ends, dims, others, memory, sign)
+ *    corr, starts, ends, dims, shape_spans, others, memory, sign)
  * n_x: complete events; n_far/n_bad: of those, dropped as out of range / bad duration (the rule
  * of EventColumns.extract); the arrays (bytearrays: float64 ts/dur, int32 name/cat codes, int64
  * pid/tid codes, int64 correlation or -1, int64 [start, end) byte spans of each kept event,
  * int8 1 where args."Input Dims" is present and not null) are over the kept complete events, in
- * order; *_uniq: the distinct values in first-seen order (codes index them); others: the "M"
+ * order; shape_spans: int64 [start, end) of the "Input Dims" and "Input type" values' text of
+ * each event flagged in dims, in order (-1, -1: no "Input type"); *_uniq: the distinct values in first-seen order (codes index them); others: the "M"
  * and "i" events' text as one JSON array, in order (bytes, empty when none: the caller decodes
  * those few with msgspec), without the "[memory]" events when memory holds them; memory: None,
  * or, when every "[memory]" event is well-formed (memory_columns._memory_event's test, with the
@@ -502,6 +503,8 @@ typedef struct {
     int has_corr;
     int64_t corr;
     int rank_set, dims_set;
+    /* the text of args' "Input Dims" and "Input type" values (NULL: absent) */
+    const unsigned char *dims_at, *dims_end, *type_at, *type_end;
     int has_args;    /* args is an object */
     int mem_int;     /* bit k: MEMORY_KEYS[k] holds an integer within int64 (value in mem[k]) */
     int64_t mem[6];
@@ -566,7 +569,7 @@ static int is_number_start(Parser *ps) {
 
 static int parse_args(Parser *ps, Event *ev) {
     ps->p++; /* '{' */
-    int seen = 0; /* 1 correlation, 2 rank, 4 Input Dims */
+    int seen = 0; /* 1 correlation, 2 rank, 4 Input Dims, 8..256 memory, 512 Input type */
     skip_ws(ps);
     if (ps->p < ps->end && *ps->p == '}') {
         ps->p++;
@@ -584,14 +587,15 @@ static int parse_args(Parser *ps, Event *ev) {
         ps->p++;
         skip_ws(ps);
         int bit = key_is(&key, "correlation") ? 1 : key_is(&key, "rank") ? 2
-                  : key_is(&key, "Input Dims") ? 4 : 0;
+                  : key_is(&key, "Input Dims") ? 4 : key_is(&key, "Input type") ? 512 : 0;
         for (int k = 0; k < 6 && !bit; k++)
             if (key.n == MEMORY_KEY_LENS[k] && memcmp(key.s, MEMORY_KEYS[k], key.n) == 0)
                 bit = 8 << k;
         if (bit & seen) return REFUSE; /* msgspec keeps the last of repeated keys */
         seen |= bit;
         int null = ps->p < ps->end && *ps->p == 'n';
-        if (bit >= 8 && is_number_start(ps)) {
+        const unsigned char *value_at = ps->p;
+        if (bit >= 8 && bit <= 256 && is_number_start(ps)) {
             Num num;
             if ((r = parse_number(ps, &num)) != OK) return r;
             if (num.kind == NUM_INT) {
@@ -611,7 +615,15 @@ static int parse_args(Parser *ps, Event *ev) {
             return r;
         }
         if (bit == 2) ev->rank_set = !null;
-        if (bit == 4) ev->dims_set = !null;
+        if (bit == 4) {
+            ev->dims_set = !null;
+            ev->dims_at = value_at;
+            ev->dims_end = ps->p;
+        }
+        if (bit == 512) {
+            ev->type_at = value_at;
+            ev->type_end = ps->p;
+        }
         skip_ws(ps);
         if (ps->p >= ps->end) return REFUSE;
         if (*ps->p == ',') {
@@ -709,7 +721,7 @@ static int parse_event(Parser *ps, Event *ev, Owned *own) {
 static double num_value(const Num *n) { return n->kind == NUM_FLOAT ? n->d : (double)n->i; }
 
 typedef struct {
-    Buf ts, dur, name, cat, pid, tid, corr, starts, ends, dims, others;
+    Buf ts, dur, name, cat, pid, tid, corr, starts, ends, dims, shape_spans, others;
     Table names, cats, pids, tids;
     /* [memory] events: columns while every one is well-formed (mem_ok), and the "M"/"i" text
      * with them (others_all) for when one is not */
@@ -798,6 +810,14 @@ static int scan_events(Parser *ps, Out *o, long long pid_block, double ts_limit,
                     (r = buf_push(&o->ends, &stop, 8)) != OK ||
                     (r = buf_push(&o->dims, &dims, 1)) != OK)
                     goto done;
+                if (dims) { /* the shapes' text: grouped by it, decoded once per group */
+                    int64_t at[4] = {ev.dims_at - base, ev.dims_end - base, -1, -1};
+                    if (ev.type_at) {
+                        at[2] = ev.type_at - base;
+                        at[3] = ev.type_end - base;
+                    }
+                    if ((r = buf_push(&o->shape_spans, at, sizeof(at))) != OK) goto done;
+                }
             }
         } else if (ev.ph.n == 1 && (ev.ph.s[0] == 'M' || ev.ph.s[0] == 'i')) {
             int memory = ev.ph.s[0] == 'i' && ev.name.n == 8 && memcmp(ev.name.s, "[memory]", 8) == 0;
@@ -892,16 +912,16 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         }
         if (memory)
             result = Py_BuildValue(
-                "nnnNNNONONONONNNNNOO", counts[0], counts[1], counts[2], buf_take(&o.ts),
+                "nnnNNNONONONONNNNNNOO", counts[0], counts[1], counts[2], buf_take(&o.ts),
                 buf_take(&o.dur), buf_take(&o.name), o.names.uniq, buf_take(&o.cat), o.cats.uniq,
                 buf_take(&o.pid), o.pids.uniq, buf_take(&o.tid), o.tids.uniq, buf_take(&o.corr),
-                buf_take(&o.starts), buf_take(&o.ends), buf_take(&o.dims),
+                buf_take(&o.starts), buf_take(&o.ends), buf_take(&o.dims), buf_take(&o.shape_spans),
                 PyBytes_FromStringAndSize(others->data ? others->data : "", others->len),
                 memory, sign ? Py_True : Py_False);
         Py_XDECREF(memory);
     }
     Buf *bufs[] = {&o.ts,     &o.dur,         &o.name,        &o.cat,         &o.pid,
-                   &o.tid,    &o.corr,        &o.starts,      &o.ends,        &o.dims,
+                   &o.tid,    &o.corr,        &o.starts,      &o.ends,        &o.dims, &o.shape_spans,
                    &o.others, &o.others_all,  &o.mem_ts,      &o.mem_pid,     &o.mem_tid,
                    &o.mem_vals[0], &o.mem_vals[1], &o.mem_vals[2], &o.mem_vals[3],
                    &o.mem_vals[4], &o.mem_vals[5]};

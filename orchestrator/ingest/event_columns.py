@@ -39,7 +39,6 @@ from rankscope.orchestrator.ingest.comm_kernels import DEFAULT_VOCABULARY, CommV
 from rankscope.orchestrator.ingest.file_trace import CommRecord, CommRecords, FileTrace, LaneRow
 from rankscope.orchestrator.ingest.kineto_json import (
     BLOCK_DECODER,
-    KArgs,
     KEvent,
     KFile,
     TraceReadError,
@@ -51,7 +50,12 @@ from rankscope.orchestrator.ingest.stamps import BASE_LIMIT_NS as BASE_LIMIT_NS
 from rankscope.orchestrator.ingest.stamps import TS_LIMIT_US as TS_LIMIT_US
 from rankscope.orchestrator.ingest.stamps import decimal_to_ns
 from rankscope.orchestrator.ingest.stamps import us_to_ns as us_to_ns
-from rankscope.orchestrator.ingest.string_codes import codes_in, factorize, shape_codes
+from rankscope.orchestrator.ingest.string_codes import (
+    codes_in,
+    factorize,
+    raw_shape_codes,
+    shape_codes,
+)
 from rankscope.orchestrator.ingest.vocabulary import (
     GPU_CATS,
     GPU_KINDS,
@@ -212,7 +216,7 @@ class EventColumns(MemoryColumns):
             factorize(list(map(_PID, xs))),
             factorize(list(map(_TID, xs))),
             lambda rows: [xs[i] for i in rows],
-            have,
+            shape_codes(n, have),
         )
 
     def extract_scanned(self, scanned: Scanned, text: Any) -> None:
@@ -236,9 +240,7 @@ class EventColumns(MemoryColumns):
             return
         starts, ends = scanned.starts, scanned.ends
         dims = np.flatnonzero(scanned.dims).tolist()
-        have = list(
-            zip(dims, map(_ARGS, _decode_spans(text, starts[dims], ends[dims])), strict=True)
-        )
+        shapes = raw_shape_codes(len(starts), text, dims, scanned.shape_spans)
         self._keep_complete(
             {"ts": us_to_ns(scanned.ts_us), "dur": us_to_ns(scanned.dur_us), "corr": scanned.corr},
             scanned.name,
@@ -246,7 +248,7 @@ class EventColumns(MemoryColumns):
             scanned.pid,
             scanned.tid,
             lambda rows: _decode_spans(text, starts[rows], ends[rows]),
-            have,
+            shapes,
         )
 
     def _other_events(self, events: list[KEvent]) -> None:
@@ -276,12 +278,12 @@ class EventColumns(MemoryColumns):
         pid: tuple[np.ndarray, list[Any]],
         tid: tuple[np.ndarray, list[Any]],
         events_at: Callable[[list[int]], list[KEvent]],
-        have: list[tuple[int, KArgs]],
+        shapes: tuple[np.ndarray, list[str], np.ndarray, list[str]],
     ) -> None:
         """A sub-block's kept complete events (both paths): their kinds and communication rows,
         then the sub-block waits for :meth:`end_block`. ``arrays``: ts, dur (int64 ns) and
         corr; ``events_at``: the decoded events of the given rows (read for the communication
-        rows); ``have``: (row, args) of the events with recorded input shapes."""
+        rows); ``shapes``: their shape and dtype codes with the texts (``string_codes``)."""
         n = len(arrays["ts"])
         name_codes, name_uniq = name
         cat_codes, cat_uniq = cat
@@ -321,11 +323,11 @@ class EventColumns(MemoryColumns):
                 seq = int(a.seq)
             size = message_bytes(a.in_nelems, a.dtype) if a is not None else -1
             self.comm_rows.append((self.count + i, op, group, seq, size, peer, enqueue))
-        shapes, shape_uniq, dtypes, dtype_uniq = shape_codes(n, have)
+        shape, shape_uniq, dtypes, dtype_uniq = shapes
         self.pending.append(
             _SubBlock(
                 {**arrays, "kind": kind},
-                name, cat, (shapes, shape_uniq), (dtypes, dtype_uniq), pid, tid,
+                name, cat, (shape, shape_uniq), (dtypes, dtype_uniq), pid, tid,
             )
         )  # fmt: skip
         self.count += n

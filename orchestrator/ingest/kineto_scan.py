@@ -100,6 +100,9 @@ class Scanned:
     """int64: the byte after each kept event's last"""
     dims: np.ndarray
     """bool: ``args["Input Dims"]`` present and not null"""
+    shape_spans: np.ndarray
+    """int64 (number of events flagged in :attr:`dims`, 4): the [start, end) bytes of their
+    ``Input Dims`` value and of their ``Input type`` value (-1, -1: absent), in order"""
     others: bytes
     """the ``M`` and ``i`` events' text, one JSON array (in order; empty when there are none),
     but the ``[memory]`` events when :attr:`memory` holds them"""
@@ -119,7 +122,7 @@ def scan(text: Any, rules: ScanRules) -> Scanned | None:
     if got is None:
         return None
     (n_x, far, bad, ts, dur, name, names, cat, cats, pid, pids, tid, tids, corr, starts, ends,
-     dims, others, memory, sign) = got  # fmt: skip
+     dims, shape_spans, others, memory, sign) = got  # fmt: skip
     mem = None
     if memory is not None:
         m_ts, *vals, m_pid, m_pids, m_tid, m_tids = memory
@@ -143,6 +146,7 @@ def scan(text: Any, rules: ScanRules) -> Scanned | None:
         starts=np.frombuffer(starts, np.int64),
         ends=np.frombuffer(ends, np.int64),
         dims=np.frombuffer(dims, np.int8).astype(bool),
+        shape_spans=np.frombuffer(shape_spans, np.int64).reshape(-1, 4),
         others=others,
         memory=mem,
         sign=sign,

@@ -80,3 +80,37 @@ def shape_codes(
     shapes[idx], shape_texts = text_codes([a.input_dims for _, a in have])
     dtypes[idx], dtype_texts = text_codes([a.input_type or [] for _, a in have])
     return shapes, shape_texts, dtypes, dtype_texts
+
+
+def raw_shape_codes(
+    n: int, text: Any, rows: list[int], spans: np.ndarray
+) -> tuple[np.ndarray, list[str], np.ndarray, list[str]]:
+    """:func:`shape_codes` from the values' JSON text (the compiled scanner's spans, ``(rows,
+    4)``: ``Input Dims`` [start, end), ``Input type`` [start, end) or -1, -1), with the same
+    codes and texts: values are grouped by their text as written (two equal texts are one JSON
+    value, so one ``str``), and each group's first value alone is decoded (msgspec, as the
+    event's decode reads it) and written as text. A finer grouping than :func:`text_codes`'
+    gives the same codes: each group's text is first seen where its first value is."""
+    shapes = np.full(n, -1, np.int32)
+    dtypes = np.full(n, -1, np.int32)
+    if not rows:
+        return shapes, [], dtypes, []
+    idx = np.asarray(rows, dtype=np.int64)
+    with memoryview(text) as view:
+        bounds = spans.tolist()
+        dims = [bytes(view[a:b]) for a, b, _, _ in bounds]
+        types = [bytes(view[a:b]) if a >= 0 else b"" for _, _, a, b in bounds]
+    shapes[idx], shape_texts = _raw_texts(dims, lambda v: v)
+    dtypes[idx], dtype_texts = _raw_texts(types, lambda v: v or [])
+    return shapes, shape_texts, dtypes, dtype_texts
+
+
+def _raw_texts(raws: list[bytes], value: Any) -> tuple[np.ndarray, list[str]]:
+    """(codes, distinct texts in first-seen order) of ``str(value(decoded raw))`` per raw JSON
+    text (``b""``: absent, decoded as None)."""
+    groups: dict[bytes, int] = {}
+    group = codes_in(groups, raws, np.int32)
+    texts: dict[str, int] = {}
+    firsts = [value(msgspec.json.decode(raw) if raw else None) for raw in groups]
+    remap = codes_in(texts, [str(v) for v in firsts], np.int32)
+    return remap[group], list(texts)
