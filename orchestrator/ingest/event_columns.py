@@ -390,7 +390,8 @@ class EventColumns(MemoryColumns):
             self.rank_signs,
             len(self.comm_rows),
             {k: len(v) for k, v in self.memory_parts.items()},
-            len(self.memory_threads),
+            len(self.memory_thread_parts),
+            len(self.memory_thread_keys),
             dict(self.memory_skipped),
             {k: list(v) for k, v in self.thread_names.items()},
         )
@@ -398,13 +399,15 @@ class EventColumns(MemoryColumns):
     def rollback(self, mark: tuple[Any, ...]) -> None:
         """Forget what was extracted since :meth:`mark` returned ``mark``."""
         (self.count, self.dropped, self.out_of_range, self.rank_signs, rows, memory_lens,
-         threads, self.memory_skipped, self.thread_names) = mark  # fmt: skip
+         threads, thread_keys, self.memory_skipped, self.thread_names) = mark  # fmt: skip
         del self.comm_rows[rows:]
         for k in list(self.memory_parts):
             del self.memory_parts[k][memory_lens.get(k, 0) :]
             if not self.memory_parts[k]:
                 del self.memory_parts[k]
-        del self.memory_threads[threads:]
+        del self.memory_thread_parts[threads:]
+        for key in list(self.memory_thread_keys)[thread_keys:]:
+            del self.memory_thread_keys[key]
         self.memory = []
         self.pending = []
 
@@ -430,7 +433,7 @@ class EventColumns(MemoryColumns):
         if not -BASE_LIMIT_NS < base < BASE_LIMIT_NS:
             raise TraceReadError(f"baseTimeNanoseconds out of range ({base})")
         cols["ts"] = cols["ts"] + np.int64(base)
-        memory = self._memory_columns(cols, base) if self.memory_threads else None
+        memory = self._memory_columns(cols, base) if self.memory_thread_parts else None
         inverse = None
         if sort:
             cols, inverse = sort_by_ts(cols)

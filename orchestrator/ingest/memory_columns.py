@@ -19,6 +19,7 @@ from rankscope.analysis.store.memory_table import memory_field_limits
 from rankscope.orchestrator.ingest.kineto_json import KEvent
 from rankscope.orchestrator.ingest.kineto_scan import ScannedMemory
 from rankscope.orchestrator.ingest.stamps import TS_LIMIT_US, decimal_to_ns, us_to_ns
+from rankscope.orchestrator.ingest.string_codes import codes_in
 
 #: Memory columns from ``KArgs``: (column, attribute, dtype); values checked by bad_memory_field.
 _MEMORY_ARGS = (
@@ -60,7 +61,11 @@ class MemoryColumns:
     def __init__(self) -> None:
         self.memory: list[KEvent] = []  # this block's, until _flush_memory
         self.memory_parts: dict[str, list[np.ndarray]] = {}
-        self.memory_threads: list[tuple[str, str]] = []
+        #: each kept memory event's thread, as a code into memory_thread_keys (one array per
+        #: flush): 10^5 events need no 10^5 tuples
+        self.memory_thread_parts: list[np.ndarray] = []
+        #: the (pid, tid) of the kept memory events' threads, first-seen order -> code
+        self.memory_thread_keys: dict[tuple[str, str], int] = {}
         self.memory_skipped: dict[str, int] = {}
 
     def _intern(self, values: list[str]) -> np.ndarray:
@@ -150,9 +155,8 @@ class MemoryColumns:
         part.setdefault("ts", []).append(ts)
         for col, attr, dtype in _MEMORY_ARGS:
             part.setdefault(col, []).append(np.fromiter(values[attr], dtype, n))
-        self.memory_threads.extend(
-            zip(map(str, map(_PID, mem)), map(str, map(_TID, mem)), strict=True)
-        )
+        pairs = list(zip(map(str, map(_PID, mem)), map(str, map(_TID, mem)), strict=True))
+        self.memory_thread_parts.append(codes_in(self.memory_thread_keys, pairs))
 
     def _keep_scanned_memory(self, mem: ScannedMemory) -> None:
         """:meth:`_keep_memory` of a sub-block's memory events as the compiled scanner read
@@ -163,11 +167,23 @@ class MemoryColumns:
         for (col, _, dtype), values in zip(_MEMORY_ARGS, mem.values, strict=True):
             part.setdefault(col, []).append(values.astype(dtype))
         (pid, pids), (tid, tids) = mem.pid, mem.tid
-        pid_text, tid_text = [str(v) for v in pids], [str(v) for v in tids]
-        pid_col = map(pid_text.__getitem__, pid.tolist())
-        self.memory_threads.extend(
-            zip(pid_col, map(tid_text.__getitem__, tid.tolist()), strict=True)
-        )
+        pair = pid * len(tids) + tid
+        uniq, first, inverse = np.unique(pair, return_index=True, return_inverse=True)
+        keys = self.memory_thread_keys
+        order = np.argsort(first, kind="stable")  # the pairs in first-seen order get their codes
+        code = np.empty(len(uniq), np.int64)
+        for i, p in zip(order.tolist(), uniq[order].tolist(), strict=True):
+            code[i] = keys.setdefault(
+                (str(pids[p // len(tids)]), str(tids[p % len(tids)])), len(keys)
+            )
+        self.memory_thread_parts.append(code[inverse.reshape(-1)])
+
+    @property
+    def memory_threads(self) -> list[tuple[str, str]]:
+        """Each kept memory event's (pid, tid), in order (a view for checks; the reduction keeps
+        codes: :attr:`memory_thread_parts`)."""
+        keys = list(self.memory_thread_keys)
+        return [keys[c] for part in self.memory_thread_parts for c in part.tolist()]
 
     def _memory_columns(self, cols: dict[str, np.ndarray], base: int) -> dict[str, np.ndarray]:
         """The kept memory events as columns, with op, scope and step from the events' own
@@ -199,7 +215,7 @@ class MemoryColumns:
                 if number.isdigit():
                     steps.append((int(c_ts[i]), int(c_end[i]), int(number)))
             # only the ranges of threads that allocated
-            threads = set(self.memory_threads)
+            threads = set(self.memory_thread_keys)
             lanes_wanted = np.array(
                 [lane_key[k] in threads for k in range(len(lane_key))], dtype=bool
             )
@@ -212,11 +228,10 @@ class MemoryColumns:
             order = keep[np.argsort(c_lane[keep], kind="stable")]
             lane_of = c_lane[order]
             cuts = [0, *(np.flatnonzero(lane_of[1:] != lane_of[:-1]) + 1).tolist(), len(order)]
-            lane_ids = np.fromiter(
-                (self.lanes.get(t, -1) for t in self.memory_threads),
-                np.int64,
-                len(self.memory_threads),
+            key_lane = np.array(
+                [self.lanes.get(t, -1) for t in self.memory_thread_keys], dtype=np.int64
             )
+            lane_ids = key_lane[np.concatenate(self.memory_thread_parts)]
             texts = np.array([*strings, ""], dtype=object)  # [-1]: no range
             named = np.array([bool(c) for c in strings], dtype=bool)
             plain = np.array([c not in ALLOCATION_OPS for c in strings], dtype=bool)
