@@ -33,7 +33,7 @@
  * pid codes, pid_uniq, tid codes, tid_uniq): float64 µs and int64 columns; sign: an event with
  * a non-null args.rank or an integer pid >= pid_block (multirank.block_signs).
  *
- * Why one file of ~930 lines: one parser; its strings, numbers, events, interning and refusal
+ * Why one file of ~900 lines: one parser; its strings, numbers, events, interning and refusal
  * rules share the parser's state and must refuse alike, and split each part would restate them.
  */
 #define PY_SSIZE_T_CLEAN
@@ -75,18 +75,23 @@ typedef struct {
     Py_ssize_t len, cap; /* bytes */
 } Buf;
 
-static int buf_push(Buf *b, const void *item, Py_ssize_t size) {
-    if (b->len + size > b->cap) {
-        Py_ssize_t cap = b->cap ? b->cap * 2 : 4096;
-        while (cap < b->len + size) cap *= 2;
-        char *d = PyMem_Realloc(b->data, cap);
-        if (!d) {
-            PyErr_NoMemory();
-            return FAIL;
-        }
-        b->data = d;
-        b->cap = cap;
+/* *data (PyMem) grown to hold at least need bytes, its capacity doubled from first. */
+static int grow(char **data, Py_ssize_t *cap, Py_ssize_t need, Py_ssize_t first) {
+    if (need <= *cap) return OK;
+    Py_ssize_t c = *cap ? *cap : first;
+    while (c < need) c *= 2;
+    char *d = PyMem_Realloc(*data, c);
+    if (!d) {
+        PyErr_NoMemory();
+        return FAIL;
     }
+    *data = d;
+    *cap = c;
+    return OK;
+}
+
+static int buf_push(Buf *b, const void *item, Py_ssize_t size) {
+    if (grow(&b->data, &b->cap, b->len + size, 4096) != OK) return FAIL;
     memcpy(b->data + b->len, item, size);
     b->len += size;
     return OK;
@@ -266,17 +271,7 @@ static int utf8_len(const unsigned char *p, const unsigned char *end) {
 }
 
 static int scratch_reserve(Parser *ps, Py_ssize_t n) {
-    if (n <= ps->scratch_cap) return OK;
-    Py_ssize_t cap = ps->scratch_cap ? ps->scratch_cap : 256;
-    while (cap < n) cap *= 2;
-    char *s = PyMem_Realloc(ps->scratch, cap);
-    if (!s) {
-        PyErr_NoMemory();
-        return FAIL;
-    }
-    ps->scratch = s;
-    ps->scratch_cap = cap;
-    return OK;
+    return grow(&ps->scratch, &ps->scratch_cap, n, 256);
 }
 
 /* A string at ps->p (its opening quote). With out: its decoded bytes (escapes decoded into
@@ -434,37 +429,52 @@ static int parse_number(Parser *ps, Num *out) {
 
 static int skip_value(Parser *ps, int depth);
 
-static int skip_container(Parser *ps, int depth, unsigned char close) {
-    if (depth > MAX_DEPTH) return REFUSE;
+/* Past a container's opening byte: 1 when it closes at once ("{}", "[]"), else 0. */
+static int container_open(Parser *ps, unsigned char close) {
     ps->p++;
     skip_ws(ps);
     if (ps->p < ps->end && *ps->p == close) {
         ps->p++;
+        return 1;
+    }
+    return 0;
+}
+
+/* An object member's `"key":` (decoded into key when given, escaped set when it held an
+ * escape); ps is left at the value. */
+static int object_key(Parser *ps, Str *key, int *escaped) {
+    skip_ws(ps);
+    if (ps->p >= ps->end || *ps->p != '"') return REFUSE;
+    int r = parse_string(ps, key, escaped);
+    if (r != OK) return r;
+    skip_ws(ps);
+    if (ps->p >= ps->end || *ps->p != ':') return REFUSE;
+    ps->p++;
+    skip_ws(ps);
+    return OK;
+}
+
+/* After a member: past a ',' (*more = 1) or the closing byte (*more = 0); REFUSE otherwise. */
+static int container_next(Parser *ps, unsigned char close, int *more) {
+    skip_ws(ps);
+    if (ps->p < ps->end && (*ps->p == ',' || *ps->p == close)) {
+        *more = *ps->p == ',';
+        ps->p++;
         return OK;
     }
-    while (1) {
-        int r;
-        if (close == '}') {
-            skip_ws(ps);
-            if (ps->p >= ps->end || *ps->p != '"') return REFUSE;
-            if ((r = parse_string(ps, NULL, NULL)) != OK) return r;
-            skip_ws(ps);
-            if (ps->p >= ps->end || *ps->p != ':') return REFUSE;
-            ps->p++;
-        }
+    return REFUSE;
+}
+
+static int skip_container(Parser *ps, int depth, unsigned char close) {
+    if (depth > MAX_DEPTH) return REFUSE;
+    if (container_open(ps, close)) return OK;
+    int more = 1, r;
+    while (more) {
+        if (close == '}' && (r = object_key(ps, NULL, NULL)) != OK) return r;
         if ((r = skip_value(ps, depth + 1)) != OK) return r;
-        skip_ws(ps);
-        if (ps->p >= ps->end) return REFUSE;
-        if (*ps->p == ',') {
-            ps->p++;
-            continue;
-        }
-        if (*ps->p == close) {
-            ps->p++;
-            return OK;
-        }
-        return REFUSE;
+        if ((r = container_next(ps, close, &more)) != OK) return r;
     }
+    return OK;
 }
 
 static int literal(Parser *ps, const char *word, Py_ssize_t n) {
@@ -523,15 +533,7 @@ typedef struct {
 
 static int keep_string(Owned *own, int slot, Str *s, int escaped) {
     if (!escaped) return OK;
-    if (s->n > own->cap[slot]) {
-        char *d = PyMem_Realloc(own->data[slot], s->n ? s->n : 1);
-        if (!d) {
-            PyErr_NoMemory();
-            return FAIL;
-        }
-        own->data[slot] = d;
-        own->cap[slot] = s->n;
-    }
+    if (grow(&own->data[slot], &own->cap[slot], s->n, 64) != OK) return FAIL;
     if (s->n) memcpy(own->data[slot], s->s, s->n);
     s->s = own->data[slot];
     return OK;
@@ -567,25 +569,27 @@ static int is_number_start(Parser *ps) {
     return ps->p < ps->end && (*ps->p == '-' || (*ps->p >= '0' && *ps->p <= '9'));
 }
 
+/* An object member's key as written: refused when it holds an escape (it may spell a field). */
+static int plain_key(Parser *ps, Str *key) {
+    int esc = 0, r = object_key(ps, key, &esc);
+    return r == OK && esc ? REFUSE : r;
+}
+
+/* ts or dur: a number (msgspec's int | float), an integer within int64. */
+static int parse_stamp(Parser *ps, Num *out) {
+    if (!is_number_start(ps)) return REFUSE;
+    int r = parse_number(ps, out);
+    return r == OK && out->kind == NUM_BIG ? REFUSE : r;
+}
+
 static int parse_args(Parser *ps, Event *ev) {
-    ps->p++; /* '{' */
     int seen = 0; /* 1 correlation, 2 rank, 4 Input Dims, 8..256 memory, 512 Input type */
-    skip_ws(ps);
-    if (ps->p < ps->end && *ps->p == '}') {
-        ps->p++;
-        return OK;
-    }
-    while (1) {
-        skip_ws(ps);
-        if (ps->p >= ps->end || *ps->p != '"') return REFUSE;
+    if (container_open(ps, '}')) return OK;
+    int more = 1;
+    while (more) {
         Str key;
-        int esc = 0, r = parse_string(ps, &key, &esc);
+        int r = plain_key(ps, &key);
         if (r != OK) return r;
-        if (esc) return REFUSE; /* an escaped key may name a field */
-        skip_ws(ps);
-        if (ps->p >= ps->end || *ps->p != ':') return REFUSE;
-        ps->p++;
-        skip_ws(ps);
         int bit = key_is(&key, "correlation") ? 1 : key_is(&key, "rank") ? 2
                   : key_is(&key, "Input Dims") ? 4 : key_is(&key, "Input type") ? 512 : 0;
         for (int k = 0; k < 6 && !bit; k++)
@@ -624,18 +628,9 @@ static int parse_args(Parser *ps, Event *ev) {
             ev->type_at = value_at;
             ev->type_end = ps->p;
         }
-        skip_ws(ps);
-        if (ps->p >= ps->end) return REFUSE;
-        if (*ps->p == ',') {
-            ps->p++;
-            continue;
-        }
-        if (*ps->p == '}') {
-            ps->p++;
-            return OK;
-        }
-        return REFUSE;
+        if ((r = container_next(ps, '}', &more)) != OK) return r;
     }
+    return OK;
 }
 
 static int parse_event(Parser *ps, Event *ev, Owned *own) {
@@ -644,24 +639,13 @@ static int parse_event(Parser *ps, Event *ev, Owned *own) {
     ev->ts.kind = NUM_INT;
     ev->dur.kind = NUM_INT;
     if (ps->p >= ps->end || *ps->p != '{') return REFUSE;
-    ps->p++;
     int seen = 0;
-    skip_ws(ps);
-    if (ps->p < ps->end && *ps->p == '}') {
-        ps->p++;
-        return OK;
-    }
-    while (1) {
-        skip_ws(ps);
-        if (ps->p >= ps->end || *ps->p != '"') return REFUSE;
+    if (container_open(ps, '}')) return OK;
+    int more = 1;
+    while (more) {
         Str key;
-        int esc = 0, r = parse_string(ps, &key, &esc);
+        int r = plain_key(ps, &key);
         if (r != OK) return r;
-        if (esc) return REFUSE;
-        skip_ws(ps);
-        if (ps->p >= ps->end || *ps->p != ':') return REFUSE;
-        ps->p++;
-        skip_ws(ps);
         int bit = 0;
         if (key.n <= 4) {
             bit = key_is(&key, "ph") ? K_PH : key_is(&key, "name") ? K_NAME
@@ -677,20 +661,14 @@ static int parse_event(Parser *ps, Event *ev, Owned *own) {
         case K_CAT: r = parse_str_field(ps, own, 2, &ev->cat); break;
         case K_PID: r = parse_id_field(ps, own, 3, &ev->pid_is_str, &ev->pid, &ev->pid_s); break;
         case K_TID: r = parse_id_field(ps, own, 4, &ev->tid_is_str, &ev->tid, &ev->tid_s); break;
-        case K_TS:
-            if (!is_number_start(ps)) return REFUSE;
-            r = parse_number(ps, &ev->ts);
-            if (r == OK && ev->ts.kind == NUM_BIG) r = REFUSE;
-            break;
+        case K_TS: r = parse_stamp(ps, &ev->ts); break;
         case K_DUR:
             if (ps->p < ps->end && *ps->p == 'n') {
                 r = literal(ps, "null", 4);
                 ev->dur_null = 1;
                 break;
             }
-            if (!is_number_start(ps)) return REFUSE;
-            r = parse_number(ps, &ev->dur);
-            if (r == OK && ev->dur.kind == NUM_BIG) r = REFUSE;
+            r = parse_stamp(ps, &ev->dur);
             break;
         case K_ARGS:
             if (ps->p < ps->end && *ps->p == 'n') {
@@ -704,18 +682,9 @@ static int parse_event(Parser *ps, Event *ev, Owned *own) {
         default: r = skip_value(ps, 1);
         }
         if (r != OK) return r;
-        skip_ws(ps);
-        if (ps->p >= ps->end) return REFUSE;
-        if (*ps->p == ',') {
-            ps->p++;
-            continue;
-        }
-        if (*ps->p == '}') {
-            ps->p++;
-            return OK;
-        }
-        return REFUSE;
+        if ((r = container_next(ps, '}', &more)) != OK) return r;
     }
+    return OK;
 }
 
 static double num_value(const Num *n) { return n->kind == NUM_FLOAT ? n->d : (double)n->i; }
@@ -760,13 +729,8 @@ static int scan_events(Parser *ps, Out *o, long long pid_block, double ts_limit,
         r = REFUSE;
         goto done;
     }
-    ps->p++;
-    skip_ws(ps);
-    if (ps->p < ps->end && *ps->p == ']') {
-        ps->p++;
-        goto tail;
-    }
-    while (1) {
+    int more = !container_open(ps, ']');
+    while (more) {
         skip_ws(ps);
         int64_t start = ps->p - base;
         Event ev;
@@ -844,23 +808,8 @@ static int scan_events(Parser *ps, Out *o, long long pid_block, double ts_limit,
                 }
             }
         }
-        skip_ws(ps);
-        if (ps->p >= ps->end) {
-            r = REFUSE;
-            goto done;
-        }
-        if (*ps->p == ',') {
-            ps->p++;
-            continue;
-        }
-        if (*ps->p == ']') {
-            ps->p++;
-            break;
-        }
-        r = REFUSE;
-        goto done;
+        if ((r = container_next(ps, ']', &more)) != OK) goto done;
     }
-tail:
     skip_ws(ps);
     if (ps->p != ps->end) r = REFUSE; /* trailing characters */
     if (r == OK && o->others.len) r = buf_push(&o->others, "]", 1);
