@@ -158,11 +158,23 @@ class ClockSync:
             "method": str(self.transport),
         }
 
-    def close(self) -> None:
-        """Close the TCP connections (at the end of the run)."""
+    def close_sockets(self) -> None:
+        """Close the TCP connections (the exchange then goes through the gloo group)."""
         for sock in self.sockets.values():
             sock.close()
         self.sockets.clear()
+
+    def close(self) -> None:
+        """At the end of the run: close the TCP connections and let go of the gloo group.
+
+        Why drop the group: after the script's ``destroy_process_group()`` this reference is
+        the group's last one, so its C++ object (gloo's worker threads and their work) would
+        otherwise be destroyed during the interpreter's finalization, where destroying work
+        that holds Python objects aborts the process (SIGABRT, "terminate called without an
+        active exception"). Dropped here (``RankRuntime.close``, at exit), it is destroyed while
+        the interpreter still runs."""
+        self.close_sockets()
+        self.group = None
 
 
 def _reference_addresses() -> list[str]:
@@ -280,7 +292,7 @@ def setup(timeout_s: float = SYNC_TIMEOUT_S) -> ClockSync:
     if verdict[0]:
         sync.transport = Transport.TCP
     else:
-        sync.close()
+        sync.close_sockets()
     return sync
 
 

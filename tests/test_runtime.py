@@ -371,6 +371,29 @@ def test_clock_domain_and_leaders() -> None:
     assert sync.leader_rank == 2 and sync.syncing_leaders == [2, 4] and not sync.records_samples
 
 
+CLOSE_RELEASES_GROUP = """
+import torch.distributed as dist
+from rankscope.launchers import clocksync
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+sync = clocksync.setup()
+assert sync.group is not None
+dist.destroy_process_group()
+sync.close()
+assert sync.group is None and sync.sockets == {}
+print("released")
+"""
+
+
+def test_the_clock_sync_lets_go_of_its_gloo_group_at_close() -> None:
+    """At the run's end (``RankRuntime.close``, after the script destroyed its process groups)
+    the clock sync drops its gloo group, so the group's C++ object is destroyed while the
+    interpreter runs, not during its finalization (clocksync.ClockSync.close)."""
+    done = subprocess.run(
+        [sys.executable, "-c", CLOSE_RELEASES_GROUP], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "released", done.stderr[-2000:]
+
+
 # ----------------------------------------------------------------------------- argv split
 def test_split_argv_keeps_script_flags_for_the_script() -> None:
     parser = run_cmd.build_parser()
