@@ -582,55 +582,95 @@ static int parse_stamp(Parser *ps, Num *out) {
     return r == OK && out->kind == NUM_BIG ? REFUSE : r;
 }
 
-static int parse_args(Parser *ps, Event *ev) {
-    int seen = 0; /* 1 correlation, 2 rank, 4 Input Dims, 8..256 memory, 512 Input type */
-    if (container_open(ps, '}')) return OK;
-    int more = 1;
+/* One member of an object: its key as written, ps at its value; *seen holds the bits of the
+ * keys read so far (a repeated one is refused: msgspec keeps the last of repeated keys). */
+typedef int (*Member)(Parser *ps, Event *ev, Owned *own, const Str *key, int *seen);
+
+/* The object at ps (its '{'), each member handed to member. */
+static int walk_object(Parser *ps, Event *ev, Owned *own, Member member) {
+    if (ps->p >= ps->end || *ps->p != '{') return REFUSE;
+    int seen = 0, more = !container_open(ps, '}');
     while (more) {
         Str key;
         int r = plain_key(ps, &key);
+        if (r == OK) r = member(ps, ev, own, &key, &seen);
+        if (r == OK) r = container_next(ps, '}', &more);
         if (r != OK) return r;
-        int bit = key_is(&key, "correlation") ? 1 : key_is(&key, "rank") ? 2
-                  : key_is(&key, "Input Dims") ? 4 : key_is(&key, "Input type") ? 512 : 0;
-        for (int k = 0; k < 6 && !bit; k++)
-            if (key.n == MEMORY_KEY_LENS[k] && memcmp(key.s, MEMORY_KEYS[k], key.n) == 0)
-                bit = 8 << k;
-        if (bit & seen) return REFUSE; /* msgspec keeps the last of repeated keys */
-        seen |= bit;
-        int null = ps->p < ps->end && *ps->p == 'n';
-        const unsigned char *value_at = ps->p;
-        if (bit >= 8 && bit <= 256 && is_number_start(ps)) {
-            Num num;
-            if ((r = parse_number(ps, &num)) != OK) return r;
-            if (num.kind == NUM_INT) {
-                int k = 0;
-                while ((8 << k) != bit) k++;
-                ev->mem_int |= 1 << k;
-                ev->mem[k] = num.i;
-            }
-        } else if (bit == 1 && is_number_start(ps)) {
-            Num num;
-            if ((r = parse_number(ps, &num)) != OK) return r;
-            if (num.kind == NUM_INT) {
-                ev->has_corr = 1;
-                ev->corr = num.i;
-            }
-        } else if ((r = skip_value(ps, 2)) != OK) {
-            return r;
-        }
-        if (bit == 2) ev->rank_set = !null;
-        if (bit == 4) {
-            ev->dims_set = !null;
-            ev->dims_at = value_at;
-            ev->dims_end = ps->p;
-        }
-        if (bit == 512) {
-            ev->type_at = value_at;
-            ev->type_end = ps->p;
-        }
-        if ((r = container_next(ps, '}', &more)) != OK) return r;
     }
     return OK;
+}
+
+/* A member of an event's args: correlation, rank, Input Dims / Input type (their text) and the
+ * [memory] values are read, the rest skipped. Bits: 1 correlation, 2 rank, 4 Input Dims,
+ * 8 << k the memory key k, 512 Input type. */
+static int args_member(Parser *ps, Event *ev, Owned *own, const Str *key, int *seen) {
+    (void)own;
+    int bit = key_is(key, "correlation") ? 1 : key_is(key, "rank") ? 2
+              : key_is(key, "Input Dims") ? 4 : key_is(key, "Input type") ? 512 : 0;
+    int mem_k = -1, r;
+    for (int k = 0; k < 6 && !bit; k++)
+        if (key->n == MEMORY_KEY_LENS[k] && memcmp(key->s, MEMORY_KEYS[k], key->n) == 0) {
+            bit = 8 << k;
+            mem_k = k;
+        }
+    if (bit & *seen) return REFUSE;
+    *seen |= bit;
+    int null = ps->p < ps->end && *ps->p == 'n';
+    const unsigned char *value_at = ps->p;
+    if ((mem_k >= 0 || bit == 1) && is_number_start(ps)) {
+        Num num;
+        if ((r = parse_number(ps, &num)) != OK) return r;
+        if (num.kind == NUM_INT && mem_k >= 0) {
+            ev->mem_int |= 1 << mem_k;
+            ev->mem[mem_k] = num.i;
+        } else if (num.kind == NUM_INT) {
+            ev->has_corr = 1;
+            ev->corr = num.i;
+        }
+    } else if ((r = skip_value(ps, 2)) != OK) {
+        return r;
+    }
+    if (bit == 2) ev->rank_set = !null;
+    if (bit == 4) {
+        ev->dims_set = !null;
+        ev->dims_at = value_at;
+        ev->dims_end = ps->p;
+    }
+    if (bit == 512) {
+        ev->type_at = value_at;
+        ev->type_end = ps->p;
+    }
+    return OK;
+}
+
+/* A member of an event: its known fields read and typed, the rest skipped. */
+static int event_member(Parser *ps, Event *ev, Owned *own, const Str *key, int *seen) {
+    int bit = 0;
+    if (key->n <= 4) {
+        bit = key_is(key, "ph") ? K_PH : key_is(key, "name") ? K_NAME
+              : key_is(key, "cat") ? K_CAT : key_is(key, "pid") ? K_PID
+              : key_is(key, "tid") ? K_TID : key_is(key, "ts") ? K_TS
+              : key_is(key, "dur") ? K_DUR : key_is(key, "args") ? K_ARGS : 0;
+    }
+    if (bit & *seen) return REFUSE;
+    *seen |= bit;
+    int null = ps->p < ps->end && *ps->p == 'n';
+    switch (bit) {
+    case K_PH: return parse_str_field(ps, own, 0, &ev->ph);
+    case K_NAME: return parse_str_field(ps, own, 1, &ev->name);
+    case K_CAT: return parse_str_field(ps, own, 2, &ev->cat);
+    case K_PID: return parse_id_field(ps, own, 3, &ev->pid_is_str, &ev->pid, &ev->pid_s);
+    case K_TID: return parse_id_field(ps, own, 4, &ev->tid_is_str, &ev->tid, &ev->tid_s);
+    case K_TS: return parse_stamp(ps, &ev->ts);
+    case K_DUR:
+        ev->dur_null = null;
+        return null ? literal(ps, "null", 4) : parse_stamp(ps, &ev->dur);
+    case K_ARGS:
+        if (null) return literal(ps, "null", 4);
+        ev->has_args = 1;
+        return walk_object(ps, ev, own, args_member);
+    default: return skip_value(ps, 1);
+    }
 }
 
 static int parse_event(Parser *ps, Event *ev, Owned *own) {
@@ -638,53 +678,7 @@ static int parse_event(Parser *ps, Event *ev, Owned *own) {
     ev->ph.s = ev->name.s = ev->cat.s = "";
     ev->ts.kind = NUM_INT;
     ev->dur.kind = NUM_INT;
-    if (ps->p >= ps->end || *ps->p != '{') return REFUSE;
-    int seen = 0;
-    if (container_open(ps, '}')) return OK;
-    int more = 1;
-    while (more) {
-        Str key;
-        int r = plain_key(ps, &key);
-        if (r != OK) return r;
-        int bit = 0;
-        if (key.n <= 4) {
-            bit = key_is(&key, "ph") ? K_PH : key_is(&key, "name") ? K_NAME
-                  : key_is(&key, "cat") ? K_CAT : key_is(&key, "pid") ? K_PID
-                  : key_is(&key, "tid") ? K_TID : key_is(&key, "ts") ? K_TS
-                  : key_is(&key, "dur") ? K_DUR : key_is(&key, "args") ? K_ARGS : 0;
-        }
-        if (bit & seen) return REFUSE;
-        seen |= bit;
-        switch (bit) {
-        case K_PH: r = parse_str_field(ps, own, 0, &ev->ph); break;
-        case K_NAME: r = parse_str_field(ps, own, 1, &ev->name); break;
-        case K_CAT: r = parse_str_field(ps, own, 2, &ev->cat); break;
-        case K_PID: r = parse_id_field(ps, own, 3, &ev->pid_is_str, &ev->pid, &ev->pid_s); break;
-        case K_TID: r = parse_id_field(ps, own, 4, &ev->tid_is_str, &ev->tid, &ev->tid_s); break;
-        case K_TS: r = parse_stamp(ps, &ev->ts); break;
-        case K_DUR:
-            if (ps->p < ps->end && *ps->p == 'n') {
-                r = literal(ps, "null", 4);
-                ev->dur_null = 1;
-                break;
-            }
-            r = parse_stamp(ps, &ev->dur);
-            break;
-        case K_ARGS:
-            if (ps->p < ps->end && *ps->p == 'n') {
-                r = literal(ps, "null", 4);
-                break;
-            }
-            if (ps->p >= ps->end || *ps->p != '{') return REFUSE;
-            ev->has_args = 1;
-            r = parse_args(ps, ev);
-            break;
-        default: r = skip_value(ps, 1);
-        }
-        if (r != OK) return r;
-        if ((r = container_next(ps, '}', &more)) != OK) return r;
-    }
-    return OK;
+    return walk_object(ps, ev, own, event_member);
 }
 
 static double num_value(const Num *n) { return n->kind == NUM_FLOAT ? n->d : (double)n->i; }

@@ -51,8 +51,10 @@ from rankscope.orchestrator.ingest.stamps import TS_LIMIT_US as TS_LIMIT_US
 from rankscope.orchestrator.ingest.stamps import decimal_to_ns
 from rankscope.orchestrator.ingest.stamps import us_to_ns as us_to_ns
 from rankscope.orchestrator.ingest.string_codes import (
+    ShapeCodes,
     codes_in,
     factorize,
+    pair_codes,
     raw_shape_codes,
     shape_codes,
 )
@@ -278,7 +280,7 @@ class EventColumns(MemoryColumns):
         pid: tuple[np.ndarray, list[Any]],
         tid: tuple[np.ndarray, list[Any]],
         events_at: Callable[[list[int]], list[KEvent]],
-        shapes: tuple[np.ndarray, list[str], np.ndarray, list[str]],
+        shapes: ShapeCodes,
     ) -> None:
         """A sub-block's kept complete events (both paths): their kinds and communication rows,
         then the sub-block waits for :meth:`end_block`. ``arrays``: ts, dur (int64 ns) and
@@ -307,9 +309,7 @@ class EventColumns(MemoryColumns):
         matched = ~unmatchable[inverse.reshape(-1)]
         comm_kind = ((kind == EventKind.KERNEL_COMM) & matched) | (kind == EventKind.COMM_CPU)
         rows = np.flatnonzero(comm_kind | is_enqueue).tolist()
-        for i, enqueue, ev in zip(
-            rows, is_enqueue[rows].tolist(), events_at(rows) if rows else [], strict=True
-        ):
+        for i, enqueue, ev in zip(rows, is_enqueue[rows].tolist(), events_at(rows), strict=True):
             a = ev.args
             if enqueue and (ev.name != RECORD_PARAM_COMMS or a is None or not a.collective):
                 continue  # other enqueue ops (c10d::*, nccl:*) name nothing the kernel lacks
@@ -353,24 +353,9 @@ class EventColumns(MemoryColumns):
         tid_seen: dict[Any, int] = {}
         pid_codes = np.concatenate([codes_in(pid_seen, s.pid[1])[s.pid[0]] for s in subs])
         tid_codes = np.concatenate([codes_in(tid_seen, s.tid[1])[s.tid[0]] for s in subs])
-        pid_uniq, tid_uniq = list(pid_seen), list(tid_seen)
-        lane_pair = pid_codes.astype(np.int64) * (len(tid_uniq) + 1) + tid_codes
-        lane_uniq, lane_inv = np.unique(lane_pair, return_inverse=True)
-        lanes = self.lanes
-        lane_global = np.array(
-            [
-                lanes.setdefault(
-                    (
-                        str(pid_uniq[p // (len(tid_uniq) + 1)]),
-                        str(tid_uniq[p % (len(tid_uniq) + 1)]),
-                    ),
-                    len(lanes),
-                )
-                for p in lane_uniq.tolist()
-            ],
-            dtype=np.int32,
-        )
-        lane = lane_global[lane_inv.reshape(-1)]
+        lane = pair_codes(
+            self.lanes, (pid_codes, list(pid_seen)), (tid_codes, list(tid_seen))
+        ).astype(np.int32)
         for key in ("ts", "dur", "name", "cat", "kind", "lane", "corr", "shapes", "dtypes"):
             if key == "lane":
                 arr = lane

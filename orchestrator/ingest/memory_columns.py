@@ -19,7 +19,7 @@ from rankscope.analysis.store.memory_table import memory_field_limits
 from rankscope.orchestrator.ingest.kineto_json import KEvent
 from rankscope.orchestrator.ingest.kineto_scan import ScannedMemory
 from rankscope.orchestrator.ingest.stamps import TS_LIMIT_US, decimal_to_ns, us_to_ns
-from rankscope.orchestrator.ingest.string_codes import codes_in
+from rankscope.orchestrator.ingest.string_codes import codes_in, pair_codes
 
 #: Memory columns from ``KArgs``: (column, attribute, dtype); values checked by bad_memory_field.
 _MEMORY_ARGS = (
@@ -64,7 +64,7 @@ class MemoryColumns:
         #: each kept memory event's thread, as a code into memory_thread_keys (one array per
         #: flush): 10^5 events need no 10^5 tuples
         self.memory_thread_parts: list[np.ndarray] = []
-        #: the (pid, tid) of the kept memory events' threads, first-seen order -> code
+        #: the (pid, tid) of the kept memory events' threads -> code (in the order they came)
         self.memory_thread_keys: dict[tuple[str, str], int] = {}
         self.memory_skipped: dict[str, int] = {}
 
@@ -166,17 +166,8 @@ class MemoryColumns:
         part.setdefault("ts", []).append(us_to_ns(mem.ts_us))
         for (col, _, dtype), values in zip(_MEMORY_ARGS, mem.values, strict=True):
             part.setdefault(col, []).append(values.astype(dtype))
-        (pid, pids), (tid, tids) = mem.pid, mem.tid
-        pair = pid * len(tids) + tid
-        uniq, first, inverse = np.unique(pair, return_index=True, return_inverse=True)
-        keys = self.memory_thread_keys
-        order = np.argsort(first, kind="stable")  # the pairs in first-seen order get their codes
-        code = np.empty(len(uniq), np.int64)
-        for i, p in zip(order.tolist(), uniq[order].tolist(), strict=True):
-            code[i] = keys.setdefault(
-                (str(pids[p // len(tids)]), str(tids[p % len(tids)])), len(keys)
-            )
-        self.memory_thread_parts.append(code[inverse.reshape(-1)])
+        # (the keys' order is only the codes': no output depends on it)
+        self.memory_thread_parts.append(pair_codes(self.memory_thread_keys, mem.pid, mem.tid))
 
     @property
     def memory_threads(self) -> list[tuple[str, str]]:

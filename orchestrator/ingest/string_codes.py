@@ -65,44 +65,71 @@ def factorize(values: list[Any]) -> tuple[np.ndarray, list[Any]]:
     return codes_in(seen, values), list(seen)
 
 
-def shape_codes(
-    n: int, have: list[tuple[int, KArgs]]
-) -> tuple[np.ndarray, list[str], np.ndarray, list[str]]:
+def pair_codes(
+    table: dict[tuple[str, str], int],
+    first: tuple[np.ndarray, list[Any]],
+    second: tuple[np.ndarray, list[Any]],
+) -> np.ndarray:
+    """Codes in ``table`` of each row's ``(str(first value), str(second value))``: a lane's key
+    from its pid and tid, each given as (codes, distinct values); pairs new to ``table`` are
+    added in (first code, second code) order, one lookup per distinct pair."""
+    (a, a_values), (b, b_values) = first, second
+    width = len(b_values) + 1
+    uniq, inverse = np.unique(a.astype(np.int64) * width + b, return_inverse=True)
+    add = table.setdefault
+    code = np.array(
+        [
+            add((str(a_values[p // width]), str(b_values[p % width])), len(table))
+            for p in uniq.tolist()
+        ],
+        dtype=np.int64,
+    )
+    return code[inverse.reshape(-1)]
+
+
+#: Each event's shape and dtype codes with their texts (``-1``: no shapes recorded).
+ShapeCodes = tuple[np.ndarray, list[str], np.ndarray, list[str]]
+
+
+def shape_codes(n: int, have: list[tuple[int, KArgs]]) -> ShapeCodes:
     """First-seen codes (own to a sub-block of ``n`` kept complete events) of each event's
     ``Input Dims`` and ``Input type`` as text (``str`` of the lists, the form of torch's
     ``str(evt.input_shapes)``), -1 where absent (no ``record_shapes``), each with its distinct
-    texts (:meth:`event_columns.EventColumns.end_block`). ``have``: (row, args) of the events with shapes."""
-    shapes = np.full(n, -1, np.int32)
-    dtypes = np.full(n, -1, np.int32)
-    if not have:
-        return shapes, [], dtypes, []
-    idx = np.asarray([i for i, _ in have], dtype=np.int64)
-    shapes[idx], shape_texts = text_codes([a.input_dims for _, a in have])
-    dtypes[idx], dtype_texts = text_codes([a.input_type or [] for _, a in have])
-    return shapes, shape_texts, dtypes, dtype_texts
+    texts (:meth:`event_columns.EventColumns.end_block`). ``have``: (row, args) of the events
+    with shapes."""
+    return _placed(
+        n,
+        [i for i, _ in have],
+        text_codes([a.input_dims for _, a in have]),
+        text_codes([a.input_type or [] for _, a in have]),
+    )
 
 
-def raw_shape_codes(
-    n: int, text: Any, rows: list[int], spans: np.ndarray
-) -> tuple[np.ndarray, list[str], np.ndarray, list[str]]:
+def raw_shape_codes(n: int, text: Any, rows: list[int], spans: np.ndarray) -> ShapeCodes:
     """:func:`shape_codes` from the values' JSON text (the compiled scanner's spans, ``(rows,
     4)``: ``Input Dims`` [start, end), ``Input type`` [start, end) or -1, -1), with the same
     codes and texts: values are grouped by their text as written (two equal texts are one JSON
     value, so one ``str``), and each group's first value alone is decoded (msgspec, as the
     event's decode reads it) and written as text. A finer grouping than :func:`text_codes`'
     gives the same codes: each group's text is first seen where its first value is."""
-    shapes = np.full(n, -1, np.int32)
-    dtypes = np.full(n, -1, np.int32)
-    if not rows:
-        return shapes, [], dtypes, []
-    idx = np.asarray(rows, dtype=np.int64)
     with memoryview(text) as view:
         bounds = spans.tolist()
         dims = [bytes(view[a:b]) for a, b, _, _ in bounds]
         types = [bytes(view[a:b]) if a >= 0 else b"" for _, _, a, b in bounds]
-    shapes[idx], shape_texts = _raw_texts(dims, lambda v: v)
-    dtypes[idx], dtype_texts = _raw_texts(types, lambda v: v or [])
-    return shapes, shape_texts, dtypes, dtype_texts
+    return _placed(n, rows, _raw_texts(dims, lambda v: v), _raw_texts(types, lambda v: v or []))
+
+
+def _placed(
+    n: int,
+    rows: list[int],
+    shapes: tuple[np.ndarray, list[str]],
+    dtypes: tuple[np.ndarray, list[str]],
+) -> ShapeCodes:
+    """The codes of the events at ``rows`` (those with shapes) among ``n``, -1 elsewhere."""
+    idx = np.asarray(rows, dtype=np.int64)
+    out = np.full(n, -1, np.int32), np.full(n, -1, np.int32)
+    out[0][idx], out[1][idx] = shapes[0], dtypes[0]
+    return out[0], shapes[1], out[1], dtypes[1]
 
 
 def _raw_texts(raws: list[bytes], value: Any) -> tuple[np.ndarray, list[str]]:
