@@ -58,7 +58,7 @@ def main(args: argparse.Namespace) -> int:
     comm = comm_from_args(args)
     # a merge due first begins reading while this process imports (source_reads.py)
     inputs = [args.path] if merge_is_due(args.path) else []
-    with read_ahead(inputs, cluster, comm) as ahead:
+    with read_ahead(inputs, cluster, comm, getattr(args, "rank_from", None)) as ahead:
         with paced_collector():  # the imports at an analysis' pace too (as rankscope merge)
             pandas_without_arrow(cluster)  # where every worker shares this interpreter
             from rankscope.orchestrator.workflow import Workflow, merge_analyse_report

@@ -172,7 +172,7 @@ def main(args: argparse.Namespace) -> int:
     comm = comm_from_args(args)
     # Paced from the imports on: at Python's pace, importing numpy, pandas and h5py ran ~140
     # young passes, ~13 middle ones and a full one, 0.05-0.08 s of CPU (one 54 MB rank's merge).
-    with paced_collector(), read_ahead(paths, cluster, comm) as ahead:
+    with paced_collector(), read_ahead(paths, cluster, comm, args.rank_from) as ahead:
         pandas_without_arrow(cluster)  # while the traces are read (source_reads.py)
         from rankscope.orchestrator.ingest.merge import merge_run_dir
         from rankscope.pandas_strings import object_strings
@@ -196,13 +196,14 @@ def main(args: argparse.Namespace) -> int:
 
 @contextlib.contextmanager
 def read_ahead(
-    inputs: list[Path], cluster: ClusterSpec, comm: CommVocabulary
+    inputs: list[Path], cluster: ClusterSpec, comm: CommVocabulary, rank_from: str | None = None
 ) -> Iterator[ReadAhead | None]:
-    """The traces of ``inputs`` read in a forked process from now on, where that pays
-    (``source_reads.ReadAhead.start``; None where not), ended when the block ends."""
+    """The traces of ``inputs`` parsed in a forked process from now on, where that pays
+    (``source_reads.ReadAhead.start``; None where not), ended when the block ends.
+    ``rank_from``: ``--rank-from``'s expression (None without)."""
     from rankscope.orchestrator.ingest.source_reads import ReadAhead
 
-    ahead = ReadAhead.start(inputs, cluster, comm) if inputs else None
+    ahead = ReadAhead.start(inputs, cluster, comm, rank_from) if inputs else None
     try:
         yield ahead
     finally:

@@ -1,7 +1,8 @@
-"""The trace reader imports neither pandas nor h5py (``orchestrator/ingest/file_trace.py``).
+"""The trace reader and a rank's build import neither pandas nor h5py
+(``orchestrator/ingest/file_trace.py``, ``rank_columns.py``).
 
-What it makes of a file is numpy columns and plain rows, so traces can be read where those
-~0.3 s of imports have not happened yet; the small tables become DataFrames where first read.
+What they make of a rank's files is numpy columns and plain rows, so ranks can be parsed where
+those ~0.3 s of imports have not happened yet; the small tables become DataFrames where wanted.
 """
 
 from __future__ import annotations
@@ -51,6 +52,40 @@ def test_the_reader_imports_neither_pandas_nor_h5py() -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     rows, enqueued, memory, lanes = map(int, out.stdout.split())
     assert rows > enqueued > 0 and memory > 0 and lanes > 0
+
+
+def test_a_ranks_build_imports_neither_pandas_nor_h5py() -> None:
+    """``rank_columns.parse_source`` (what the read-ahead process runs before this process'
+    imports: ``source_reads.ReadAhead``) on ranks with comm kernels linked to their
+    ``record_param_comms`` (DLRM), enqueue ops and memory events, pandas and h5py refused."""
+    code = textwrap.dedent(
+        f"""
+        import sys
+        class Refuse:
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] in ("pandas", "h5py"):
+                    raise ImportError("refused: " + name)
+        sys.meta_path.insert(0, Refuse())
+        from pathlib import Path
+        from rankscope.orchestrator.ingest.discovery import RankSource, discover
+        from rankscope.orchestrator.ingest.rank_columns import parse_source
+        sources = discover([Path({str(DATA / "param_dlrm_8rank")!r})])[0]
+        sources += [RankSource([(0, Path(p))], None) for p in ({str(NCCL)!r}, {str(BIG)!r})]
+        comm = steps = memory = 0
+        for source in sources:
+            res = parse_source(source)
+            comm += len(res.comm["event"])
+            steps += len(res.steps["step"])
+            memory += 0 if res.memory is None else len(res.memory["ts"])
+        print(comm, steps, memory)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    comm, steps, memory = map(int, out.stdout.split())
+    assert comm > 0 and steps > 0 and memory > 0
 
 
 def test_the_tables_are_the_rows() -> None:

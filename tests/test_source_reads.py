@@ -1,9 +1,10 @@
-"""A rank's files read here or ahead in a forked process (``orchestrator/ingest/source_reads.py``).
+"""A rank's files parsed here or ahead in a forked process (``orchestrator/ingest/source_reads.py``).
 
-The read-ahead must change nothing but when the reading happens: its reads equal this process'
-own, a merge that takes them writes the same store, and every way it can fail (a read not begun,
-a process that died, one that takes too long) falls back to reading here, leaving no process.
-(That the reader needs neither pandas nor h5py is ``test_reader_imports.py``.)
+The read-ahead must change nothing but when the parsing happens: its parses equal this process'
+own, a merge that takes them writes the same store, and every way it can fail (a parse not
+begun, a process that died, one that takes too long, a source parsed ahead as another) falls
+back to parsing here, leaving no process. (That the reader and the rank's build need neither
+pandas nor h5py is ``test_reader_imports.py``.)
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import contextlib
 import dataclasses
 import multiprocessing
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -25,8 +27,9 @@ from rankscope.analysis.engine import scheduler
 from rankscope.analysis.engine.scheduler import AUTO, ClusterSpec
 from rankscope.orchestrator.ingest.comm_kernels import DEFAULT_VOCABULARY, CommVocabulary
 from rankscope.orchestrator.ingest.discovery import RankSource, discover
-from rankscope.orchestrator.ingest.file_trace import FileTrace
-from rankscope.orchestrator.ingest.source_reads import ReadAhead, SourceReads, read_source
+from rankscope.orchestrator.ingest.rank_columns import RankResult, parse_source
+from rankscope.orchestrator.ingest.rank_selection import hint_ranks
+from rankscope.orchestrator.ingest.source_reads import ReadAhead
 from rankscope.orchestrator.workflow import merge_is_due
 
 from tests.store_compare import same_store
@@ -35,31 +38,43 @@ DATA = Path(__file__).parent / "data"
 DLRM = DATA / "param_dlrm_8rank"
 
 
-def _same_trace(a: FileTrace, b: FileTrace) -> None:
-    """Every field of two reads of one file equal (arrays exactly, dtypes included)."""
-    for f in dataclasses.fields(FileTrace):
+def _same_columns(a: dict[str, np.ndarray] | None, b: dict[str, np.ndarray] | None) -> None:
+    """Two tables as columns equal: names in order, dtypes and values."""
+    assert (a is None) == (b is None)
+    if a is None or b is None:
+        return
+    assert list(a) == list(b)
+    for k in a:
+        assert a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]), k
+
+
+def _same_rank(a: RankResult, b: RankResult) -> None:
+    """Every field of two parses of one source equal (tables column by column, exactly)."""
+    for f in dataclasses.fields(RankResult):
         x, y = getattr(a, f.name), getattr(b, f.name)
-        if f.name == "columns" or (f.name == "memory" and x is not None):
-            assert x.keys() == y.keys()
-            for k in x:
-                assert x[k].dtype == y[k].dtype and np.array_equal(x[k], y[k]), k
-        elif f.name == "comm_records":
-            assert x.records == y.records
-            assert x.event.dtype == y.event.dtype and np.array_equal(x.event, y.event)
-            assert x.lane.dtype == y.lane.dtype and np.array_equal(x.lane, y.lane)
+        if f.name in ("columns", "lanes", "comm", "steps", "memory", "step_log"):
+            _same_columns(x, y)
         else:
             assert x == y, f.name
 
 
-def _same_reads(a: SourceReads, b: SourceReads) -> None:
-    assert a.strings == b.strings
-    assert len(a.outcomes) == len(b.outcomes)
-    for (wa, pa, ta), (wb, pb, tb) in zip(a.outcomes, b.outcomes, strict=True):
-        assert (wa, pa) == (wb, pb)
-        if isinstance(ta, str) or isinstance(tb, str):
-            assert ta == tb
-        else:
-            _same_trace(ta, tb)
+def test_the_tables_are_typed_as_the_merge_holds_them() -> None:
+    """A real NCCL rank's tables: the comm table in its documented columns and dtypes (text as
+    objects), the lanes' and the steps' too, with rows in each."""
+    from rankscope.analysis.store.schema import LANE_COLUMNS
+    from rankscope.orchestrator.ingest.comm_links import RANK_COMM_COLUMNS
+
+    res = parse_source(discover([DLRM])[0][0])
+    assert res.comm is not None and res.lanes is not None and res.steps is not None
+    assert tuple(res.comm) == RANK_COMM_COLUMNS and len(res.comm["event"]) > 0
+    assert {k: v.dtype.kind for k, v in res.comm.items()} == {
+        "event": "i", "op": "O", "group": "O", "seq": "i", "bytes": "i",
+        "step": "i", "start": "i", "end": "i", "gpu": "b", "peer": "i",
+    }  # fmt: skip
+    assert tuple(res.lanes) == tuple(LANE_COLUMNS) and len(res.lanes["lane"]) > 0
+    assert res.lanes["pid"].dtype == object and res.lanes["kind"].dtype == np.int64
+    assert list(res.steps) == ["step", "start", "end"] and len(res.steps["step"]) > 0
+    assert all(v.dtype == np.int64 for v in res.steps.values())
 
 
 @pytest.fixture
@@ -72,7 +87,7 @@ def _no_children_left(before: set[multiprocessing.process.BaseProcess]) -> None:
     assert set(multiprocessing.active_children()) <= before
 
 
-def test_reads_taken_from_ahead_equal_reads_here(two_cores: None) -> None:
+def test_parses_taken_from_ahead_equal_parses_here(two_cores: None) -> None:
     sources, _, _ = discover([DLRM])
     before = set(multiprocessing.active_children())
     ahead = ReadAhead.start([DLRM], ClusterSpec(scheduler=AUTO), DEFAULT_VOCABULARY)
@@ -80,12 +95,42 @@ def test_reads_taken_from_ahead_equal_reads_here(two_cores: None) -> None:
     with contextlib.closing(ahead):
         for source in sources:
             got = ahead.take(source, DEFAULT_VOCABULARY)
-            assert got is not None
-            _same_reads(got, read_source(source))
+            assert got is not None and got.source is source  # the merge's own source
+            _same_rank(got, parse_source(source))
         assert ahead.taken == len(sources)
-        # taken once: a second take reads here
+        # taken once: a second take parses here
         assert ahead.take(sources[0], DEFAULT_VOCABULARY) is None
     _no_children_left(before)
+
+
+def test_a_source_parsed_ahead_as_another_is_parsed_here(two_cores: None, tmp_path: Path) -> None:
+    """A rank hint that differs from the one parsed ahead (``--rank-from`` applied after the
+    read-ahead began, say): the parse ahead is not taken; with the expression given to the
+    read-ahead too, it is, with the hinted rank."""
+    folder = tmp_path / "job"
+    folder.mkdir()
+    for name, rank in (("model_a", 7), ("model_b", 9)):  # traces without distributedInfo
+        shutil.copy(DATA / "rankless" / f"{name}.json.gz", folder / f"node{rank}.json.gz")
+    rx = r"node(\d+)"
+    sources, _, _ = discover([folder])
+    hinted = [dataclasses.replace(s) for s in sources]
+    hint_ranks(hinted, re.compile(rx))
+    assert [s.rank_hint for s in sources] == [None, None]
+    assert [s.rank_hint for s in hinted] == [7, 9]
+    with contextlib.closing(
+        ReadAhead.start([folder], ClusterSpec(scheduler=AUTO), DEFAULT_VOCABULARY)
+    ) as ahead:
+        assert ahead is not None
+        assert all(ahead.take(s, DEFAULT_VOCABULARY) is None for s in hinted)
+    with contextlib.closing(
+        ReadAhead.start([folder], ClusterSpec(scheduler=AUTO), DEFAULT_VOCABULARY, rx)
+    ) as ahead:
+        assert ahead is not None
+        for source in hinted:
+            got = ahead.take(source, DEFAULT_VOCABULARY)
+            assert got is not None and got.rank == source.rank_hint
+            _same_rank(got, parse_source(source))
+    assert ReadAhead.start([folder], ClusterSpec(scheduler=AUTO), DEFAULT_VOCABULARY, "(") is None
 
 
 def test_read_ahead_only_where_the_merge_parses_here(
@@ -140,8 +185,8 @@ def test_a_read_not_begun_is_cancelled_and_done_here(
         feeder.start()
         got = ahead.take(sources[0], DEFAULT_VOCABULARY)
         feeder.join(30)
-        assert got is not None and not isinstance(got.outcomes[0][2], str)
-        assert len(got.outcomes[0][2].columns["ts"]) > 0
+        assert got is not None and got.columns is not None and not got.problems
+        assert len(got.columns["ts"]) > 0
         assert ahead.taken == 1
     _no_children_left(before)
 

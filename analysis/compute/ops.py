@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 from rankscope.analysis.compute import op_nesting
+from rankscope.analysis.compute.launch_match import launch_rows
 from rankscope.analysis.store.frames import empty, typed
 from rankscope.analysis.store.schema import EventKind, text_codes
 
@@ -381,26 +382,6 @@ def launches(
     -1 where it has no correlation id or its launch is not in ``events``. ``runtime``: the rows
     to look in (default: every RUNTIME event with a correlation id)."""
     return launch_rows(events["corr"].to_numpy(np.int64), events["kind"].to_numpy(), idx, runtime)
-
-
-def launch_rows(
-    corr: np.ndarray, kind: np.ndarray, idx: np.ndarray, runtime: np.ndarray | None = None
-) -> np.ndarray:
-    """:func:`launches` on bare columns (``corr``, ``kind``): the one launch-matching rule, also
-    the merge's (``orchestrator/ingest/rank_columns.py``, on a rank's columns before any DataFrame)."""
-    out = np.full(len(idx), -1, dtype=np.int64)
-    if runtime is None:
-        runtime = np.flatnonzero(kind == int(EventKind.RUNTIME))
-    runtime = runtime[corr[runtime] >= 0]
-    if not len(runtime) or not len(idx):
-        return out
-    order = np.argsort(corr[runtime], kind="stable")
-    rc, rows = corr[runtime][order], runtime[order]
-    want = corr[idx]
-    p = np.clip(np.searchsorted(rc, want), 0, len(rc) - 1)
-    found = (want >= 0) & (rc[p] == want)
-    out[found] = rows[p[found]]
-    return out
 
 
 def op_table(

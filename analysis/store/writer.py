@@ -84,9 +84,13 @@ def _write_column(group: h5py.Group, name: str, values: Any) -> None:
 
 
 def write_table(
-    parent: h5py.Group, name: str, frame: pd.DataFrame, columns: Mapping[str, str]
+    parent: h5py.Group,
+    name: str,
+    frame: pd.DataFrame | Mapping[str, np.ndarray],
+    columns: Mapping[str, str],
 ) -> None:
-    """Write ``frame`` as a columnar table group ``parent/name`` with the schema ``columns``.
+    """Write ``frame`` (a DataFrame, or columns: name → array) as a columnar table group
+    ``parent/name`` with the schema ``columns``.
 
     Missing columns are an error (a writer bug), extra columns are dropped. String columns become
     variable-length UTF-8 datasets; the column order is kept in the group attribute ``columns``.
@@ -96,9 +100,9 @@ def write_table(
     group = parent.create_group(name)
     group.attrs["columns"] = list(columns)
     for col, dtype in columns.items():
-        if col not in frame.columns:
+        if col not in frame:
             raise KeyError(f"table {name!r} lacks column {col!r}")
-        values = frame[col].to_numpy()
+        values = np.asarray(frame[col])
         if dtype == "str":
             _write_column(group, col, np.asarray(values, dtype=object).astype(str))
         else:
@@ -318,7 +322,7 @@ class StoreWriter:
         self,
         rank: int,
         events: Mapping[str, np.ndarray],
-        lanes: pd.DataFrame,
+        lanes: pd.DataFrame | Mapping[str, np.ndarray],
         attrs: Mapping[str, Any],
     ) -> None:
         """Write one rank: ``events`` columns (schema.EVENT_COLUMNS, name/cat as string codes,
@@ -331,7 +335,7 @@ class StoreWriter:
         self,
         rank: int,
         events: Mapping[str, np.ndarray],
-        lanes: pd.DataFrame,
+        lanes: pd.DataFrame | Mapping[str, np.ndarray],
         attrs: Mapping[str, Any],
     ) -> None:
         group = self._file.require_group(rank_group(rank))

@@ -30,7 +30,10 @@ pairs"):
    runtime's annotation (``launchers/p2p.py``); where both name a peer and differ, the
    disagreement is counted.
 
-Peers are global ranks. All times are ns of the rank's raw clock.
+Peers are global ranks. All times are ns of the rank's raw clock. The tables are columns
+(:data:`Columns`, one numpy array each, rows aligned), not DataFrames: the merge's per-rank task
+builds them where pandas is not imported (``source_reads.ReadAhead``; ``matching.match`` makes
+the DataFrame).
 """
 
 from __future__ import annotations
@@ -38,10 +41,45 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-import pandas as pd
-from rankscope.analysis.compute.ops import launch_rows
+from rankscope.analysis.compute.launch_match import launch_rows
 from rankscope.analysis.store.schema import P2P_OPS, EventKind
 from rankscope.orchestrator.ingest.vocabulary import NCCL_COALESCED, PEER_OPS
+
+#: A table as columns: name → one array, every array one value per row.
+Columns = dict[str, np.ndarray]
+#: Columns of one rank's communication table as produced by the merge's per-rank task.
+RANK_COMM_COLUMNS = (
+    "event", "op", "group", "seq", "bytes", "step", "start", "end", "gpu", "peer"
+)  # fmt: skip
+
+
+def rows_of(table: Columns, rows: np.ndarray) -> Columns:
+    """The rows ``rows`` (positions) of every column."""
+    return {c: v[rows] for c, v in table.items()}
+
+
+def concat_rows(tables: list[Columns]) -> Columns:
+    """The tables' rows one after the other (each has the first's columns)."""
+    return {c: np.concatenate([t[c] for t in tables]) for c in tables[0]}
+
+
+def normalise_groups(groups: np.ndarray, comm_cpu: np.ndarray, lane: np.ndarray) -> np.ndarray:
+    """Group names for one rank's comm events where the trace gave none (``matching.py``'s
+    module docstring): a GPU event's ``stream#i`` (i: its lane's first-seen order among them), a
+    host (gloo) one's ``gloo``; named groups kept.
+
+    ``comm_cpu``: True for gloo ops (host side); ``lane``: the event's lane id.
+    """
+    names = np.array([str(g) for g in groups.tolist()], dtype=object)
+    missing = names == ""
+    cpu = comm_cpu.astype(bool)
+    gpu_missing = missing & ~cpu
+    if gpu_missing.any():
+        lanes = lane[gpu_missing].tolist()
+        order = {lane_id: i for i, lane_id in enumerate(dict.fromkeys(lanes))}
+        names[gpu_missing] = [f"stream#{order[x]}" for x in lanes]
+    names[missing & cpu] = "gloo"
+    return names
 
 
 @dataclasses.dataclass
@@ -88,10 +126,10 @@ def prefer_trace(
     return np.where(known, ops, ann_ops), np.where(known, peers, ann_peers), disagree
 
 
-def _launches(comm: pd.DataFrame, columns: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+def _launches(comm: Columns, columns: Columns) -> tuple[np.ndarray, np.ndarray]:
     """(host ts, thread lane) of the launch of each comm row's kernel; -1 for CPU events and
     kernels whose launch is not in the trace."""
-    ev = comm["event"].to_numpy(np.int64)
+    ev = comm["event"]
     ts = np.full(len(ev), -1, dtype=np.int64)
     lane = np.full(len(ev), -1, dtype=np.int64)
     gpu = columns["kind"][ev] == EventKind.KERNEL_COMM
@@ -104,16 +142,14 @@ def _launches(comm: pd.DataFrame, columns: dict[str, np.ndarray]) -> tuple[np.nd
     return ts, lane
 
 
-def link_enqueue(
-    comm: pd.DataFrame, enqueue: pd.DataFrame, columns: dict[str, np.ndarray]
-) -> np.ndarray:
+def link_enqueue(comm: Columns, enqueue: Columns, columns: Columns) -> np.ndarray:
     """For each comm row, the row of ``enqueue`` (its ``record_param_comms``) whose span holds
     the kernel's launch on the launching thread; -1 for none (rule 1 of the module docstring)."""
-    link = np.full(len(comm), -1, dtype=np.int64)
-    if not len(comm) or enqueue is None or not len(enqueue):
+    link = np.full(len(comm["event"]), -1, dtype=np.int64)
+    if not len(link) or not len(enqueue["event"]):
         return link
     l_ts, l_lane = _launches(comm, columns)
-    e_ev = enqueue["event"].to_numpy(np.int64)
+    e_ev = enqueue["event"]
     e_start = columns["ts"][e_ev]
     e_end = e_start + columns["dur"][e_ev]
     e_lane = columns["lane"][e_ev].astype(np.int64)
@@ -129,66 +165,53 @@ def link_enqueue(
     return link
 
 
-def fill_from_enqueue(comm: pd.DataFrame, enqueue: pd.DataFrame, link: np.ndarray) -> None:
-    """Fill what each linked kernel row lacks from its ``record_param_comms`` (rule 2), in place.
-
-    Each column is filled as one array and put back whole, in its own dtype: writing the linked
-    rows through ``.loc`` cost ~0.3 ms a column, most of a small rank's comm table.
-    """
+def fill_from_enqueue(comm: Columns, enqueue: Columns, link: np.ndarray) -> None:
+    """Fill what each linked kernel row lacks from its ``record_param_comms`` (rule 2), in place
+    (each column replaced whole, in its own dtype)."""
     rows = np.flatnonzero(link >= 0)
     if not len(rows):
         return
     src = link[rows]
-
-    def filled(col: str, new: np.ndarray) -> None:
-        comm[col] = pd.Series(new, index=comm.index, dtype=comm[col].dtype)
-
-    op = comm["op"].to_numpy(object).copy()
-    op[rows] = np.where(op[rows] == "sendrecv", enqueue["op"].to_numpy(object)[src], op[rows])
-    filled("op", op)
+    op = comm["op"].copy()
+    op[rows] = np.where(op[rows] == "sendrecv", enqueue["op"][src], op[rows])
+    comm["op"] = op
     for col, missing in (("seq", -1), ("bytes", -1), ("group", "")):
-        have = comm[col].to_numpy().copy()
+        have = comm[col].copy()
         mine = have[rows]
-        have[rows] = np.where(mine == missing, enqueue[col].to_numpy()[src], mine)
-        filled(col, have)
-    peer = comm["peer"].to_numpy(np.int64).copy()
+        have[rows] = np.where(mine == missing, enqueue[col][src], mine)
+        comm[col] = have
+    peer = comm["peer"].copy()
     p2p = np.isin(op[rows], list(P2P_OPS))
-    peer[rows] = np.where(
-        p2p & (peer[rows] < 0), enqueue["peer"].to_numpy(np.int64)[src], peer[rows]
-    )
-    filled("peer", peer)
+    peer[rows] = np.where(p2p & (peer[rows] < 0), enqueue["peer"][src], peer[rows])
+    comm["peer"] = peer
 
 
 def expand_coalesced(
-    comm: pd.DataFrame,
-    enqueue: pd.DataFrame,
-    link: np.ndarray,
-    columns: dict[str, np.ndarray],
-    strings: list[str],
-) -> tuple[pd.DataFrame, int]:
+    comm: Columns, enqueue: Columns, link: np.ndarray, columns: Columns, strings: list[str]
+) -> tuple[Columns, int]:
     """Comm rows with each coalesced batch's kernel split into its send/recv ops (rule 3), and
     the number of send/recv ``record_param_comms`` ops left without a kernel.
 
     The returned rows are in the order of their events (ts), the ops of one batch in the order
     they were issued, which is the order both ends of a pipeline count their sends and recvs in.
     """
-    if enqueue is None or not len(enqueue):
+    if not len(enqueue["event"]):
         return comm, 0
-    e_op = enqueue["op"].to_numpy(object)
-    linked = np.zeros(len(enqueue), dtype=bool)
+    e_op = enqueue["op"]
+    linked = np.zeros(len(e_op), dtype=bool)
     linked[link[link >= 0]] = True
     pending = np.flatnonzero(np.isin(e_op, list(P2P_OPS)) & ~linked)
     if not len(pending):
         return comm, 0
-    e_ev = enqueue["event"].to_numpy(np.int64)
+    e_ev = enqueue["event"]
     e_start = columns["ts"][e_ev]
     e_end = e_start + columns["dur"][e_ev]
     e_lane = columns["lane"][e_ev].astype(np.int64)
     code = next((i for i, s in enumerate(strings) if s == NCCL_COALESCED), -1)
     works = np.flatnonzero(columns["name"] == code) if code >= 0 else np.zeros(0, np.int64)
     l_ts, l_lane = _launches(comm, columns)
-    free = (link < 0) & np.isin(comm["op"].to_numpy(object), list(PEER_OPS)) & (l_ts >= 0)
-    batch_of = np.full(len(enqueue), -1, dtype=np.int64)  # comm row of the op's batch kernel
+    free = (link < 0) & np.isin(comm["op"], list(PEER_OPS)) & (l_ts >= 0)
+    batch_of = np.full(len(e_op), -1, dtype=np.int64)  # comm row of the op's batch kernel
     lo, hi = np.iinfo(np.int64).min, np.iinfo(np.int64).max
     for lane in np.unique(columns["lane"][works]).tolist():
         w_ts = np.sort(columns["ts"][works[columns["lane"][works] == lane]])
@@ -217,15 +240,15 @@ def expand_coalesced(
         return comm, without
     members = members[np.argsort(e_ev[members], kind="stable")]
     kernels = batch_of[members]
-    expanded = comm.iloc[kernels].copy()
-    src = enqueue.iloc[members]
+    expanded = rows_of(comm, kernels)
     for col in ("op", "peer", "seq", "bytes"):
-        expanded[col] = src[col].to_numpy()
-    groups = src["group"].to_numpy(object)
-    expanded["group"] = np.where(groups != "", groups, expanded["group"].to_numpy(object))
-    expanded["_sub"] = np.arange(1, len(expanded) + 1)  # issue order within the batch
-    kept = comm.drop(index=comm.index[np.unique(kernels)]).copy()
-    kept["_sub"] = 0
-    out = pd.concat([kept, expanded], ignore_index=True)
-    out = out.sort_values(["event", "_sub"], kind="stable").drop(columns="_sub")
-    return out.reset_index(drop=True), without
+        expanded[col] = enqueue[col][members]
+    groups = enqueue["group"][members]
+    expanded["group"] = np.where(groups != "", groups, expanded["group"])
+    kept = rows_of(comm, np.setdiff1d(np.arange(len(comm["event"])), kernels))
+    out = concat_rows([kept, expanded])
+    # in event order, a batch's rows in issue order (two stable sorts: the rows' order on a tie)
+    sub = np.concatenate([np.zeros(len(kept["event"]), np.int64), np.arange(1, len(members) + 1)])
+    order = np.argsort(sub, kind="stable")
+    order = order[np.argsort(out["event"][order], kind="stable")]
+    return rows_of(out, order), without

@@ -4,9 +4,11 @@ Why the reader never imports pandas (or h5py; ``tests/test_reader_imports.py``):
 can be read where neither is imported yet. A command spends ~0.3 s importing them before its
 first read; reading in a process forked before those imports overlaps the two (measured:
 docs/performance.md, tenth pass of issue 31). The reader's product is therefore numpy columns
-and plain rows; its small tables (lanes, communication rows) become DataFrames where they are
-first read (:attr:`FileTrace.lanes`, :attr:`FileTrace.comm`, :attr:`FileTrace.enqueue`, built
-once), in the process that reads them.
+and plain rows; its small tables (lanes, communication rows) are rows and columns
+(:attr:`FileTrace.lane_rows`, :attr:`FileTrace.comm_columns`), which the merge's per-rank task
+uses as they are (``rank_columns.py``: so that it, too, runs where pandas is not imported yet),
+and DataFrames where a caller wants one (:attr:`FileTrace.lanes`, :attr:`FileTrace.comm`,
+:attr:`FileTrace.enqueue`, built once).
 """
 
 from __future__ import annotations
@@ -112,16 +114,42 @@ class FileTrace:
         return self._comm_tables[1]
 
     @cached_property
+    def comm_columns(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """(:attr:`comm`, :attr:`enqueue`) as columns, without pandas (the merge's per-rank task,
+        ``rank_columns.py``): event (int64), op, group (object: str), seq, bytes, peer (int64),
+        lane (int32); one table of :attr:`comm_records` split in two."""
+        rec = self.comm_records
+        n = len(rec.records)
+        fields = list(zip(*rec.records, strict=True)) if n else [()] * len(COMM_RECORD_COLUMNS)
+        by_name = dict(zip(COMM_RECORD_COLUMNS, fields, strict=True))
+        table = {
+            "event": rec.event,
+            "op": np.array(by_name["op"], dtype=object),
+            "group": np.array(by_name["group"], dtype=object),
+            "seq": _integers(by_name["seq"]),
+            "bytes": _integers(by_name["bytes"]),
+            "peer": _integers(by_name["peer"]),
+            "lane": rec.lane,
+        }
+        on_cpu = np.array(by_name["enqueue"], dtype=bool)
+        return (
+            {c: v[~on_cpu] for c, v in table.items()},
+            {c: v[on_cpu] for c, v in table.items()},
+        )
+
+    @cached_property
     def _comm_tables(self) -> tuple[pd.DataFrame, pd.DataFrame]:
-        """(:attr:`comm`, :attr:`enqueue`) from :attr:`comm_records`, one table split in two."""
+        """(:attr:`comm`, :attr:`enqueue`): :attr:`comm_columns` as DataFrames."""
         import pandas as pd
 
-        rec = self.comm_records
-        rows = pd.DataFrame(rec.records, columns=COMM_RECORD_COLUMNS)
-        if len(rows):
-            rows["event"] = rec.event
-            rows["lane"] = rec.lane
-        else:
-            rows["lane"] = np.zeros(0, np.int32)
-        on_cpu = rows.pop("enqueue").to_numpy(bool)
-        return rows[~on_cpu].reset_index(drop=True), rows[on_cpu].reset_index(drop=True)
+        comm, enqueue = self.comm_columns
+        return pd.DataFrame(comm), pd.DataFrame(enqueue)
+
+
+def _integers(values: tuple[int, ...]) -> np.ndarray:
+    """int64, or object where a trace's number lies beyond int64 (a ``Seq`` of 20 digits): kept
+    as written, as a table of the records keeps it."""
+    try:
+        return np.array(values, dtype=np.int64)
+    except OverflowError:
+        return np.array(values, dtype=object)

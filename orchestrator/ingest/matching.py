@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from rankscope.orchestrator.ingest.comm_links import RANK_COMM_COLUMNS, Columns
 
 #: Ops whose participants all finish within a short time of each other and none of which can
 #: finish before every participant started (used for clock fitting and causality checks).
@@ -44,31 +45,9 @@ SYNCHRONIZING_OPS = frozenset(
 )
 #: Key prefix of a send / recv whose peer is unknown: no other rank can produce its key.
 UNKNOWN_PEER_PREFIX = "p2p?|"
-#: Columns of one rank's communication table as produced by the merge's per-rank task.
-RANK_COMM_COLUMNS = (
-    "event", "op", "group", "seq", "bytes", "step", "start", "end", "gpu", "peer"
-)  # fmt: skip
 
 
-def normalise_groups(comm: pd.DataFrame, comm_cpu: pd.Series, lane: pd.Series) -> pd.Series:
-    """Group names for one rank's comm events where the trace gave none (module docstring).
-
-    ``comm_cpu``: True for gloo ops (host side); ``lane``: the event's lane id.
-    """
-    groups = comm["group"].astype(str)
-    names = groups.to_numpy(object).copy()  # filled as one array: pandas' masked writes cost
-    missing = names == ""  # ~0.3 ms each, a tenth of a small rank's comm table
-    cpu = comm_cpu.to_numpy(bool)
-    gpu_missing = missing & ~cpu
-    if gpu_missing.any():
-        lanes = lane.to_numpy()[gpu_missing].tolist()
-        order = {lane_id: i for i, lane_id in enumerate(dict.fromkeys(lanes))}
-        names[gpu_missing] = [f"stream#{order[x]}" for x in lanes]
-    names[missing & cpu] = "gloo"
-    return pd.Series(names, index=groups.index, dtype=groups.dtype, name=groups.name)
-
-
-def rank_keys(comm: pd.DataFrame, rank: int) -> pd.Series:
+def rank_keys(comm: Columns | pd.DataFrame, rank: int) -> np.ndarray:
     """Match key (a string) for each comm event of ONE rank (columns RANK_COMM_COLUMNS; ``op``
     and ``group`` text, as the merge's comm table holds them).
 
@@ -83,18 +62,18 @@ def rank_keys(comm: pd.DataFrame, rank: int) -> pd.Series:
     """
     from rankscope.analysis.store.schema import P2P_OPS
 
-    n = len(comm)
+    n = len(comm["op"])
     if not n:
-        return pd.Series([], dtype=object)
-    ops = comm["op"].to_numpy(object)
-    groups = comm["group"].to_numpy(object)
-    steps = comm["step"].to_numpy().tolist()
-    seqs = comm["seq"].to_numpy().tolist()
-    peers = comm["peer"].to_numpy(np.int64).tolist() if "peer" in comm else [-1] * n
+        return np.array([], dtype=object)
+    ops = np.asarray(comm["op"], dtype=object)
+    groups = np.asarray(comm["group"], dtype=object)
+    steps = np.asarray(comm["step"]).tolist()
+    seqs = np.asarray(comm["seq"]).tolist()
+    peers = np.asarray(comm["peer"], dtype=np.int64).tolist() if "peer" in comm else [-1] * n
     keys: list[str] = [""] * n
     p2p_seen: dict[tuple[str, int], int] = {}
     coll_seen: dict[tuple[str, str, int], int] = {}
-    for i in np.argsort(comm["start"].to_numpy(), kind="stable").tolist():
+    for i in np.argsort(np.asarray(comm["start"]), kind="stable").tolist():
         op, step = ops[i], steps[i]
         if op in P2P_OPS:
             peer = peers[i]
@@ -112,14 +91,15 @@ def rank_keys(comm: pd.DataFrame, rank: int) -> pd.Series:
             k = coll_seen.get((group, op, step), 0)
             coll_seen[group, op, step] = k + 1
             keys[i] = f"g={group}|o={op}|p={step}|k={k}"
-    return pd.Series(keys, index=comm.index, dtype=object)
+    return np.array(keys, dtype=object)
 
 
-def match(per_rank: dict[int, pd.DataFrame]) -> pd.DataFrame:
+def match(per_rank: dict[int, Columns]) -> pd.DataFrame:
     """Long-form collectives table: one row per (collective, rank).
 
-    ``per_rank[rank]``: that rank's comm events (RANK_COMM_COLUMNS; start/end in ns of the rank's
-    clock; ``gpu``: True for GPU kernels, False for host-side gloo ops). Returns columns
+    ``per_rank[rank]``: that rank's comm events (RANK_COMM_COLUMNS, as the merge's per-rank task
+    makes them: ``rank_columns._comm_table``; start/end in ns of the rank's clock; ``gpu``: True
+    for GPU kernels, False for host-side gloo ops). Returns columns
     ``key, group, seq, op, bytes, rank, start, end, event, gpu`` plus ``coll``
     (dense id in order of the key's earliest start; the merge renumbers after clock alignment).
     ``seq`` is the trace's sequence number, else the position of the collective within its
@@ -131,10 +111,10 @@ def match(per_rank: dict[int, pd.DataFrame]) -> pd.DataFrame:
     """
     frames = []
     for rank, comm in sorted(per_rank.items()):
-        if comm.empty:
+        if not len(comm["event"]):
             continue
-        f = comm.loc[:, list(RANK_COMM_COLUMNS)].copy()
-        f["key"] = rank_keys(comm, rank).to_numpy()
+        f = pd.DataFrame({c: comm[c] for c in RANK_COMM_COLUMNS})
+        f["key"] = rank_keys(comm, rank)
         f["rank"] = np.int32(rank)
         frames.append(f)
     columns = ["coll", "key", "group", "seq", "op", "bytes", "rank", "start", "end", "event", "gpu"]

@@ -84,6 +84,7 @@ from rankscope.orchestrator.ingest.rank_selection import (
     _reject_foreign,
     _world_claim,
     duplicate_claims,
+    hint_ranks,
 )
 from rankscope.orchestrator.ingest.rank_selection import rank_in_name as rank_in_name
 from rankscope.orchestrator.ingest.rank_selection import rank_pattern as rank_pattern
@@ -206,10 +207,7 @@ def _merge_locked(
     from rankscope.orchestrator.ingest.rank_columns import parse_source
 
     sources, run, problems = discover(inputs)
-    if rank_from is not None:
-        for src in sources:
-            if not src.from_run_dir:
-                src.rank_hint = rank_in_name(rank_from, src.files[0][1])
+    hint_ranks(sources, rank_from)
     rankless: list[RankResult] = []
     if not sources:
         # One line, not the problems and then an error: ``analyze`` relays it under its name.
@@ -378,12 +376,17 @@ def _merge_locked(
                 step_logs.write_aligned(writer, spill, r, *args)  # the same clock again
                 spill.drop(r)
                 steps = parked[r].steps
-                if steps is not None and not steps.empty:
-                    st = steps.copy()
-                    st["start"] = clk.apply_transform(st["start"].to_numpy(np.int64), *args)
-                    st["end"] = clk.apply_transform(st["end"].to_numpy(np.int64), *args)
-                    st.insert(0, "rank", np.int32(r))
-                    steps_frames.append(st)
+                if steps is not None and len(steps["step"]):
+                    steps_frames.append(
+                        pd.DataFrame(
+                            {
+                                "rank": np.full(len(steps["step"]), r, dtype=np.int32),
+                                "step": steps["step"],
+                                "start": clk.apply_transform(steps["start"], *args),
+                                "end": clk.apply_transform(steps["end"], *args),
+                            }
+                        )
+                    )
             changes, bad = (
                 step_logs.read_changes(inputs[0]) if run and inputs[0].is_dir() else (None, None)
             )

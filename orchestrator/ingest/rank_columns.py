@@ -6,6 +6,10 @@ joins the windows, sorts the events by ``ts`` once, and derives what only the ra
 tell — the ProfilerStep ranges, each event's step (GPU work takes its launch's), and the
 communication table with normalised groups and point-to-point peers. What it returns is small
 besides the columns (a few tens of bytes per event); all times are the rank's raw clock (ns).
+
+Its tables are columns (``comm_links.Columns``), never DataFrames, and it imports no pandas
+(``tests/test_reader_imports.py``): a small job's merge runs it in the process forked before
+pandas' import (``source_reads.ReadAhead``), beside that import rather than after it.
 """
 
 from __future__ import annotations
@@ -14,8 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
-from rankscope.analysis.compute.ops import launch_rows
+from rankscope.analysis.compute.launch_match import launch_rows
 from rankscope.analysis.store.schema import LANE_COLUMNS, EventKind
 from rankscope.orchestrator.ingest.comm_kernels import DEFAULT_VOCABULARY, CommVocabulary
 from rankscope.orchestrator.ingest.discovery import Problem, RankSource
@@ -23,12 +26,9 @@ from rankscope.orchestrator.ingest.step_logs import read_rank_step_log
 from rankscope.orchestrator.ingest.vocabulary import GPU_KINDS
 
 if TYPE_CHECKING:
-    from rankscope.orchestrator.ingest.comm_links import LinkCounts
+    from rankscope.orchestrator.ingest.comm_links import Columns, LinkCounts
     from rankscope.orchestrator.ingest.file_trace import FileTrace
     from rankscope.orchestrator.ingest.source_reads import ReadAhead
-
-#: Annotations looked back through for one that is still open (p2p calls nest at most this deep).
-MAX_P2P_NESTING = 4
 
 
 @dataclass
@@ -45,9 +45,12 @@ class RankResult:
     columns: dict[str, np.ndarray] | None
     """ts (raw ns), dur, name, cat (codes into strings), kind, lane, corr, step, window"""
     strings: list[str]
-    lanes: pd.DataFrame | None
-    comm: pd.DataFrame | None
-    steps: pd.DataFrame | None
+    lanes: Columns | None
+    """schema.LANE_COLUMNS: lane, kind (int64), pid, tid, name (object: str)"""
+    comm: Columns | None
+    """comm_links.RANK_COMM_COLUMNS (``_comm_table``)"""
+    steps: Columns | None
+    """step, start, end (int64; raw ns): the ProfilerStep ranges (``_steps``)"""
     problems: list[Problem]
     t_first: int = 0
     """first event start (ns, the rank's raw clock)"""
@@ -76,15 +79,16 @@ def parse_source(
 ) -> RankResult:
     """Parse all files of one rank (runs in a Dask worker): compact columns + small tables.
 
-    ``vocabulary``: the communication kernels in force (``comm_kernels.py``). ``ahead``: reads
+    ``vocabulary``: the communication kernels in force (``comm_kernels.py``). ``ahead``: parses
     begun in a forked process (``source_reads.ReadAhead``; in-process parses only), taken
-    instead of reading the files here when it has them."""
+    instead of parsing here when it has this source's."""
+    from rankscope.orchestrator.ingest.comm_links import concat_rows
     from rankscope.orchestrator.ingest.event_columns import sort_by_ts
-    from rankscope.orchestrator.ingest.source_reads import read_source
+    from rankscope.orchestrator.ingest.rank_reads import read_source
 
-    reads = ahead.take(source, vocabulary) if ahead is not None else None
-    if reads is None:
-        reads = read_source(source, vocabulary)
+    if ahead is not None and (done := ahead.take(source, vocabulary)) is not None:
+        return done
+    reads = read_source(source, vocabulary)
     parts: list[tuple[int, FileTrace]] = []
     problems: list[Problem] = []
     hint = source.rank_hint if source.rank_hint is not None else -1
@@ -114,10 +118,10 @@ def parse_source(
         )
     # Concatenate windows: unify lanes, keep the window index per event.
     lane_keys: dict[tuple[int, str, str], int] = {}
-    lane_rows: list[dict[str, Any]] = []
+    lane_rows: list[tuple[int, int, str, str, str]] = []
     cols: dict[str, list[np.ndarray]] = {}
-    comms = []
-    enqueues = []
+    comms: list[Columns] = []
+    enqueues: list[Columns] = []
     offset = 0
     mems: dict[str, list[np.ndarray]] = {}
     device_memory: dict[int, int] = {}
@@ -130,49 +134,40 @@ def parse_source(
                 mems.setdefault(k, []).append(v)
             n_mem = len(ft.memory["ts"])
             mems.setdefault("window", []).append(np.full(n_mem, window, dtype=np.int16))
-        lmap = np.empty(len(ft.lanes), dtype=np.int32)
-        for row in ft.lanes.itertuples(index=False):
-            key = (int(row.kind), str(row.pid), str(row.tid))
+        lmap = np.empty(len(ft.lane_rows), dtype=np.int32)
+        for lane, kind, pid, tid, lane_name in ft.lane_rows:
+            key = (int(kind), str(pid), str(tid))
             if key not in lane_keys:
                 lane_keys[key] = len(lane_keys)
-                lane_rows.append(
-                    {
-                        "lane": lane_keys[key],
-                        "kind": row.kind,
-                        "pid": row.pid,
-                        "tid": row.tid,
-                        "name": row.name,
-                    }
-                )
-            lmap[int(row.lane)] = lane_keys[key]
+                lane_rows.append((lane_keys[key], kind, pid, tid, lane_name))
+            lmap[int(lane)] = lane_keys[key]
         c = dict(ft.columns)
         c["lane"] = lmap[c["lane"]]
         c["window"] = np.full(len(c["ts"]), window, dtype=np.int16)
         for k, v in c.items():
             cols.setdefault(k, []).append(v)
-        comm = ft.comm.copy()
-        comm["event"] = comm["event"].to_numpy(np.int64) + offset
-        comm["lane"] = lmap[comm["lane"].to_numpy(np.int64)] if len(comm) else comm["lane"]
-        comms.append(comm)
-        if ft.enqueue is not None and len(ft.enqueue):
-            enq = ft.enqueue.copy()
-            enq["event"] = enq["event"].to_numpy(np.int64) + offset
-            enq["lane"] = lmap[enq["lane"].to_numpy(np.int64)]
-            enqueues.append(enq)
+        for table, into in zip(ft.comm_columns, (comms, enqueues), strict=True):
+            if len(table["event"]) or into is comms:
+                into.append(
+                    {**table, "event": table["event"] + offset, "lane": lmap[table["lane"]]}
+                )
         offset += len(c["ts"])
     # The one sort of the rank's events (files were read unsorted; stable, see sort_by_ts).
     columns, inverse = sort_by_ts({k: np.concatenate(v) for k, v in cols.items()})
     del cols
     strings_list = reads.strings
-    comm_all = pd.concat(comms, ignore_index=True) if comms else pd.DataFrame()
-    if len(comm_all):
-        comm_all["event"] = inverse[comm_all["event"].to_numpy(np.int64)]
-    enqueue_all = pd.concat(enqueues, ignore_index=True) if enqueues else None
+    comm_all = concat_rows(comms)
+    comm_all["event"] = inverse[comm_all["event"]]
+    enqueue_all = concat_rows(enqueues) if enqueues else None
     if enqueue_all is not None:
-        enqueue_all["event"] = inverse[enqueue_all["event"].to_numpy(np.int64)]
+        enqueue_all["event"] = inverse[enqueue_all["event"]]
     steps = _steps(columns, strings_list)
     columns["step"] = _step_column(columns, steps)
-    lanes = pd.DataFrame(lane_rows, columns=list(LANE_COLUMNS))
+    lane_fields = list(zip(*lane_rows, strict=True)) or [()] * len(LANE_COLUMNS)
+    lanes = {
+        c: np.array(v, dtype=np.int64 if c in ("lane", "kind") else object)
+        for c, v in zip(LANE_COLUMNS, lane_fields, strict=True)
+    }
     comm_table, counts = _comm_table(comm_all, columns, strings_list, enqueue_all)
     problems.extend(Problem(source.label, hint, note) for note in counts.notes())
     memory = None
@@ -206,8 +201,9 @@ def parse_source(
     )
 
 
-def _steps(columns: dict[str, np.ndarray], strings: list[str]) -> pd.DataFrame:
-    """ProfilerStep ranges of one rank (raw ns): step, start, end."""
+def _steps(columns: Columns, strings: list[str]) -> Columns:
+    """ProfilerStep ranges of one rank (raw ns): step, start, end (int64), in start order, a
+    number's first range kept."""
     idx = np.flatnonzero(columns["kind"] == EventKind.PROFILER_STEP)
     rows = []
     for i in idx.tolist():
@@ -218,25 +214,21 @@ def _steps(columns: dict[str, np.ndarray], strings: list[str]) -> pd.DataFrame:
             continue
         start = int(columns["ts"][i])
         rows.append((step, start, start + int(columns["dur"][i])))
-    if not rows:
-        return pd.DataFrame(rows, columns=["step", "start", "end"])
-    # pandas' drop_duplicates("step") (first kept) then sort_values("start") (its quicksort), in
-    # numpy: the frame's three conversions cost ~0.9 ms a rank, a twentieth of a small one
-    table = np.array(rows, dtype=np.int64)
+    # pandas' drop_duplicates("step") (first kept) then sort_values("start") (its quicksort)
+    table = np.array(rows, dtype=np.int64).reshape(-1, 3)
     table = table[np.sort(np.unique(table[:, 0], return_index=True)[1])]
     table = table[np.argsort(table[:, 1], kind="quicksort")]
-    return pd.DataFrame({"step": table[:, 0], "start": table[:, 1], "end": table[:, 2]})
+    return {"step": table[:, 0], "start": table[:, 1], "end": table[:, 2]}
 
 
-def _step_column(columns: dict[str, np.ndarray], steps: pd.DataFrame) -> np.ndarray:
+def _step_column(columns: Columns, steps: Columns) -> np.ndarray:
     """Step of each event: the ProfilerStep it starts in; GPU work takes its launch's step."""
     ts = columns["ts"]
     out = np.full(len(ts), -1, dtype=np.int32)
-    if steps.empty:
+    if not len(steps["step"]):
         return out
-    starts = steps["start"].to_numpy(np.int64)
-    ends = steps["end"].to_numpy(np.int64)
-    nums = steps["step"].to_numpy(np.int32)
+    starts, ends = steps["start"], steps["end"]
+    nums = steps["step"].astype(np.int32)
     pos = np.searchsorted(starts, ts, side="right") - 1
     inside = (pos >= 0) & (ts < ends[np.clip(pos, 0, None)])
     out[inside] = nums[pos[inside]]
@@ -249,11 +241,8 @@ def _step_column(columns: dict[str, np.ndarray], steps: pd.DataFrame) -> np.ndar
 
 
 def _comm_table(
-    comm: pd.DataFrame,
-    columns: dict[str, np.ndarray],
-    strings: list[str],
-    enqueue: pd.DataFrame | None = None,
-) -> tuple[pd.DataFrame, LinkCounts]:
+    comm: Columns, columns: Columns, strings: list[str], enqueue: Columns | None = None
+) -> tuple[Columns, LinkCounts]:
     """One rank's comm events with groups normalised, step, start and end (raw ns), and peer,
     and what could not be settled (``comm_links``: counted, never guessed).
 
@@ -264,49 +253,49 @@ def _comm_table(
     (:func:`_p2p_peers`); -1 for collectives and unknown peers.
     """
     from rankscope.orchestrator.ingest.comm_links import (
+        RANK_COMM_COLUMNS,
         LinkCounts,
         expand_coalesced,
         fill_from_enqueue,
         link_enqueue,
+        normalise_groups,
         prefer_trace,
     )
-    from rankscope.orchestrator.ingest.matching import RANK_COMM_COLUMNS, normalise_groups
 
     counts = LinkCounts()
-    if comm.empty:
-        empty = pd.DataFrame({c: np.array([], dtype=np.int64) for c in RANK_COMM_COLUMNS})
+    if not len(comm["event"]):
+        empty = {c: np.array([], dtype=np.int64) for c in RANK_COMM_COLUMNS}
         empty["gpu"] = empty["gpu"].astype(bool)
         return empty, counts
-    comm = comm.copy()
-    if "peer" not in comm:
-        comm["peer"] = np.full(len(comm), -1, dtype=np.int64)
-    ev = comm["event"].to_numpy(np.int64)
-    ops, peers = comm["op"].to_numpy(object), comm["peer"].to_numpy(np.int64)
-    ops, peers, disagree = prefer_trace(ops, peers, *_p2p_peers(ops, ev, columns, strings))
+    comm = dict(comm)
+    ev = comm["event"]
+    ops, peers, disagree = prefer_trace(
+        comm["op"], comm["peer"], *_p2p_peers(comm["op"], ev, columns, strings)
+    )
     comm["op"], comm["peer"] = ops, peers
     counts.disagreements += int(disagree.sum())
-    if enqueue is not None and len(enqueue):
-        enqueue = enqueue.copy()
-        e_ops, e_peers = enqueue["op"].to_numpy(object), enqueue["peer"].to_numpy(np.int64)
-        e_ev = enqueue["event"].to_numpy(np.int64)
+    if enqueue is not None and len(enqueue["event"]):
+        enqueue = dict(enqueue)
         e_ops, e_peers, e_disagree = prefer_trace(
-            e_ops, e_peers, *_p2p_peers(e_ops, e_ev, columns, strings)
+            enqueue["op"],
+            enqueue["peer"],
+            *_p2p_peers(enqueue["op"], enqueue["event"], columns, strings),
         )
         enqueue["op"], enqueue["peer"] = e_ops, e_peers
         link = link_enqueue(comm, enqueue, columns)
         fill_from_enqueue(comm, enqueue, link)
-        linked = np.zeros(len(enqueue), dtype=bool)
+        linked = np.zeros(len(e_ops), dtype=bool)
         linked[link[link >= 0]] = True
         counts.disagreements += int((e_disagree & ~linked).sum())  # linked: counted as kernels
         comm, counts.without_kernel = expand_coalesced(comm, enqueue, link, columns, strings)
-        ev = comm["event"].to_numpy(np.int64)
+        ev = comm["event"]
     comm["step"] = columns["step"][ev]
     comm["start"] = columns["ts"][ev]
     comm["end"] = columns["ts"][ev] + columns["dur"][ev]
-    is_cpu = pd.Series(columns["kind"][ev] == EventKind.COMM_CPU, index=comm.index)
-    comm["group"] = normalise_groups(comm, is_cpu, comm["lane"])
+    is_cpu = columns["kind"][ev] == EventKind.COMM_CPU
+    comm["group"] = normalise_groups(comm["group"], is_cpu, comm["lane"])
     comm["gpu"] = ~is_cpu
-    return comm.loc[:, list(RANK_COMM_COLUMNS)].reset_index(drop=True), counts
+    return {c: comm[c] for c in RANK_COMM_COLUMNS}, counts
 
 
 #: Annotations looked back through for one that is still open (p2p calls nest at most this deep).

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from rankscope.errors import UsageError
-from rankscope.orchestrator.ingest.discovery import Problem
+from rankscope.orchestrator.ingest.discovery import Problem, RankSource
 from rankscope.orchestrator.ingest.merge_progress import _say
 from rankscope.orchestrator.ingest.step_logs import park as park_step_log
 
@@ -49,6 +49,16 @@ def rank_in_name(rx: re.Pattern[str], path: Path) -> int | None:
         return None
     text = m.group(1) if rx.groups else m.group(0)
     return int(text) if text is not None and text.isdigit() else None
+
+
+def hint_ranks(sources: list[RankSource], rx: re.Pattern[str] | None) -> None:
+    """``--rank-from``: each source outside a run directory takes the rank ``rx`` finds in its
+    file's name as its hint (None where it finds none), in place; nothing without ``rx``."""
+    if rx is None:
+        return
+    for src in sources:
+        if not src.from_run_dir:
+            src.rank_hint = rank_in_name(rx, src.files[0][1])
 
 
 def rank_rankless(

@@ -1,22 +1,26 @@
 """A rank source's trace files read: here, or ahead in a process forked before the heavy imports.
 
-:func:`read_source` is the one loop that reads a rank's files (``decode.read_trace``, one string
-table for all its windows): ``rank_columns.parse_source`` builds the rank from what it returns.
+``rank_reads.read_source`` is the one loop that reads a rank's files (``decode.read_trace``, one
+string table for all its windows): ``rank_columns.parse_source`` builds the rank from what it
+returns.
 
-:class:`ReadAhead` runs that loop early. A small job's merge (``rankscope merge``, ``rankscope
-analyze FOLDER``) spent ~0.3 s importing pandas and h5py before its first read, then read on one
-core while the other idled. The reader needs neither (``file_trace.py``), so the command forks one
-process before those imports, which reads every source in turn while this one imports; the
-merge then takes each rank's reads instead of reading it again (docs/performance.md, tenth pass).
+:class:`ReadAhead` parses early. A small job's merge (``rankscope merge``, ``rankscope analyze
+FOLDER``) spent ~0.3 s importing pandas and h5py before its first read, then read on one core
+while the other idled. Neither the reader nor the rank's build needs them (``file_trace.py``,
+``rank_columns.py``), so the command forks one process before those imports, which parses every
+source in turn (``parse_source``: reads, then the rank's columns and tables) while this one
+imports; the merge then takes each rank's parse instead of doing it again (docs/performance.md,
+tenth pass: the reads; thirteenth: the rank's build too).
 
 When (:meth:`ReadAhead.start`): only where the merge itself would parse in this process
 (``scheduler.choose`` with the merge's own rates, :func:`parse_choice`, ``"auto"`` asked), on
 Linux (a fork) with two cores or more. A job worth worker processes gets them as before, forked
 after the imports; a user who asked for one process (``--scheduler synchronous``) gets one.
 
-What is taken (:meth:`ReadAhead.take`): a source's reads only when its files and the comm
-kernels in force are the ones read ahead (a merged file split into ranks, say, is read as
-usual). A read not begun yet when the merge reaches its rank is cancelled and done here, so both
+What is taken (:meth:`ReadAhead.take`): a source's parse only when the source (its files, rank
+hint -- ``--rank-from`` is applied ahead too --, folder and meta) and the comm kernels in force
+are the ones parsed ahead (a merged file split into ranks, say, is parsed as usual). A parse not
+begun yet when the merge reaches its rank is cancelled and done here, so both
 cores read from then on; one begun is waited for, at most :data:`READ_AHEAD_WAIT_S` beyond the
 job's estimated parse time; a read-ahead process that died (killed for memory) or took too long
 is ended and its ranks read here, as if there had been none. The process ends with this one
@@ -25,18 +29,18 @@ is ended and its ranks read here, as if there had been none. The process ends wi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rankscope.orchestrator.ingest.comm_kernels import DEFAULT_VOCABULARY, CommVocabulary
+from rankscope.orchestrator.ingest.comm_kernels import CommVocabulary
 from rankscope.orchestrator.ingest.discovery import RankSource
 
 if TYPE_CHECKING:
     from concurrent.futures import Future, ProcessPoolExecutor
 
     from rankscope.analysis.engine.scheduler import Choice, ClusterSpec
-    from rankscope.orchestrator.ingest.file_trace import FileTrace
+    from rankscope.orchestrator.ingest.rank_columns import RankResult
 
 #: Bytes of Kineto JSON per event, to size a merge before parsing it (:func:`estimate_events`).
 #: Measured on tests/data: 367-409 bytes per event (mean 380) over 21 plain traces.
@@ -87,74 +91,51 @@ def parse_choice(spec: ClusterSpec, sources: list[RankSource]) -> Choice:
     return choose(spec, len(sources), estimate_events(sources), PARSE_RANK_S, PARSE_EVENTS_PER_S)
 
 
-@dataclass
-class SourceReads:
-    """What :func:`read_source` made of one rank source's files."""
-
-    outcomes: list[tuple[int, Path, FileTrace | str]]
-    """per file, in the source's order: window, the name to print, and its trace or the one-line
-    problem that made it unreadable"""
-    strings: list[str]
-    """the rank's string table once every file was read (the traces' codes index it)"""
-
-
-def read_source(source: RankSource, vocabulary: CommVocabulary = DEFAULT_VOCABULARY) -> SourceReads:
-    """Read every file of ``source`` into one string table (``decode.read_trace``, unsorted: the
-    rank sorts its windows' events once); a file that cannot be read becomes its problem text."""
-    from rankscope.orchestrator.ingest.decode import read_trace
-    from rankscope.orchestrator.ingest.event_columns import StringTable
-    from rankscope.orchestrator.ingest.kineto_json import TraceReadError
-
-    strings: StringTable = {}  # one table for all windows: codes need no translation
-    outcomes: list[tuple[int, Path, FileTrace | str]] = []
-    for window, file in source.files:
-        path = Path(source.origin) if source.origin is not None else file  # the name to print
-        try:
-            outcomes.append(
-                (window, path, read_trace(file, strings=strings, sort=False, comm=vocabulary))
-            )
-        except TraceReadError as exc:
-            outcomes.append((window, path, str(exc)))
-        except MemoryError:
-            outcomes.append((window, path, "out of memory while parsing"))
-    return SourceReads(outcomes, list(strings))
-
-
 def _files(source: RankSource) -> tuple[tuple[int, Path], ...]:
     """What a source's reads depend on, besides the comm kernels: its files, in order."""
     return tuple(source.files)
 
 
 class ReadAhead:
-    """Sources read in one forked process while this one goes on (module docstring); scoped by
+    """Sources parsed in one forked process while this one goes on (module docstring); scoped by
     ``orchestrator.merge.read_ahead``, which closes it (``contextlib.closing`` elsewhere)."""
 
     def __init__(
         self, sources: list[RankSource], vocabulary: CommVocabulary, wait_s: float
     ) -> None:
         from rankscope.analysis.engine.forked_workers import forked_pool
+        from rankscope.orchestrator.ingest.rank_columns import parse_source
 
         self.vocabulary = vocabulary
         self.wait_s = wait_s
-        """seconds a take waits for a read begun (:data:`READ_AHEAD_WAIT_S` and the estimate)"""
+        """seconds a take waits for a parse begun (:data:`READ_AHEAD_WAIT_S` and the estimate)"""
         self._pool: ProcessPoolExecutor | None
         self._pool, self._before = forked_pool(1)
-        self._reads: dict[tuple[tuple[int, Path], ...], Future[SourceReads]] = {}
+        #: a source's files → the source as parsed ahead, and its parse
+        self._parses: dict[tuple[tuple[int, Path], ...], tuple[RankSource, Future[RankResult]]]
+        self._parses = {}
         for source in sources:
-            self._reads.setdefault(
-                _files(source), self._pool.submit(read_source, source, vocabulary)
-            )
+            if _files(source) not in self._parses:
+                parse = self._pool.submit(parse_source, source, vocabulary)
+                self._parses[_files(source)] = (dataclasses.replace(source), parse)
         self.taken = 0
-        """sources whose reads were taken (the rest were read here)"""
+        """sources whose parses were taken (the rest were parsed here)"""
 
     @classmethod
     def start(
-        cls, inputs: list[Path], spec: ClusterSpec, vocabulary: CommVocabulary
+        cls,
+        inputs: list[Path],
+        spec: ClusterSpec,
+        vocabulary: CommVocabulary,
+        rank_from: str | None = None,
     ) -> ReadAhead | None:
-        """Begin reading the sources of ``inputs`` in a forked process, where that pays (module
-        docstring); None where it does not, or where there is nothing to read."""
+        """Begin parsing the sources of ``inputs`` in a forked process, where that pays (module
+        docstring); None where it does not, or where there is nothing to read. ``rank_from``:
+        ``--rank-from``'s expression, applied as the merge applies it."""
         from rankscope.analysis.engine.scheduler import AUTO, SYNCHRONOUS, can_fork, cores
+        from rankscope.errors import UsageError
         from rankscope.orchestrator.ingest.discovery import discover
+        from rankscope.orchestrator.ingest.rank_selection import hint_ranks, rank_pattern
 
         if spec.scheduler != AUTO or spec.slurm_workers is not None:
             return None
@@ -162,37 +143,44 @@ class ReadAhead:
             return None
         try:
             sources, _, _ = discover(inputs)
-        except (OSError, ValueError):
+            hint_ranks(sources, rank_pattern(rank_from))
+        except (OSError, ValueError, UsageError):
             return None  # the merge says what is wrong, in its words
         if not sources or parse_choice(spec, sources).scheduler != SYNCHRONOUS:
             return None
-        # the reader's modules before the fork: the process reads at once, and this one needs them
+        # the parse's modules before the fork: the process parses at once, and this one needs
+        # them (a parse taken is a RankResult)
+        import rankscope.orchestrator.ingest.comm_links
         import rankscope.orchestrator.ingest.decode  # noqa: F401
 
         return cls(
             sources, vocabulary, READ_AHEAD_WAIT_S + estimate_events(sources) / PARSE_EVENTS_PER_S
         )
 
-    def take(self, source: RankSource, vocabulary: CommVocabulary) -> SourceReads | None:
-        """The reads of ``source``, or None: read it here (not read ahead, read with other comm
-        kernels, not begun yet (cancelled now), the read-ahead process failed (ended now), or
-        the read raised what a read here raises again, with this process' own traceback)."""
+    def take(self, source: RankSource, vocabulary: CommVocabulary) -> RankResult | None:
+        """The parse of ``source``, or None: parse it here (not parsed ahead, parsed as another
+        source or with other comm kernels, not begun yet (cancelled now), the read-ahead process
+        failed (ended now), or the parse raised what a parse here raises again, with this
+        process' own traceback)."""
         from concurrent.futures import CancelledError
         from concurrent.futures import TimeoutError as FutureTimeout
         from concurrent.futures.process import BrokenProcessPool
 
-        fut = self._reads.pop(_files(source), None)
-        if fut is None or vocabulary != self.vocabulary or fut.cancel():
+        ahead = self._parses.pop(_files(source), None)
+        if ahead is None or ahead[0] != source or vocabulary != self.vocabulary:
+            return None
+        fut = ahead[1]
+        if fut.cancel():
             return None
         try:
-            reads = fut.result(timeout=self.wait_s)
+            parsed = fut.result(timeout=self.wait_s)
         except (BrokenProcessPool, FutureTimeout, CancelledError):
             self.close()
             return None
-        except Exception:  # read here: the same error, raised where it belongs
+        except Exception:  # parsed here: the same error, raised where it belongs
             return None
         self.taken += 1
-        return reads
+        return dataclasses.replace(parsed, source=source)  # the merge's own, not a copy
 
     @property
     def note(self) -> str:
@@ -200,10 +188,10 @@ class ReadAhead:
         return "; its reads begun by a process forked at start-up"
 
     def close(self) -> None:
-        """End the read-ahead process now (reads not taken are dropped)."""
+        """End the read-ahead process now (parses not taken are dropped)."""
         from rankscope.analysis.engine.forked_workers import stop_pool
 
         if self._pool is not None:
             pool, self._pool = self._pool, None
-            self._reads.clear()
+            self._parses.clear()
             stop_pool(pool, self._before)
