@@ -449,7 +449,7 @@ def writer_probe(job: Path, output: Path) -> dict[str, Any]:
     timed(staging.Spill, "put", "spill_put")
     timed(staging.Spill, "take", "spill_take")
     timed(matching, "match", "match")
-    timed(clock, "align", "align")
+    timed(clock, "align_columns", "align")
     timed(StoreWriter, "write_rank", "writer", "written_events")
     for name in ("write_memory", "write_tables", "intern", "set_attr", "close"):
         timed(StoreWriter, name, "writer")

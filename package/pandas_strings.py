@@ -28,7 +28,14 @@ INFER_STRING_OPTION = "future.infer_string"
 @contextlib.contextmanager
 def object_strings() -> Iterator[None]:
     """Run the body with pandas inferring object dtype for strings (module docstring); the
-    caller's setting is restored on the way out, error or not."""
+    caller's setting is restored on the way out, error or not. Where pandas is not imported yet
+    the body runs as is: a merge that needs none imports none (``orchestrator/merge.py``), and
+    one that imports it later gets pandas' default (the same results, as above)."""
+    import sys
+
+    if "pandas" not in sys.modules:
+        yield
+        return
     import pandas as pd
 
     with warnings.catch_warnings():

@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -88,18 +89,19 @@ def test_only_sends_and_receives_connect_the_hosts(
     uncertainty must bound the true error."""
     from rankscope.orchestrator.ingest import clock as clk
 
-    align = clk.align
+    align = clk.align_columns
     seen: dict[str, int] = {}
 
-    def only_p2p_across(colls: pd.DataFrame, inputs: list, ref: int) -> Any:
+    def only_p2p_across(columns: dict[str, np.ndarray], inputs: list, ref: int) -> Any:
+        colls = pd.DataFrame(columns)
         host = {i.rank: i.host for i in inputs}
         spans = colls["rank"].map(host).groupby(colls["coll"]).transform("nunique") > 1
         keep = ~spans | colls["op"].isin(["send", "recv"])
         seen["dropped"] = int(colls.loc[~keep, "coll"].nunique())
         seen["p2p"] = int(colls.loc[spans & keep, "coll"].nunique())
-        return align(colls[keep].reset_index(drop=True), inputs, ref)
+        return align({c: v[keep.to_numpy()] for c, v in columns.items()}, inputs, ref)
 
-    monkeypatch.setattr(clk, "align", only_p2p_across)
+    monkeypatch.setattr(clk, "align_columns", only_p2p_across)
     config = dict(LAYOUTS["8-dp2-pp2-tp2"], clock_drift=[(1, 5.0)])
     clock, truth = _merge(tmp_path, **config)
     assert seen["dropped"] > 0 and seen["p2p"] > 0

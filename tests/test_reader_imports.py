@@ -88,6 +88,54 @@ def test_a_ranks_build_imports_neither_pandas_nor_h5py() -> None:
     assert comm > 0 and steps > 0 and memory > 0
 
 
+def _merge_importing(args: list[str], refuse: bool) -> tuple[str, str]:
+    """``rankscope merge ARGS`` in a fresh interpreter (pandas made unimportable when
+    ``refuse``); returns (stdout: whether pandas was imported, stderr)."""
+    code = textwrap.dedent(
+        f"""
+        import sys
+        class Refuse:
+            def find_spec(self, name, path=None, target=None):
+                if {refuse!r} and name.split(".")[0] == "pandas":
+                    raise ImportError("refused: " + name)
+        sys.meta_path.insert(0, Refuse())
+        from rankscope.orchestrator.cli import main
+        try:
+            main({args!r})
+        finally:
+            print("pandas" in sys.modules)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=180, check=False
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout.strip(), out.stderr
+
+
+def test_one_ranks_merge_imports_no_pandas(tmp_path: Path) -> None:
+    """``rankscope merge`` of one rank (a trace file; a folder of one rank's trace, which the
+    read-ahead parses) writes its store without pandas: one rank shares no collective, so no
+    clock is fitted (``clock.align_columns``). A folder of several ranks imports it while the
+    traces are read, as the clock fit needs."""
+    from rankscope.analysis.store.reader import open_store
+
+    one = tmp_path / "one"
+    one.mkdir()
+    (one / NCCL.name).symlink_to(NCCL)
+    for source in (NCCL, one):
+        out = tmp_path / f"{source.name}.h5"
+        imported, _ = _merge_importing(["merge", str(source), "-o", str(out), "-q"], True)
+        assert imported == "False"
+        with open_store(out) as store:
+            assert len(store.ranks) == 1 and len(store.collectives()) > 0
+    several = tmp_path / "dlrm.h5"
+    imported, _ = _merge_importing(
+        ["merge", str(DATA / "param_dlrm_8rank"), "-o", str(several), "-q"], False
+    )
+    assert imported == "True"
+
+
 def test_the_tables_are_the_rows() -> None:
     """``lanes``, ``comm`` and ``enqueue`` are the plain rows as tables: every row once, the
     records split by ``enqueue``, each event's row and lane as the columns say (sorted read)."""

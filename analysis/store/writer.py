@@ -396,7 +396,7 @@ class StoreWriter:
             for key, value in attrs.items():
                 group.attrs[key] = attr_value(value)
 
-    def write_tables(self, tables: Mapping[str, pd.DataFrame]) -> None:
+    def write_tables(self, tables: Mapping[str, pd.DataFrame | Mapping[str, np.ndarray]]) -> None:
         """Write the run-wide tables (collectives, steps, clock, problems, changes) at the root."""
         specs = {
             COLLECTIVES: schema.COLLECTIVE_COLUMNS,

@@ -33,21 +33,31 @@ The transform of rank r (all ns, int64 except the drift term)::
 
 ``offset_ns`` includes the repair shift; ``raw`` is recovered by inverting it (docs/format.md).
 
-Why one module of ~540 lines: one analysis (clock alignment in three stages and the causality
+Why one module of ~570 lines: one analysis (clock alignment in three stages and the causality
 repair); the graph fit of whole clocks is its own module (``clock_graph.py``).
 """
 
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 from rankscope.analysis.store.schema import ClockMethod
 from rankscope.orchestrator.ingest.clock_graph import constraints as _constraints
 from rankscope.orchestrator.ingest.clock_graph import shortest_from as shortest_from
+from rankscope.orchestrator.ingest.comm_links import Columns, rows_of
 
+if TYPE_CHECKING:
+    import pandas as pd
+
+#: The clock table's columns (schema.CLOCK_COLUMNS) and the dtypes :func:`align_columns` gives.
+CLOCK_TABLE = {
+    "rank": np.int64, "host": object, "offset_ns": np.int64, "drift_ppb": np.float64,
+    "t_ref_ns": np.int64, "uncertainty_ns": np.int64, "method": object,
+    "violations_before": np.int64, "violations_after": np.int64,
+}  # fmt: skip
 #: Phases closer than this (s) are not used to estimate drift (the slope would be noise).
 MIN_DRIFT_SPAN_S = 0.05
 #: Iterations of the consensus/offset alternation of the collective fit.
@@ -215,14 +225,20 @@ def collective_offsets(
     )
 
 
-def count_violations(colls: pd.DataFrame) -> dict[int, int]:
-    """Per rank: synchronizing collectives it ended before their last participant started."""
-    if colls.empty:
+def count_violations(colls: Columns | pd.DataFrame) -> dict[int, int]:
+    """Per rank (each rank of ``colls``, ascending): synchronizing collectives it ended before
+    their last participant started."""
+    coll = np.asarray(colls["coll"])
+    if not len(coll):
         return {}
-    c = colls[["coll", "rank", "start", "end"]]
-    last_start = c.groupby("coll")["start"].transform("max")
-    bad = c["end"] < last_start
-    return {int(r): int(v) for r, v in bad.groupby(c["rank"]).sum().items()}
+    start = np.asarray(colls["start"]).astype(np.int64)
+    ids, inverse = np.unique(coll, return_inverse=True)
+    last_start = np.full(len(ids), np.iinfo(np.int64).min, dtype=np.int64)
+    np.maximum.at(last_start, inverse, start)
+    bad = np.asarray(colls["end"]).astype(np.int64) < last_start[inverse]
+    ranks, at = np.unique(np.asarray(colls["rank"]), return_inverse=True)
+    counts = np.bincount(at, weights=bad, minlength=len(ranks))
+    return {int(r): int(v) for r, v in zip(ranks.tolist(), counts.tolist(), strict=True)}
 
 
 def repair_shifts(
@@ -332,14 +348,31 @@ class ClockInput:
 def align(
     colls: pd.DataFrame, inputs: list[ClockInput], ref_rank: int
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """:func:`align_columns` on a DataFrame (the aligned rows keep ``colls``' index)."""
+    import pandas as pd
+
+    clock, aligned = align_columns(
+        {c: colls[c].to_numpy() for c in colls.columns}, inputs, ref_rank, colls.index.to_numpy()
+    )
+    return pd.DataFrame(clock), pd.DataFrame(aligned, index=colls.index)
+
+
+def align_columns(
+    colls: Columns, inputs: list[ClockInput], ref_rank: int, labels: np.ndarray | None = None
+) -> tuple[Columns, Columns]:
     """Align all ranks; returns (clock table per schema.CLOCK_COLUMNS, aligned collectives).
 
     ``colls``: long-form matched collectives (raw ns per rank; columns coll, rank, op, start,
-    end). The collectives come back with start/end on the aligned clock.
+    end, gpu: ``matching.match``). The collectives come back with start/end on the aligned
+    clock. ``labels``: each row's label in the DataFrames the fits get (default: its position).
+
+    The fits of stage 2 and the repair of stage 3 are pandas (imported where they run); a job
+    with no collective shared by two ranks (one rank, no communication) is aligned by the
+    runtime facts alone, without it.
     """
     from rankscope.analysis.store.schema import P2P_OPS
     from rankscope.orchestrator.ingest import clock_graph as cg
-    from rankscope.orchestrator.ingest.matching import SYNCHRONIZING_OPS
+    from rankscope.orchestrator.ingest.matching import SYNCHRONIZING_OPS, shared_rows
 
     by_rank = {i.rank: i for i in inputs}
     ref_domain = by_rank[ref_rank].domain if ref_rank in by_rank else ""
@@ -365,22 +398,25 @@ def align(
             method[r], bound[r] = ClockMethod.SAME_HOST, 0.0
         else:
             method[r], bound[r] = ClockMethod.RAW, -1.0
+    if labels is None:
+        labels = np.arange(len(colls["rank"]))
 
-    def transform(frame: pd.DataFrame, extra: dict[int, float]) -> pd.DataFrame:
+    def transform(rows: Columns, extra: dict[int, float]) -> Columns:
         """``apply_transform`` of each row's rank, on whole columns (one ``.loc`` per rank was
         5.9 s of a 1,024-rank merge)."""
-        out = frame.copy()
-        if frame.empty:
+        out = dict(rows)
+        if not len(rows["rank"]):
             return out
-        rank = frame["rank"].astype(int)
-        ranks_here = rank.unique().tolist()
-        o = rank.map({r: round(offset.get(r, 0.0) + extra.get(r, 0.0)) for r in ranks_here})
-        dr = rank.map({r: float(drift.get(r, 0.0)) for r in ranks_here}).to_numpy(np.float64)
-        t0 = rank.map({r: int(t_ref.get(r, 0)) for r in ranks_here}).to_numpy(np.int64)
-        o_ns = o.to_numpy(np.int64)
+        here, rank = np.unique(np.asarray(rows["rank"]).astype(np.int64), return_inverse=True)
+        here_ = here.tolist()
+        o_ns = np.array(
+            [round(offset.get(r, 0.0) + extra.get(r, 0.0)) for r in here_], dtype=np.int64
+        )[rank]
+        dr = np.array([float(drift.get(r, 0.0)) for r in here_], dtype=np.float64)[rank]
+        t0 = np.array([int(t_ref.get(r, 0)) for r in here_], dtype=np.int64)[rank]
         drifting = dr != 0
         for col in ("start", "end"):
-            ts = frame[col].to_numpy(np.int64)
+            ts = np.asarray(rows[col]).astype(np.int64)
             new = ts + o_ns
             if drifting.any():
                 new[drifting] += np.rint(
@@ -389,23 +425,27 @@ def align(
             out[col] = new
         return out
 
-    sync = colls[colls["op"].isin(SYNCHRONIZING_OPS)] if not colls.empty else colls
-    if not sync.empty:
-        sync = sync[sync.groupby("coll")["rank"].transform("nunique") >= 2]
+    def frame(rows: Columns, mask: np.ndarray) -> pd.DataFrame:
+        """The rows of ``mask`` as the pandas fits take them (labels kept)."""
+        import pandas as pd
+
+        return pd.DataFrame(rows, index=labels[mask])
+
+    sync_rows = shared_rows(colls, SYNCHRONIZING_OPS, 2)
+    p2p_rows = shared_rows(colls, P2P_OPS, 2, exactly=True)
+    sync = rows_of(colls, sync_rows)
+    p2p = rows_of(colls, p2p_rows)
     raw_violations = count_violations(sync)
     # Stage 2: collectives refine (inside the runtime bound) or estimate alone.
     spread: dict[int, float] = {}
     feasible: dict[int, tuple[float, float]] = {}
-    p2p = colls[colls["op"].isin(P2P_OPS)] if not colls.empty else colls
-    if not p2p.empty:
-        p2p = p2p[p2p.groupby("coll")["rank"].transform("nunique") == 2]
-    if not sync.empty or not p2p.empty:
+    if sync_rows.any() or p2p_rows.any():
         saved = (dict(offset), dict(method), dict(drift), dict(t_ref))
-        pre = transform(sync, {})
+        pre = frame(transform(sync, {}), sync_rows)
         before_fit = sum(count_violations(pre).values())
         # Same-host ranks for which 0 is feasible (causality, relative to the runtime-corrected
         # clocks) keep the reference's clock.
-        feasible = feasible_offsets(pre, ranks, ref_rank) if not sync.empty else {}
+        feasible = feasible_offsets(pre, ranks, ref_rank) if not pre.empty else {}
         anchors = frozenset(
             r
             for r, (lo, hi) in feasible.items()
@@ -439,7 +479,9 @@ def align(
             groups = cg.clock_groups(unknown, set(ranks) - set(unknown))
             groups = cg.split_inconsistent(pre, groups)
             root_bound = max((bound[r] for r in ranks if groups[r] == cg.ROOT), default=0.0)
-            fits = cg.fit_groups(pre, transform(p2p, {}), groups, max(root_bound, 0.0))
+            fits = cg.fit_groups(
+                pre, frame(transform(p2p, {}), p2p_rows), groups, max(root_bound, 0.0)
+            )
             for r in unknown:
                 if (f := fits.get(groups[r])) is not None:
                     offset[r] += f.offset_ns
@@ -457,7 +499,7 @@ def align(
             # nothing vouches for it.
             method[r] = ClockMethod.RAW
     # Stage 3: causality check and repair (kept only when it removes violations).
-    aligned_sync = transform(sync, {}) if not sync.empty else sync
+    aligned_sync = transform(sync, {})
     before = count_violations(aligned_sync)
     shifts: dict[int, int] = {}
     after = before
@@ -473,7 +515,7 @@ def align(
             elif method[r] in (ClockMethod.RUNTIME, ClockMethod.RUNTIME_COLLECTIVES) and fit:
                 moved = offset[r] - fit.offset_ns
                 limits[r] = (-bound[r] - moved, bound[r] - moved)
-        shifts = repair_shifts(aligned_sync, ranks, ref_rank, limits)
+        shifts = repair_shifts(frame(aligned_sync, sync_rows), ranks, ref_rank, limits)
         for r, a in shifts.items():
             offset[r] += a
         after = count_violations(transform(sync, {}))
@@ -482,7 +524,7 @@ def align(
             for r, a in shifts.items():
                 offset[r] -= a
             shifts, after = {}, before
-    rows = []
+    rows: list[tuple[Any, ...]] = []
     for r in ranks:
         if method[r] in (ClockMethod.REFERENCE, ClockMethod.SAME_HOST):
             unc = 0.0
@@ -495,32 +537,36 @@ def align(
         else:
             unc = -1.0
         rows.append(
-            {
-                "rank": r,
-                "host": by_rank[r].host,
-                "offset_ns": round(offset[r]),
-                "drift_ppb": float(drift[r]),
-                "t_ref_ns": int(t_ref[r]),
-                "uncertainty_ns": round(unc + abs(shifts.get(r, 0))) if unc >= 0 else -1,
-                "method": str(method[r]),
-                "violations_before": int(raw_violations.get(r, 0)),
-                "violations_after": int(after.get(r, 0)),
-            }
+            (
+                r,
+                by_rank[r].host,
+                round(offset[r]),
+                float(drift[r]),
+                int(t_ref[r]),
+                round(unc + abs(shifts.get(r, 0))) if unc >= 0 else -1,
+                str(method[r]),
+                int(raw_violations.get(r, 0)),
+                int(after.get(r, 0)),
+            )
         )
-    clock = pd.DataFrame(rows)
-    return clock, transform(colls, {}) if not colls.empty else colls
+    fields = list(zip(*rows, strict=True)) or [()] * len(CLOCK_TABLE)
+    clock = {c: np.array(v, dtype=d) for (c, d), v in zip(CLOCK_TABLE.items(), fields, strict=True)}
+    return clock, transform(colls, {})
 
 
-def summary_line(clock: pd.DataFrame) -> str:
+def summary_line(clock: Columns) -> str:
     """One line: method counts, largest |offset|, violations before → after."""
-    if clock.empty:
+    if not len(clock["rank"]):
         return "clock: no ranks"
-    methods = clock["method"].value_counts().to_dict()
+    methods = collections.Counter(str(m) for m in np.asarray(clock["method"]).tolist())
     m = ", ".join(f"{k} {v}" for k, v in sorted(methods.items()))
-    big = clock.loc[clock["offset_ns"].abs().idxmax()]
-    unc = clock.loc[clock["uncertainty_ns"] >= 0, "uncertainty_ns"]
+    offsets = np.asarray(clock["offset_ns"])
+    big = int(np.argmax(np.abs(offsets)))  # the first of the largest
+    unc = np.asarray(clock["uncertainty_ns"])
+    unc = unc[unc >= 0]
     return (
-        f"clock: {m}; largest offset {big['offset_ns'] / 1e6:+.3f} ms (rank {int(big['rank'])}); "
-        f"uncertainty ≤ {(unc.max() if len(unc) else 0) / 1e3:.1f} µs; causality violations "
-        f"{int(clock['violations_before'].sum())} → {int(clock['violations_after'].sum())}"
+        f"clock: {m}; largest offset {offsets[big] / 1e6:+.3f} ms (rank "
+        f"{int(np.asarray(clock['rank'])[big])}); uncertainty ≤ "
+        f"{(unc.max() if len(unc) else 0) / 1e3:.1f} µs; causality violations "
+        f"{int(np.sum(clock['violations_before']))} → {int(np.sum(clock['violations_after']))}"
     )

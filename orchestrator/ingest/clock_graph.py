@@ -41,10 +41,12 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 #: Causality constraints of collectives of one size are built together while their matrices
 #: hold at most this many elements (memory, ~8 bytes each); larger ones one by one.
@@ -228,6 +230,8 @@ def constraints(colls: pd.DataFrame, ranks: list[int]) -> tuple[np.ndarray, int]
     w = np.full((n, n), inf, dtype=np.int64)
     if colls.empty:
         return w, inf
+    import pandas as pd
+
     # Plain arrays sorted by (coll, rank index): a pandas group per collective cost ~1 ms each
     # (13 s for the 13,600 collectives of a 32-rank TP x PP x DP job).
     ri = pd.Index(ranks).get_indexer(colls["rank"].to_numpy())
@@ -298,6 +302,8 @@ def causality_intervals(
     Shortest paths from and to ``ROOT`` (:func:`shortest_from`). Empty when the constraints
     contradict each other; groups bounded on one side only are absent.
     """
+    import pandas as pd
+
     n = max(group_of.values(), default=ROOT) + 1
     if n < 2:
         return {}

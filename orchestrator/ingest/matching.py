@@ -34,9 +34,14 @@ matched; so does an op whose peer's counterpart is in no trace.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
-import pandas as pd
-from rankscope.orchestrator.ingest.comm_links import RANK_COMM_COLUMNS, Columns
+from rankscope.orchestrator.ingest.comm_links import RANK_COMM_COLUMNS, Columns, rows_of
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 #: Ops whose participants all finish within a short time of each other and none of which can
 #: finish before every participant started (used for clock fitting and causality checks).
@@ -45,6 +50,10 @@ SYNCHRONIZING_OPS = frozenset(
 )
 #: Key prefix of a send / recv whose peer is unknown: no other rank can produce its key.
 UNKNOWN_PEER_PREFIX = "p2p?|"
+#: Columns of :func:`match`'s table, in order.
+MATCHED_COLUMNS = (
+    "coll", "key", "group", "seq", "op", "bytes", "rank", "start", "end", "event", "gpu"
+)  # fmt: skip
 
 
 def rank_keys(comm: Columns | pd.DataFrame, rank: int) -> np.ndarray:
@@ -94,71 +103,153 @@ def rank_keys(comm: Columns | pd.DataFrame, rank: int) -> np.ndarray:
     return np.array(keys, dtype=object)
 
 
-def match(per_rank: dict[int, Columns]) -> pd.DataFrame:
-    """Long-form collectives table: one row per (collective, rank).
+def match(per_rank: dict[int, Columns]) -> Columns:
+    """Long-form collectives table: one row per (collective, rank), as columns.
 
     ``per_rank[rank]``: that rank's comm events (RANK_COMM_COLUMNS, as the merge's per-rank task
     makes them: ``rank_columns._comm_table``; start/end in ns of the rank's clock; ``gpu``: True
-    for GPU kernels, False for host-side gloo ops). Returns columns
-    ``key, group, seq, op, bytes, rank, start, end, event, gpu`` plus ``coll``
-    (dense id in order of the key's earliest start; the merge renumbers after clock alignment).
-    ``seq`` is the trace's sequence number, else the position of the collective within its
-    (group, op) in time order; a point-to-point pair's op is that of its lower rank's row.
+    for GPU kernels, False for host-side gloo ops). Returns :data:`MATCHED_COLUMNS`: ``coll`` is
+    a dense id in order of the key's earliest start (ties: the keys' text order; the merge
+    renumbers after clock alignment). ``seq`` is the trace's sequence number, else the position
+    of the collective within its (group, op) in time order; a point-to-point pair's op is that
+    of its lower rank's row. Rows in (coll, rank) order.
 
     The table does not depend on the order of ``per_rank`` (the ranks are taken in ascending
     order): a merge on worker processes receives the ranks' results as they finish, and the
     pair's op, so its ``seq``, used to follow that order.
+
+    In numpy, not pandas (``groupby``'s min, max, first and cumcount as ``ufunc.at`` and one
+    pass over the collectives): the merge of a job whose clocks need no fit imports no pandas
+    (``clock.align_columns``). ``tests/test_matching_table.py`` checks it against that pandas form.
     """
-    frames = []
+    from rankscope.orchestrator.ingest.comm_links import concat_rows
+
+    parts = []
     for rank, comm in sorted(per_rank.items()):
-        if not len(comm["event"]):
+        n = len(comm["event"])
+        if not n:
             continue
-        f = pd.DataFrame({c: comm[c] for c in RANK_COMM_COLUMNS})
-        f["key"] = rank_keys(comm, rank)
-        f["rank"] = np.int32(rank)
-        frames.append(f)
-    columns = ["coll", "key", "group", "seq", "op", "bytes", "rank", "start", "end", "event", "gpu"]
-    if not frames:
-        return pd.DataFrame({c: [] for c in columns})
-    allc = pd.concat(frames, ignore_index=True)
+        part = {c: np.asarray(comm[c]) for c in RANK_COMM_COLUMNS}
+        part["key"] = rank_keys(comm, rank)
+        part["rank"] = np.full(n, rank, dtype=np.int32)
+        parts.append(part)
+    if not parts:
+        return {c: np.array([], dtype=object) for c in MATCHED_COLUMNS}
+    allc = concat_rows(parts)
     # A key seen twice on one rank (should not happen) keeps its first occurrence.
-    allc = allc.drop_duplicates(["key", "rank"], keep="first")
-    first = allc.groupby("key")["start"].min().sort_values(kind="stable")
-    ids = pd.Series(np.arange(len(first), dtype=np.int64), index=first.index)
-    allc["coll"] = ids.loc[allc["key"]].to_numpy()
+    codes: dict[str, int] = {}
+    key_code = np.fromiter(
+        (codes.setdefault(k, len(codes)) for k in allc["key"].tolist()), np.int64, len(allc["key"])
+    )
+    first_seen = np.unique(
+        key_code * (int(allc["rank"].max()) + 1) + allc["rank"], return_index=True
+    )
+    allc = rows_of(allc, np.sort(first_seen[1]))
+    key_code = key_code[np.sort(first_seen[1])]
+    keys = list(codes)
+    # ids in order of each key's earliest start, ties in the keys' text order (a sorted groupby)
+    text_order = np.empty(len(keys), dtype=np.int64)
+    text_order[np.array(sorted(range(len(keys)), key=keys.__getitem__), dtype=np.int64)] = (
+        np.arange(len(keys))
+    )
+    first = np.full(len(keys), np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(first, key_code, allc["start"].astype(np.int64))
+    by_start = _stable_order(text_order, first)
+    ids = np.empty(len(keys), dtype=np.int64)
+    ids[by_start] = np.arange(len(keys))
+    coll = ids[key_code]
+    allc["coll"] = coll
     # Fill seq where the trace had none: order of the collective within its (group, op).
-    no_seq = allc.groupby("coll")["seq"].transform("max") < 0
+    seq_max = _per_coll_max(coll, allc["seq"], len(keys))
+    no_seq = seq_max[coll] < 0
     if no_seq.any():
-        per_coll = (
-            allc.loc[no_seq].groupby("coll").agg(group=("group", "first"), op=("op", "first"))
-        )
-        per_coll = per_coll.sort_index()
-        per_coll["order"] = per_coll.groupby(["group", "op"]).cumcount()
-        allc.loc[no_seq, "seq"] = per_coll["order"].loc[allc.loc[no_seq, "coll"]].to_numpy()
+        rows = np.flatnonzero(no_seq)
+        numbered, first_row = np.unique(coll[rows], return_index=True)
+        counter: dict[tuple[Any, Any], int] = {}
+        order = np.empty(len(numbered), dtype=np.int64)
+        groups = allc["group"][rows[first_row]].tolist()
+        ops = allc["op"][rows[first_row]].tolist()
+        for j, pair in enumerate(zip(groups, ops, strict=True)):
+            order[j] = counter.get(pair, 0)
+            counter[pair] = order[j] + 1
+        seq = allc["seq"].copy()
+        seq[rows] = order[np.searchsorted(numbered, coll[rows])]
+        allc["seq"] = seq
     else:
-        allc["seq"] = allc.groupby("coll")["seq"].transform("max")
-    allc["bytes"] = allc.groupby("coll")["bytes"].transform("max")
-    return allc.loc[:, columns].sort_values(["coll", "rank"], kind="stable").reset_index(drop=True)
+        allc["seq"] = seq_max[coll]
+    allc["bytes"] = _per_coll_max(coll, allc["bytes"], len(keys))[coll]
+    out = {c: allc[c] for c in MATCHED_COLUMNS}
+    return rows_of(out, _stable_order(out["rank"], out["coll"]))
 
 
-def without_peer(colls: pd.DataFrame) -> int:
+def _stable_order(minor: np.ndarray, major: np.ndarray) -> np.ndarray:
+    """Row order by ``major``, then ``minor``, then position (two stable sorts: pandas'
+    ``sort_values([major, minor], kind="stable")``)."""
+    order = np.argsort(minor, kind="stable")
+    return order[np.argsort(major[order], kind="stable")]
+
+
+def _per_coll_max(coll: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
+    """The largest of ``values`` per collective id ``0..n-1`` (each id has a row); objects where
+    a trace's number lies beyond int64 (``file_trace._integers``)."""
+    if values.dtype != object:
+        out = np.full(n, np.iinfo(np.int64).min, dtype=np.int64)
+        np.maximum.at(out, coll, values)
+        return out
+    best: list[Any] = [None] * n
+    for c, v in zip(coll.tolist(), values.tolist(), strict=True):
+        if best[c] is None or v > best[c]:
+            best[c] = v
+    return np.array(best, dtype=object)
+
+
+def without_peer(colls: Columns) -> int:
     """Send/recv rows of :func:`match`'s table whose peer is unknown (their key names none).
 
     The other send/recv rows that stay alone named a peer whose counterpart is in no trace (a
     rank not traced, an op outside the profiled window): the store keeps the count of the first
     kind (``schema.P2P_WITHOUT_PEER_ATTR``) so that the findings can say which is which.
     """
-    if colls.empty:
-        return 0
-    return int(colls["key"].str.startswith(UNKNOWN_PEER_PREFIX).sum())
+    return sum(1 for k in colls["key"].tolist() if k.startswith(UNKNOWN_PEER_PREFIX))
 
 
-def renumber(colls: pd.DataFrame) -> pd.DataFrame:
-    """Dense ``coll`` ids 0..n-1 in order of each collective's first (aligned) start."""
-    if colls.empty:
+def renumber(colls: Columns) -> Columns:
+    """Dense ``coll`` ids 0..n-1 in order of each collective's first (aligned) start; rows in
+    (coll, rank) order."""
+    if not len(colls["coll"]):
         return colls
-    first = colls.groupby("coll")["start"].min().sort_values(kind="stable")
-    mapping = pd.Series(np.arange(len(first), dtype=np.int64), index=first.index)
-    out = colls.copy()
-    out["coll"] = mapping.loc[out["coll"]].to_numpy()
-    return out.sort_values(["coll", "rank"], kind="stable").reset_index(drop=True)
+    ids, inverse = np.unique(colls["coll"], return_inverse=True)
+    first = np.full(len(ids), np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(first, inverse, colls["start"].astype(np.int64))
+    mapping = np.empty(len(ids), dtype=np.int64)
+    mapping[np.argsort(first, kind="stable")] = np.arange(len(ids))
+    out = dict(colls)
+    out["coll"] = mapping[inverse]
+    return rows_of(out, _stable_order(out["rank"], out["coll"]))
+
+
+def rows_by_rank(colls: Columns, ranks: Iterable[int], columns: list[str]) -> dict[int, Columns]:
+    """``columns`` of each rank's rows (in table order; no rows for a rank without any)."""
+    rank = colls["rank"]
+    return {
+        int(r): {c: colls[c][rank == r] if len(rank) else np.zeros(0, np.int64) for c in columns}
+        for r in ranks
+    }
+
+
+def shared_rows(
+    colls: Columns, ops: Iterable[str], ranks: int, exactly: bool = False
+) -> np.ndarray:
+    """Rows (a mask) of collectives of ``ops`` that ``ranks`` ranks or more (``exactly``: that
+    many) take part in, counted among those ops' rows."""
+    rows = np.isin(np.asarray(colls["op"], dtype=object), list(ops))
+    if not rows.any():
+        return rows
+    coll = np.asarray(colls["coll"])[rows].astype(np.int64)
+    rank = np.asarray(colls["rank"])[rows].astype(np.int64)
+    ids, inverse = np.unique(coll, return_inverse=True)
+    width = int(rank.max()) + 1
+    pairs = np.unique(inverse * width + rank)  # each (collective, rank) once
+    counts = np.bincount(pairs // width, minlength=len(ids))[inverse]
+    rows[rows] = counts == ranks if exactly else counts >= ranks
+    return rows

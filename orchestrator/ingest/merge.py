@@ -58,7 +58,6 @@ from typing import TYPE_CHECKING, Any
 import h5py
 import msgspec
 import numpy as np
-import pandas as pd
 from rankscope.analysis.engine.scheduler import (
     SYNCHRONOUS as SYNCHRONOUS,  # the one word, for callers
 )
@@ -199,11 +198,16 @@ def _merge_locked(
     """The merge proper, under the output lock; returns the problems found."""
     from rankscope import __version__
     from rankscope.analysis.engine.scheduler import AUTO, SYNCHRONOUS, ClusterSpec, run_each
-    from rankscope.analysis.store.frames import per_rank
-    from rankscope.analysis.store.reader import StoreWriter
     from rankscope.analysis.store.schema import P2P_WITHOUT_PEER_ATTR
+    from rankscope.analysis.store.writer import StoreWriter
     from rankscope.orchestrator.ingest import clock as clk
-    from rankscope.orchestrator.ingest.matching import match, renumber, without_peer
+    from rankscope.orchestrator.ingest.comm_links import concat_rows
+    from rankscope.orchestrator.ingest.matching import (
+        match,
+        renumber,
+        rows_by_rank,
+        without_peer,
+    )
     from rankscope.orchestrator.ingest.rank_columns import parse_source
 
     sources, run, problems = discover(inputs)
@@ -354,19 +358,25 @@ def _merge_locked(
                 [_clock_input(r, res) for r, res in sorted(parked.items())]
             )
             ref = 0 if 0 in parked else min(parked)
-            clock_table, colls_aligned = clk.align(colls, inputs_clock, ref)
-            colls_aligned = renumber(colls_aligned) if not colls_aligned.empty else colls_aligned
-            per_rank_clock = clock_table.set_index("rank")
-            coll_of = per_rank(colls_aligned, parked, ["event", "coll"])
-            steps_frames = []
+            clock_table, colls_aligned = clk.align_columns(colls, inputs_clock, ref)
+            colls_aligned = renumber(colls_aligned)
+            clock_row = {r: i for i, r in enumerate(clock_table["rank"].tolist())}
+            coll_of = rows_by_rank(colls_aligned, parked, ["event", "coll"])
+            steps_parts = []
             for r in sorted(parked):
-                c = per_rank_clock.loc[r]
-                args = (int(c["offset_ns"]), float(c["drift_ppb"]), int(c["t_ref_ns"]))
+                i = clock_row[r]
+                args = (
+                    int(clock_table["offset_ns"][i]),
+                    float(clock_table["drift_ppb"][i]),
+                    int(clock_table["t_ref_ns"][i]),
+                )
                 events = spill.take(r)
                 events["ts"] = clk.apply_transform(events["ts"], *args)
                 events["coll"] = np.full(len(events["ts"]), -1, dtype=np.int64)
-                mine = coll_of[r]
-                events["coll"][mine["event"].to_numpy(np.int64)] = mine["coll"].to_numpy(np.int64)
+                in_colls = coll_of[r]
+                events["coll"][in_colls["event"].astype(np.int64)] = in_colls["coll"].astype(
+                    np.int64
+                )
                 _write_rank(writer, r, parked[r], events)
                 del events
                 memory = spill.take(r, part="memory")
@@ -377,15 +387,13 @@ def _merge_locked(
                 spill.drop(r)
                 steps = parked[r].steps
                 if steps is not None and len(steps["step"]):
-                    steps_frames.append(
-                        pd.DataFrame(
-                            {
-                                "rank": np.full(len(steps["step"]), r, dtype=np.int32),
-                                "step": steps["step"],
-                                "start": clk.apply_transform(steps["start"], *args),
-                                "end": clk.apply_transform(steps["end"], *args),
-                            }
-                        )
+                    steps_parts.append(
+                        {
+                            "rank": np.full(len(steps["step"]), r, dtype=np.int32),
+                            "step": steps["step"],
+                            "start": clk.apply_transform(steps["start"], *args),
+                            "end": clk.apply_transform(steps["end"], *args),
+                        }
                     )
             changes, bad = (
                 step_logs.read_changes(inputs[0]) if run and inputs[0].is_dir() else (None, None)
@@ -398,16 +406,17 @@ def _merge_locked(
             writer.set_attr(P2P_WITHOUT_PEER_ATTR, without_peer(colls))
             writer.write_tables(
                 {
-                    "collectives": colls_aligned if not colls_aligned.empty else _empty_colls(),
-                    "steps": pd.concat(steps_frames, ignore_index=True)
-                    if steps_frames
-                    else pd.DataFrame({"rank": [], "step": [], "start": [], "end": []}),
+                    "collectives": colls_aligned,
+                    "steps": concat_rows(steps_parts)
+                    if steps_parts
+                    else {c: np.zeros(0, np.int64) for c in ("rank", "step", "start", "end")},
                     "clock": clock_table,
                     **({"changes": changes} if changes is not None else {}),
-                    "problems": pd.DataFrame(
-                        [(p.file, p.rank, p.problem) for p in problems],
-                        columns=["file", "rank", "problem"],
-                    ),
+                    "problems": {
+                        "file": np.array([p.file for p in problems], dtype=object),
+                        "rank": np.array([p.rank for p in problems], dtype=np.int64),
+                        "problem": np.array([p.problem for p in problems], dtype=object),
+                    },
                 }
             )
         with translate_write_errors(out):
@@ -422,7 +431,7 @@ def _merge_locked(
         shutil.rmtree(split_dir, ignore_errors=True)
         shutil.rmtree(workers_dir, ignore_errors=True)  # the runner removed it; in case
     if not quiet:
-        n_coll = int(colls_aligned["coll"].nunique()) if not colls_aligned.empty else 0
+        n_coll = len(np.unique(colls_aligned["coll"]))
         if len(parked) > 1:  # one rank: no clock to align (conclude/sections.py)
             print(clk.summary_line(clock_table))
         print(
@@ -530,6 +539,8 @@ def _clock_input(rank: int, res: RankResult) -> Any:
     samples = cinfo.get("samples") or []
     if samples:
         try:
+            import pandas as pd
+
             fit = fit_samples(pd.DataFrame(samples))
         except (KeyError, TypeError, ValueError):
             fit = None
@@ -547,12 +558,6 @@ def _share_domain_fits(inputs: list[Any]) -> list[Any]:
     ]
 
 
-def _empty_colls() -> pd.DataFrame:
-    from rankscope.analysis.store.schema import COLLECTIVE_COLUMNS
-
-    return pd.DataFrame({c: [] for c in COLLECTIVE_COLUMNS})
-
-
 def _tool_versions() -> dict[str, str]:
     import platform
 
@@ -562,5 +567,16 @@ def _tool_versions() -> dict[str, str]:
         "hdf5": h5py.version.hdf5_version,
         "msgspec": msgspec.__version__,
         "numpy": np.__version__,
-        "pandas": pd.__version__,
+        "pandas": _version_of("pandas"),
     }
+
+
+def _version_of(package: str) -> str:
+    """An installed package's version, without importing it where it is not imported yet (a
+    merge whose clocks need no fit never imports pandas: ``clock.align_columns``)."""
+    module = sys.modules.get(package)
+    if module is not None:
+        return str(module.__version__)
+    from importlib.metadata import version
+
+    return version(package)

@@ -120,6 +120,8 @@ class ReadAhead:
                 self._parses[_files(source)] = (dataclasses.replace(source), parse)
         self.taken = 0
         """sources whose parses were taken (the rest were parsed here)"""
+        self.sources = len(sources)
+        """sources parsed ahead (the merge's ranks, unless a file turns out to hold several)"""
 
     @classmethod
     def start(
