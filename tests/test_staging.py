@@ -51,3 +51,22 @@ def test_spill_round_trip_one_file_per_part(tmp_path: Path) -> None:
     spill.drop(3)
     spill.drop(12)
     assert list((tmp_path / "spill").iterdir()) == []
+
+
+def test_a_spill_in_memory_keeps_the_same_contract(tmp_path: Path) -> None:
+    """``in_memory`` (a merge of one rank): the same put / take / drop, and no folder."""
+    spill = Spill(tmp_path / "spill", in_memory=True)
+    events, memory = _columns(1), _columns(2)
+    spill.put(3, events)
+    spill.put(3, memory, part="memory")
+    assert not (tmp_path / "spill").exists()
+    taken = spill.take(3)
+    _same(taken, events)
+    taken["ts"] = taken["ts"] + 1  # the caller's dict: what is parked stays as it went in
+    _same(spill.take(3), events)
+    _same(spill.take(3, part="memory"), memory)
+    assert spill.take(3, part="steplog") == {} and spill.take(5) == {}
+    spill.put(3, {"ts": np.arange(5, dtype=np.int64)})
+    assert spill.take(3, part="memory") == {}  # parking the events again forgets every part
+    spill.drop(3)
+    assert spill.take(3) == {}

@@ -279,7 +279,7 @@ def _merge_locked(
     total_bytes = sum(p.stat().st_size for s in sources for _, p in s.files if p.exists())
     parked: dict[int, RankResult] = {}  # their columns wait in the spill
     try:
-        spill = Spill(spill_dir, out)
+        spill = Spill(spill_dir, out, in_memory=len(sources) == 1)
         writer = StoreWriter(
             tmp,
             target=out,

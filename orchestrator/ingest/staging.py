@@ -117,14 +117,21 @@ class Spill:
     ``output``: the store the columns are parked for, named by the :class:`OutputError` that a
     failed write raises (full disk…). Columns are written through Python's file objects, never
     ``ndarray.tofile``, whose failure carries no errno (``"2460 requested and 2032 written"``).
+
+    ``in_memory``: the columns stay in this process instead (no folder): for a merge of one
+    rank, which parses nothing else while they wait and writes them next, so that parking them
+    would only write and read them back (~0.02 s of the 54 MB rank's merge).
     """
 
-    def __init__(self, folder: Path, output: Path | None = None) -> None:
+    def __init__(self, folder: Path, output: Path | None = None, in_memory: bool = False) -> None:
         self.folder = folder
         self.output = output if output is not None else folder
         self._columns: dict[int, dict[str, list[str]]] = {}
-        with self._writing():
-            folder.mkdir()
+        #: rank → part → its columns (``in_memory`` only)
+        self._held: dict[int, dict[str, dict[str, np.ndarray]]] | None = {} if in_memory else None
+        if self._held is None:
+            with self._writing():
+                folder.mkdir()
 
     def _writing(self) -> contextlib.AbstractContextManager[None]:
         return translate_write_errors(self.output, detail=self._detail())
@@ -140,6 +147,9 @@ class Spill:
         those parked for it before (putting ``"events"`` first forgets every part)."""
         if part == "events":
             self.drop(rank)
+        if self._held is not None:
+            self._held.setdefault(rank, {})[part] = dict(columns)
+            return
         self._columns.setdefault(rank, {})[part] = list(columns)  # so drop() removes them all
         try:
             with self._path(rank, part).open("wb") as fh:
@@ -152,6 +162,8 @@ class Spill:
 
     def take(self, rank: int, part: str = "events") -> dict[str, np.ndarray]:
         """The columns of ``part`` parked for ``rank``, read back ({} when none were)."""
+        if self._held is not None:
+            return dict(self._held.get(rank, {}).get(part, {}))
         names = self._columns.get(rank, {}).get(part)
         if names is None:
             return {}
@@ -160,6 +172,8 @@ class Spill:
 
     def drop(self, rank: int) -> None:
         """Forget ``rank`` and remove its files."""
+        if self._held is not None:
+            self._held.pop(rank, None)
         for part in self._columns.pop(rank, {}):
             self._path(rank, part).unlink(missing_ok=True)
 
