@@ -10,11 +10,12 @@ The command's process (and ``rankscope analyze``'s) imports pandas without pyarr
 project's machine, a tenth of the 54 MB rank's whole merge) and the merge never uses it, its
 strings being Python objects (:func:`rankscope.pandas_strings.object_strings`).
 
-``rankscope merge`` of one rank (one trace file, or a folder of one rank's) imports no pandas: its merge needs pandas only to
-fit clocks to collectives that several ranks share (``clock.align_columns``), which one rank's
-trace has none of (~0.17 s of the 54 MB rank's ~0.45 s merge). A folder's merge imports it at
-once, while the traces are read ahead (``source_reads.py``), as before; a single file that
-turns out to hold several ranks (``multirank.py``) imports it where the fit needs it.
+``rankscope merge`` of other tools' traces imports no pandas at all: the merge is numpy but
+where it reads what only a ``rankscope run`` folder holds (its clock samples, fitted by
+``clock.fit_samples``, and refined by GPU collectives; its step changes), ~0.17 s of a small
+job's ~0.45 s merge. A run folder's merge imports pandas at once, while the traces are read
+ahead (``source_reads.py``), as before; without a read-ahead, any input but one trace file
+does.
 """
 
 from __future__ import annotations
@@ -179,11 +180,9 @@ def main(args: argparse.Namespace) -> int:
     # Paced from the imports on: at Python's pace, importing numpy, pandas and h5py ran ~140
     # young passes, ~13 middle ones and a full one, 0.05-0.08 s of CPU (one 54 MB rank's merge).
     with paced_collector(), read_ahead(paths, cluster, comm, args.rank_from) as ahead:
-        # one rank: parsed ahead as one source, else one trace file
-        one_rank = (
-            ahead.sources == 1 if ahead is not None else len(paths) == 1 and paths[0].is_file()
-        )
-        if not one_rank:  # one rank's merge imports no pandas (module docstring)
+        # pandas where the merge will use it: a rankscope run's folder (module docstring)
+        eager = ahead.run_dir if ahead is not None else not (len(paths) == 1 and paths[0].is_file())
+        if eager:
             pandas_without_arrow(cluster)  # while the traces are read (source_reads.py)
         from rankscope.orchestrator.ingest.merge import merge_run_dir
         from rankscope.pandas_strings import object_strings

@@ -113,25 +113,29 @@ def _merge_importing(args: list[str], refuse: bool) -> tuple[str, str]:
     return out.stdout.strip(), out.stderr
 
 
-def test_one_ranks_merge_imports_no_pandas(tmp_path: Path) -> None:
-    """``rankscope merge`` of one rank (a trace file; a folder of one rank's trace, which the
-    read-ahead parses) writes its store without pandas: one rank shares no collective, so no
-    clock is fitted (``clock.align_columns``). A folder of several ranks imports it while the
-    traces are read, as the clock fit needs."""
+def test_a_merge_of_other_tools_traces_imports_no_pandas(tmp_path: Path) -> None:
+    """``rankscope merge`` of foreign traces writes its store without pandas: one rank (a trace
+    file; a folder of one rank's, which the read-ahead parses) and DLRM's 8 ranks, whose clocks
+    are fitted to their collectives (``clock_graph.py``). A ``rankscope run`` folder imports it
+    while the traces are read: its clock samples are fitted with it."""
     from rankscope.analysis.store.reader import open_store
 
     one = tmp_path / "one"
     one.mkdir()
     (one / NCCL.name).symlink_to(NCCL)
-    for source in (NCCL, one):
+    for source in (NCCL, one, DATA / "param_dlrm_8rank"):
         out = tmp_path / f"{source.name}.h5"
         imported, _ = _merge_importing(["merge", str(source), "-o", str(out), "-q"], True)
         assert imported == "False"
         with open_store(out) as store:
-            assert len(store.ranks) == 1 and len(store.collectives()) > 0
-    several = tmp_path / "dlrm.h5"
+            assert len(store.collectives()) > 0
+            methods = set(store.clock()["method"])
+            assert methods == (
+                {"reference", "collectives"} if len(store.ranks) > 1 else {"reference"}
+            )
+    run = tmp_path / "run.h5"
     imported, _ = _merge_importing(
-        ["merge", str(DATA / "param_dlrm_8rank"), "-o", str(several), "-q"], False
+        ["merge", str(DATA / "cpu_gloo_4rank_ddp_buckets"), "-o", str(run), "-q"], False
     )
     assert imported == "True"
 

@@ -242,7 +242,7 @@ def count_violations(colls: Columns | pd.DataFrame) -> dict[int, int]:
 
 
 def repair_shifts(
-    colls: pd.DataFrame,
+    colls: Columns | pd.DataFrame,
     ranks: list[int],
     ref_rank: int,
     limits: dict[int, tuple[float, float]] | None = None,
@@ -264,7 +264,7 @@ def repair_shifts(
     limits explains) the earlier-only shifts after n rounds are returned; the caller checks
     them against the limits and the violation count.
     """
-    if colls.empty or len(ranks) < 2:
+    if not len(colls["coll"]) or len(ranks) < 2:
         return dict.fromkeys(ranks, 0)
     idx = {r: i for i, r in enumerate(ranks)}
     w, inf = _constraints(colls, ranks)
@@ -303,7 +303,7 @@ def _largest_nonpositive(w: np.ndarray, inf: int) -> tuple[np.ndarray, bool]:
 
 
 def feasible_offsets(
-    colls: pd.DataFrame, ranks: list[int], ref_rank: int
+    colls: Columns | pd.DataFrame, ranks: list[int], ref_rank: int
 ) -> dict[int, tuple[float, float]]:
     """Per rank, the interval [lo, hi] (ns) of offsets (relative to the reference) that causality
     allows: with the true clocks no rank ends a collective before its last participant started it.
@@ -313,7 +313,7 @@ def feasible_offsets(
     whatever the other ranks' estimates. Ranks with no constraint path to the reference, and all
     ranks when the constraints contradict each other (a negative cycle), are absent.
     """
-    if colls.empty or ref_rank not in ranks or len(ranks) < 2:
+    if not len(colls["coll"]) or ref_rank not in ranks or len(ranks) < 2:
         return {}
     w, inf = _constraints(colls, ranks)
     d = np.where(w < inf, w.astype(np.float64), np.inf)
@@ -366,9 +366,9 @@ def align_columns(
     end, gpu: ``matching.match``). The collectives come back with start/end on the aligned
     clock. ``labels``: each row's label in the DataFrames the fits get (default: its position).
 
-    The fits of stage 2 and the repair of stage 3 are pandas (imported where they run); a job
-    with no collective shared by two ranks (one rank, no communication) is aligned by the
-    runtime facts alone, without it.
+    In numpy throughout, but for the refinement of sampled clocks by GPU collectives
+    (:func:`collective_offsets`, pandas, imported where it runs: ``rankscope run``'s own runs,
+    whose analysis imports pandas anyway): a merge of other tools' traces imports no pandas.
     """
     from rankscope.analysis.store.schema import P2P_OPS
     from rankscope.orchestrator.ingest import clock_graph as cg
@@ -426,7 +426,7 @@ def align_columns(
         return out
 
     def frame(rows: Columns, mask: np.ndarray) -> pd.DataFrame:
-        """The rows of ``mask`` as the pandas fits take them (labels kept)."""
+        """The rows of ``mask`` as the pandas fit of sampled clocks takes them (labels kept)."""
         import pandas as pd
 
         return pd.DataFrame(rows, index=labels[mask])
@@ -441,19 +441,24 @@ def align_columns(
     feasible: dict[int, tuple[float, float]] = {}
     if sync_rows.any() or p2p_rows.any():
         saved = (dict(offset), dict(method), dict(drift), dict(t_ref))
-        pre = frame(transform(sync, {}), sync_rows)
+        pre = transform(sync, {})
         before_fit = sum(count_violations(pre).values())
         # Same-host ranks for which 0 is feasible (causality, relative to the runtime-corrected
         # clocks) keep the reference's clock.
-        feasible = feasible_offsets(pre, ranks, ref_rank) if not pre.empty else {}
+        feasible = feasible_offsets(pre, ranks, ref_rank) if sync_rows.any() else {}
         anchors = frozenset(
             r
             for r, (lo, hi) in feasible.items()
             if method[r] == ClockMethod.SAME_HOST and lo <= 0.0 <= hi
         )
         sampled = any(method[r] == ClockMethod.RUNTIME for r in ranks)
-        gpu = pre[pre["gpu"].astype(bool)] if sampled and "gpu" in pre else pre.iloc[:0]
-        goff, gspread, gcount = collective_offsets(gpu, ref_rank) if len(gpu) else ({}, {}, {})
+        goff: dict[int, float] = {}
+        gspread: dict[int, float] = {}
+        gcount: dict[int, int] = {}
+        if sampled and "gpu" in pre and np.asarray(pre["gpu"]).astype(bool).any():
+            on_gpu = np.asarray(pre["gpu"]).astype(bool)
+            gpu = frame(rows_of(pre, on_gpu), np.flatnonzero(sync_rows)[on_gpu])
+            goff, gspread, gcount = collective_offsets(gpu, ref_rank)
         for r in ranks:
             # Refine a runtime fit only with GPU collectives (NCCL kernels end within µs of each
             # other), and only when they are more precise than the runtime bound (standard error
@@ -479,9 +484,7 @@ def align_columns(
             groups = cg.clock_groups(unknown, set(ranks) - set(unknown))
             groups = cg.split_inconsistent(pre, groups)
             root_bound = max((bound[r] for r in ranks if groups[r] == cg.ROOT), default=0.0)
-            fits = cg.fit_groups(
-                pre, frame(transform(p2p, {}), p2p_rows), groups, max(root_bound, 0.0)
-            )
+            fits = cg.fit_groups(pre, transform(p2p, {}), groups, max(root_bound, 0.0))
             for r in unknown:
                 if (f := fits.get(groups[r])) is not None:
                     offset[r] += f.offset_ns
@@ -515,7 +518,7 @@ def align_columns(
             elif method[r] in (ClockMethod.RUNTIME, ClockMethod.RUNTIME_COLLECTIVES) and fit:
                 moved = offset[r] - fit.offset_ns
                 limits[r] = (-bound[r] - moved, bound[r] - moved)
-        shifts = repair_shifts(frame(aligned_sync, sync_rows), ranks, ref_rank, limits)
+        shifts = repair_shifts(aligned_sync, ranks, ref_rank, limits)
         for r, a in shifts.items():
             offset[r] += a
         after = count_violations(transform(sync, {}))

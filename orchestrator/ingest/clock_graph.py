@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from rankscope.orchestrator.ingest.comm_links import Columns
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -135,60 +136,115 @@ def fit_line(x: np.ndarray, d: np.ndarray) -> tuple[float, float, float]:
     return (c1, slope, b1) if b1 < b0 else (c0, 0.0, b0)
 
 
-def split_inconsistent(sync: pd.DataFrame, group_of: dict[int, int]) -> dict[int, int]:
+def split_inconsistent(sync: Columns, group_of: dict[int, int]) -> dict[int, int]:
     """Split off ranks that cannot share their group's clock: in their collectives with group
     mates one ends before another started (on their own raw clocks). Greedy: the rank in the
-    most such collectives leaves first (a faked clock breaks causality with every mate), until
-    no group has any; each leaver becomes a group of its own. Returns the new rank -> group."""
+    most such collectives leaves first (a faked clock breaks causality with every mate; on a
+    tie the first of them in ``sync``'s rows), until no group has any; each leaver becomes a
+    group of its own. Returns the new rank -> group."""
     out = dict(group_of)
-    if sync.empty:
+    rank = np.asarray(sync["rank"]).astype(np.int64)
+    if not len(rank):
         return out
-    base = sync[sync["rank"].isin(out)][["coll", "rank", "start", "end"]]
+    mine = np.isin(rank, list(out))
+    rank = rank[mine]
+    coll = np.asarray(sync["coll"]).astype(np.int64)[mine]
+    start = np.asarray(sync["start"]).astype(np.int64)[mine]
+    end = np.asarray(sync["end"]).astype(np.int64)[mine]
     next_id = max(out.values(), default=ROOT) + 1
     while True:
-        s = base.assign(g=base["rank"].map(out))
-        s = s[s["g"] != ROOT]
-        if s.empty:
+        g = np.array([out[r] for r in rank.tolist()], dtype=np.int64)
+        sel = g != ROOT
+        if not sel.any():
             return out
-        key = [s["coll"], s["g"]]
-        max_start = s.groupby(key)["start"].transform("max")
-        min_end = s.groupby(key)["end"].transform("min")
-        bad = s[(min_end < max_start) & ((s["end"] < max_start) | (s["start"] > min_end))]
-        if bad.empty:
+        _, at = np.unique(np.stack([coll[sel], g[sel]]), axis=1, return_inverse=True)
+        at = at.reshape(-1)
+        max_start = np.full(int(at.max()) + 1, np.iinfo(np.int64).min, dtype=np.int64)
+        np.maximum.at(max_start, at, start[sel])
+        min_end = np.full(len(max_start), np.iinfo(np.int64).max, dtype=np.int64)
+        np.minimum.at(min_end, at, end[sel])
+        hi, lo = max_start[at], min_end[at]
+        bad = (lo < hi) & ((end[sel] < hi) | (start[sel] > lo))
+        if not bad.any():
             return out
-        out[int(bad["rank"].value_counts().idxmax())] = next_id
+        out[_most_frequent(rank[sel][bad])] = next_id
         next_id += 1
 
 
-def _group_ends(sync: pd.DataFrame, group_of: dict[int, int], base: int) -> pd.DataFrame:
+def _most_frequent(values: np.ndarray) -> int:
+    """The most frequent value, the first seen of equally frequent ones (pandas'
+    ``value_counts().idxmax()``: counts in first-seen order, sorted stably)."""
+    uniq, first, counts = np.unique(values, return_index=True, return_counts=True)
+    seen = np.argsort(first)
+    return int(uniq[seen][np.argmax(counts[seen])])
+
+
+def _groups_of(frame: Columns, group_of: dict[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """(rows of ``frame`` whose rank has a group, their groups): ``rank.map(group_of)`` with
+    the rows of ranks outside it dropped."""
+    ranks = np.asarray(frame["rank"]).astype(np.int64).tolist()
+    groups = [group_of.get(r) for r in ranks]
+    rows = np.array([i for i, g in enumerate(groups) if g is not None], dtype=np.int64)
+    return rows, np.array([groups[i] for i in rows.tolist()], dtype=np.int64)
+
+
+def _pairs(coll: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each row's (coll, g) pair as a number ``0..k-1`` in order of the pairs' first rows
+    (a ``groupby([coll, g], sort=False)``), and each pair's coll and g."""
+    _, first, at = np.unique(np.stack([coll, g]), axis=1, return_index=True, return_inverse=True)
+    at = at.reshape(-1)
+    order = np.argsort(first, kind="stable")
+    renum = np.empty(len(order), dtype=np.int64)
+    renum[order] = np.arange(len(order))
+    rows = first[order]
+    return renum[at], coll[rows], g[rows]
+
+
+def _group_ends(sync: Columns, group_of: dict[int, int], base: int) -> Columns:
     """Per (collective, group): the median end (ns from ``base``, float) of its members, only
-    for collectives spanning two groups or more."""
-    e = sync[["coll", "rank", "end"]].copy()
-    e["g"] = e["rank"].map(group_of)
-    e = e.dropna(subset=["g"])
-    e["g"] = e["g"].astype(np.int64)
-    e["y"] = (e["end"] - base).astype(np.float64)
-    y = e.groupby(["coll", "g"], sort=False)["y"].median().reset_index()
-    return y[y.groupby("coll")["g"].transform("nunique") >= 2]
+    for collectives spanning two groups or more; columns coll, g, y, in order of each pair's
+    first row."""
+    rows, g = _groups_of(sync, group_of)
+    coll = np.asarray(sync["coll"]).astype(np.int64)[rows]
+    y = (np.asarray(sync["end"]).astype(np.int64)[rows] - base).astype(np.float64)
+    pair, p_coll, p_g = _pairs(coll, g)
+    # the median of each pair's ends: the middle one, or the mean of the two middle ones
+    order = np.lexsort((y, pair))
+    count = np.bincount(pair, minlength=len(p_coll))
+    first = np.concatenate(([0], np.cumsum(count)[:-1])).astype(np.int64)
+    ys = y[order]
+    med = (ys[first + (count - 1) // 2] + ys[first + count // 2]) / 2
+    spans = np.bincount(np.unique(p_coll, return_inverse=True)[1].reshape(-1))
+    keep = spans[np.unique(p_coll, return_inverse=True)[1].reshape(-1)] >= 2
+    return {"coll": p_coll[keep], "g": p_g[keep], "y": med[keep]}
 
 
-def end_edges(ends: pd.DataFrame, rough: dict[int, float], t_ref: float) -> list[Edge]:
+def end_edges(ends: Columns, rough: dict[int, float], t_ref: float) -> list[Edge]:
     """End-agreement edges from :func:`_group_ends`: each collective links its lowest group to
     each of its others; ``rough`` (ns) puts the hub's ends on the reference time for the drift
-    fit (x = end + rough offset - ``t_ref``)."""
-    if ends.empty:
+    fit (x = end + rough offset - ``t_ref``). Edges in (a, b) order, each fitted on its rows in
+    table order."""
+    coll, g, y = ends["coll"], ends["g"], ends["y"]
+    if not len(coll):
         return []
-    hub_g = ends.groupby("coll")["g"].transform("min")
-    hub = ends[ends["g"] == hub_g].set_index("coll")["y"]
-    rows = ends[ends["g"] != hub_g].copy()
-    rows["a"] = hub_g[rows.index]
-    y_hub = hub.loc[rows["coll"]].to_numpy(np.float64)
-    rows["d"] = y_hub - rows["y"].to_numpy(np.float64)
-    rows["x"] = y_hub + rows["a"].map(lambda g: rough.get(int(g), 0.0)).to_numpy() - t_ref
+    ids, at = np.unique(coll, return_inverse=True)
+    at = at.reshape(-1)
+    hub_g = np.full(len(ids), np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(hub_g, at, g)
+    is_hub = g == hub_g[at]
+    hub_y = np.empty(len(ids), dtype=np.float64)
+    hub_y[at[is_hub]] = y[is_hub]
+    rows = np.flatnonzero(~is_hub)
+    a = hub_g[at[rows]]
+    y_hub = hub_y[at[rows]]
+    d = y_hub - y[rows]
+    x = y_hub + np.array([rough.get(int(k), 0.0) for k in a.tolist()], dtype=np.float64) - t_ref
     out = []
-    for (a, b), g in rows.groupby(["a", "g"]):
-        c, slope, bound = fit_line(g["x"].to_numpy(np.float64), g["d"].to_numpy(np.float64))
-        out.append(Edge(int(a), int(b), c, slope * 1e9, bound, len(g)))
+    b = g[rows]
+    for ab in sorted(set(zip(a.tolist(), b.tolist(), strict=True))):
+        mine = (a == ab[0]) & (b == ab[1])
+        c, slope, bound = fit_line(x[mine], d[mine])
+        out.append(Edge(ab[0], ab[1], c, slope * 1e9, bound, int(mine.sum())))
     return out
 
 
@@ -219,7 +275,7 @@ def tree_offsets(edges: list[Edge], groups: list[int]) -> dict[int, tuple[float,
     return value
 
 
-def constraints(colls: pd.DataFrame, ranks: list[int]) -> tuple[np.ndarray, int]:
+def constraints(colls: Columns | pd.DataFrame, ranks: list[int]) -> tuple[np.ndarray, int]:
     """Causality as difference constraints: ``w[r, q]`` (ns) bounds ``a_q - a_r`` from above.
 
     ``w[r, q]`` is the smallest ``end_cr - start_cq`` over shared collectives c; no constraint is
@@ -228,17 +284,16 @@ def constraints(colls: pd.DataFrame, ranks: list[int]) -> tuple[np.ndarray, int]
     n = len(ranks)
     inf = np.iinfo(np.int64).max // 4
     w = np.full((n, n), inf, dtype=np.int64)
-    if colls.empty:
+    if not len(colls["coll"]):
         return w, inf
-    import pandas as pd
-
     # Plain arrays sorted by (coll, rank index): a pandas group per collective cost ~1 ms each
     # (13 s for the 13,600 collectives of a 32-rank TP x PP x DP job).
-    ri = pd.Index(ranks).get_indexer(colls["rank"].to_numpy())
+    position = {r: i for i, r in enumerate(ranks)}
+    ri = np.array([position.get(r, -1) for r in np.asarray(colls["rank"]).tolist()], dtype=np.int64)
     keep = ri >= 0
-    c = colls["coll"].to_numpy()[keep]
-    rr_all, e_all = ri[keep], colls["end"].to_numpy(np.int64)[keep]
-    s_all = colls["start"].to_numpy(np.int64)[keep]
+    c = np.asarray(colls["coll"])[keep]
+    rr_all, e_all = ri[keep], np.asarray(colls["end"]).astype(np.int64)[keep]
+    s_all = np.asarray(colls["start"]).astype(np.int64)[keep]
     order = np.lexsort((rr_all, c))
     c, rr_all, e_all, s_all = c[order], rr_all[order], e_all[order], s_all[order]
     cuts = np.flatnonzero(c[1:] != c[:-1]) + 1
@@ -288,8 +343,8 @@ def shortest_from(d: np.ndarray, src: int | None) -> np.ndarray | None:
 
 
 def causality_intervals(
-    sync: pd.DataFrame,
-    p2p: pd.DataFrame,
+    sync: Columns,
+    p2p: Columns,
     group_of: dict[int, int],
     base: int,
     corr: dict[int, tuple[float, float]],
@@ -302,43 +357,46 @@ def causality_intervals(
     Shortest paths from and to ``ROOT`` (:func:`shortest_from`). Empty when the constraints
     contradict each other; groups bounded on one side only are absent.
     """
-    import pandas as pd
-
     n = max(group_of.values(), default=ROOT) + 1
     if n < 2:
         return {}
+    drift = np.array([corr.get(k, (0.0, 0.0))[0] for k in range(n)])
+    t_ref = np.array([corr.get(k, (0.0, 0.0))[1] for k in range(n)])
 
-    def reduced(frame: pd.DataFrame) -> pd.DataFrame:
-        f = frame[["coll", "rank", "start", "end"]].copy()
-        f["g"] = f["rank"].map(group_of)
-        f = f.dropna(subset=["g"])
-        g = f["g"].astype(np.int64).to_numpy()
-        dr = np.array([corr.get(int(k), (0.0, 0.0))[0] for k in range(n)])[g]
-        t0 = np.array([corr.get(int(k), (0.0, 0.0))[1] for k in range(n)])[g]
+    def reduced(frame: Columns) -> tuple[np.ndarray, Columns]:
+        """The rows whose rank has a group, their start and end corrected, with their group."""
+        rows, g = _groups_of(frame, group_of)
+        out = {"coll": np.asarray(frame["coll"]).astype(np.int64)[rows], "g": g}
         for col in ("start", "end"):
-            x = (f[col] - base).to_numpy(np.float64)
-            f[col] = np.rint(x + dr * (x - t0)).astype(np.int64)
-        f["g"] = g
-        return f
+            x = (np.asarray(frame[col]).astype(np.int64)[rows] - base).astype(np.float64)
+            out[col] = np.rint(x + drift[g] * (x - t_ref[g])).astype(np.int64)
+        return rows, out
 
-    parts = []
-    if not sync.empty:
-        s = reduced(sync)
-        red = s.groupby(["coll", "g"], sort=False).agg(start=("start", "max"), end=("end", "min"))
-        red = red.reset_index().rename(columns={"g": "rank"})
-        parts.append(red[red.groupby("coll")["rank"].transform("size") >= 2])
-    groups = list(range(n))
-    cols = pd.concat(parts) if parts else pd.DataFrame(columns=["coll", "rank", "start", "end"])
-    w, inf = constraints(cols, groups)
-    if not p2p.empty:
-        p = reduced(p2p)
-        p["op"] = p2p.loc[p.index, "op"].to_numpy()
-        send = p[p["op"] == "send"].drop_duplicates("coll").set_index("coll")
-        recv = p[p["op"] == "recv"].drop_duplicates("coll").set_index("coll")
-        both = send.index.intersection(recv.index)
-        gs = send.loc[both, "g"].to_numpy(np.int64)
-        gr = recv.loc[both, "g"].to_numpy(np.int64)
-        val = recv.loc[both, "end"].to_numpy(np.int64) - send.loc[both, "start"].to_numpy(np.int64)
+    cols: Columns = {"coll": np.zeros(0, np.int64), "rank": np.zeros(0, np.int64)}
+    cols["start"] = cols["end"] = np.zeros(0, np.int64)
+    if len(sync["coll"]):
+        _, s = reduced(sync)
+        pair, p_coll, p_g = _pairs(s["coll"], s["g"])
+        start = np.full(len(p_coll), np.iinfo(np.int64).min, dtype=np.int64)
+        np.maximum.at(start, pair, s["start"])
+        end = np.full(len(p_coll), np.iinfo(np.int64).max, dtype=np.int64)
+        np.minimum.at(end, pair, s["end"])
+        at = np.unique(p_coll, return_inverse=True)[1].reshape(-1)
+        keep = np.bincount(at)[at] >= 2  # collectives of two groups or more
+        cols = {"coll": p_coll[keep], "rank": p_g[keep], "start": start[keep], "end": end[keep]}
+    w, inf = constraints(cols, list(range(n)))
+    if len(p2p["coll"]):
+        rows, p = reduced(p2p)
+        op = np.asarray(p2p["op"], dtype=object)[rows]
+        sides = []
+        for kind in ("send", "recv"):  # each collective's first send and first recv
+            mine = np.flatnonzero(op == kind)
+            ids, first = np.unique(p["coll"][mine], return_index=True)
+            sides.append((ids, mine[first]))
+        _, i_send, i_recv = np.intersect1d(sides[0][0], sides[1][0], return_indices=True)
+        snd, rcv = sides[0][1][i_send], sides[1][1][i_recv]
+        gs, gr = p["g"][snd], p["g"][rcv]
+        val = p["end"][rcv] - p["start"][snd]
         keep = gs != gr
         np.minimum.at(w, (gr[keep], gs[keep]), val[keep])
     d = np.where(w < inf, w.astype(np.float64), np.inf)
@@ -357,7 +415,7 @@ def causality_intervals(
 
 
 def fit_groups(
-    sync: pd.DataFrame, p2p: pd.DataFrame, group_of: dict[int, int], root_bound_ns: float = 0.0
+    sync: Columns, p2p: Columns, group_of: dict[int, int], root_bound_ns: float = 0.0
 ) -> dict[int, GroupFit]:
     """Offsets of the groups other than ``ROOT`` (module docstring).
 
@@ -366,13 +424,16 @@ def fit_groups(
     rank in them -> its group (``ROOT`` = the reference's clock); ``root_bound_ns``: how far
     ``ROOT``'s sampled members may be off (added to every uncertainty).
     """
-    frames = [f for f in (sync, p2p) if not f.empty]
+    frames = [f for f in (sync, p2p) if len(f["coll"])]
     if not frames:
         return {}
-    base = int(min(int(f["end"].min()) for f in frames))
+    base = int(min(int(np.min(f["end"])) for f in frames))
     groups = sorted(set(group_of.values()))
-    ends = _group_ends(sync, group_of, base) if not sync.empty else sync
-    t_ref = float(ends["y"].min()) if len(ends) else 0.0
+    ends: Columns = {"coll": np.zeros(0, np.int64), "g": np.zeros(0, np.int64)}
+    ends["y"] = np.zeros(0, np.float64)
+    if len(sync["coll"]):
+        ends = _group_ends(sync, group_of, base)
+    t_ref = float(ends["y"].min()) if len(ends["y"]) else 0.0
     # Two passes: the drift's abscissa is the reference time, known once the offsets are.
     rough: dict[int, float] = {}
     tree: dict[int, tuple[float, float, float]] = {}

@@ -120,8 +120,9 @@ class ReadAhead:
                 self._parses[_files(source)] = (dataclasses.replace(source), parse)
         self.taken = 0
         """sources whose parses were taken (the rest were parsed here)"""
-        self.sources = len(sources)
-        """sources parsed ahead (the merge's ranks, unless a file turns out to hold several)"""
+        self.run_dir = False
+        """the inputs are a ``rankscope run`` folder (``run.json``: its clock samples and step
+        changes are read with pandas; ``orchestrator/merge.py``)"""
 
     @classmethod
     def start(
@@ -144,7 +145,7 @@ class ReadAhead:
         if cores() < 2 or not can_fork() or not all(p.exists() for p in inputs):
             return None
         try:
-            sources, _, _ = discover(inputs)
+            sources, run, _ = discover(inputs)
             hint_ranks(sources, rank_pattern(rank_from))
         except (OSError, ValueError, UsageError):
             return None  # the merge says what is wrong, in its words
@@ -155,9 +156,11 @@ class ReadAhead:
         import rankscope.orchestrator.ingest.comm_links
         import rankscope.orchestrator.ingest.decode  # noqa: F401
 
-        return cls(
+        ahead = cls(
             sources, vocabulary, READ_AHEAD_WAIT_S + estimate_events(sources) / PARSE_EVENTS_PER_S
         )
+        ahead.run_dir = bool(run)
+        return ahead
 
     def take(self, source: RankSource, vocabulary: CommVocabulary) -> RankResult | None:
         """The parse of ``source``, or None: parse it here (not parsed ahead, parsed as another
