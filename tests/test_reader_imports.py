@@ -21,19 +21,22 @@ DATA = Path(__file__).parent / "data"
 NCCL = DATA / "hta" / "nccl_parser_config" / "nccl_data.json.gz"
 #: A real 54 MB rank with ``[memory]`` events and NCCL kernels.
 BIG = DATA / "hta" / "df_index_resolver" / "df_index_resolver.json.gz"
+#: The start of a child interpreter's code that makes the ``{refused}`` packages unimportable.
+REFUSE = """
+import sys
+class Refuse:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {refused!r}:
+            raise ImportError("refused: " + name)
+sys.meta_path.insert(0, Refuse())
+"""
 
 
 def test_the_reader_imports_neither_pandas_nor_h5py() -> None:
     """Reading traces with comm rows, enqueue ops and memory events, with pandas and h5py made
     unimportable: a read that needed either would fail here."""
-    code = textwrap.dedent(
+    code = REFUSE.format(refused=("pandas", "h5py")) + textwrap.dedent(
         f"""
-        import sys
-        class Refuse:
-            def find_spec(self, name, path=None, target=None):
-                if name.split(".")[0] in ("pandas", "h5py"):
-                    raise ImportError("refused: " + name)
-        sys.meta_path.insert(0, Refuse())
         from pathlib import Path
         from rankscope.orchestrator.ingest.decode import read_trace
         rows = enqueued = memory = lanes = 0
@@ -58,14 +61,8 @@ def test_a_ranks_build_imports_neither_pandas_nor_h5py() -> None:
     """``rank_columns.parse_source`` (what the read-ahead process runs before this process'
     imports: ``source_reads.ReadAhead``) on ranks with comm kernels linked to their
     ``record_param_comms`` (DLRM), enqueue ops and memory events, pandas and h5py refused."""
-    code = textwrap.dedent(
+    code = REFUSE.format(refused=("pandas", "h5py")) + textwrap.dedent(
         f"""
-        import sys
-        class Refuse:
-            def find_spec(self, name, path=None, target=None):
-                if name.split(".")[0] in ("pandas", "h5py"):
-                    raise ImportError("refused: " + name)
-        sys.meta_path.insert(0, Refuse())
         from pathlib import Path
         from rankscope.orchestrator.ingest.discovery import RankSource, discover
         from rankscope.orchestrator.ingest.rank_columns import parse_source
@@ -91,14 +88,8 @@ def test_a_ranks_build_imports_neither_pandas_nor_h5py() -> None:
 def _merge_importing(args: list[str], refuse: bool) -> tuple[str, str]:
     """``rankscope merge ARGS`` in a fresh interpreter (pandas made unimportable when
     ``refuse``); returns (stdout: whether pandas was imported, stderr)."""
-    code = textwrap.dedent(
+    code = REFUSE.format(refused=("pandas",) if refuse else ()) + textwrap.dedent(
         f"""
-        import sys
-        class Refuse:
-            def find_spec(self, name, path=None, target=None):
-                if {refuse!r} and name.split(".")[0] == "pandas":
-                    raise ImportError("refused: " + name)
-        sys.meta_path.insert(0, Refuse())
         from rankscope.orchestrator.cli import main
         try:
             main({args!r})

@@ -77,10 +77,27 @@ def stop_pool(pool: ProcessPoolExecutor, before: set[Any]) -> None:
     # (bounded) too, or a worker it is still reaping would look alive to the caller for a
     # moment (a reaped pid is never seen again by another waitpid)
     manager: threading.Thread | None = getattr(pool, "_executor_manager_thread", None)
+    results = getattr(pool, "_result_queue", None)  # shutdown() forgets it
     pool.shutdown(wait=False, cancel_futures=True)
     _end(set(multiprocessing.active_children()) - before)
+    _cut_results(results)
     if manager is not None:
         manager.join(FORK_STOP_S)
+
+
+def _cut_results(results: Any) -> None:
+    """Close this process' write end of a pool's result pipe (``results``: the pool's result
+    queue, or None), once its workers are gone.
+
+    Why: a worker ended while it was sending a result (a parse ahead that a failed merge
+    stops: its ~MB of columns) leaves the pool's manager thread reading the rest of it forever.
+    No end of file comes, as this process holds the pipe's write end too (every worker is
+    forked from it), and at exit the interpreter joins that thread without a bound: the
+    process hung (reproduced: ``tests/test_forked_workers.py``). Closed, the read ends at once,
+    the manager thread counts the pool as broken and ends; nothing else writes there."""
+    writer = getattr(results, "_writer", None)
+    if writer is not None:
+        writer.close()
 
 
 def in_flight(

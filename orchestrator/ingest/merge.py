@@ -36,7 +36,7 @@ where writing at once cost a compressed write, a read-back of ``ts`` and a compr
 Bad input never costs the other ranks: every problem is recorded in ``/problems`` and printed
 with its file; the exit status is non-zero only when no rank could be merged (or ``--strict``).
 
-Why one module of ~550 lines: the decisions between parsing and writing (split a merged file,
+Why one module of ~580 lines: the decisions between parsing and writing (split a merged file,
 keep, leave out, align, write once) read best in one place. Beside it: which ranks are kept and how rank-less traces are
 ranked in ``rank_selection.py``, the problem lines and progress bar in ``merge_progress.py``, the
 command's arguments in ``merge_cli.py``, the files beside the output in ``staging.py``, the
