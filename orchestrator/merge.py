@@ -188,7 +188,7 @@ def main(args: argparse.Namespace) -> int:
         from rankscope.pandas_strings import object_strings
 
         # the pace and the strings of an analysis (workflow.merge_analyse_report): same store
-        with interrupt_wins(), object_strings():
+        with interrupt_wins(), object_strings(if_imported=True):
             merge_run_dir(
                 paths[0],
                 output=args.output,

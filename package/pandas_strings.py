@@ -26,14 +26,16 @@ INFER_STRING_OPTION = "future.infer_string"
 
 
 @contextlib.contextmanager
-def object_strings() -> Iterator[None]:
+def object_strings(if_imported: bool = False) -> Iterator[None]:
     """Run the body with pandas inferring object dtype for strings (module docstring); the
-    caller's setting is restored on the way out, error or not. Where pandas is not imported yet
-    the body runs as is: a merge that needs none imports none (``orchestrator/merge.py``), and
-    one that imports it later gets pandas' default (the same results, as above)."""
+    caller's setting is restored on the way out, error or not.
+
+    ``if_imported``: where pandas is not imported yet, run the body as is rather than import it
+    (``rankscope merge`` of other tools' traces imports none: ``orchestrator/merge.py``; a body
+    that imports it after all gets pandas' default, the same results as above)."""
     import sys
 
-    if "pandas" not in sys.modules:
+    if if_imported and "pandas" not in sys.modules:
         yield
         return
     import pandas as pd
