@@ -165,6 +165,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     process with that status at once, after an interrupt (:func:`_end_interrupted`) and, where
     nothing is left to wait for, after any other outcome too (:func:`_end_finished`).
     """
+    if argv is None:
+        from rankscope.collector import keep_pace_to_exit
+
+        keep_pace_to_exit()  # the process ends with the command: no pace to put back
     code = _main(argv)
     if argv is None:
         if code == EXIT_INTERRUPTED:

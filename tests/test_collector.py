@@ -70,3 +70,44 @@ def test_the_analysis_runs_paced(default_pace: tuple[int, int, int], tmp_path: P
     assert (run / "report" / "summary.json").is_file()
     assert seen == {step: {PACED} for step in steps}
     assert gc.get_threshold() == default_pace
+
+
+def test_the_console_script_keeps_the_pace_to_its_end() -> None:
+    """The process of the console script (``cli.main()`` without arguments) keeps the pace after
+    the command's block: putting Python's back only made a pass over the young generation
+    right before the process ended. Without that call, the caller's thresholds come back."""
+    import subprocess
+
+    code = (
+        "import gc\n"
+        "from rankscope.collector import keep_pace_to_exit, paced_collector\n"
+        "gc.set_threshold(700, 10, 10)\n"
+        "with paced_collector(): pass\n"
+        "print(gc.get_threshold())\n"
+        "keep_pace_to_exit()\n"
+        "with paced_collector(): pass\n"
+        "print(gc.get_threshold())\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert out.stdout.split("\n")[:2] == [str((700, 10, 10)), str(PACED)]
+
+
+def test_rankscope_merge_as_a_process_ends_at_its_pace(tmp_path: Path) -> None:
+    """``rankscope merge`` as the console script: the thresholds an ``atexit`` handler sees (the
+    script ends through them, then ``os._exit``) are still the pace's."""
+    import subprocess
+
+    code = (
+        "import atexit, gc, sys\n"
+        "from rankscope.orchestrator import cli\n"
+        "atexit.register(lambda: print(gc.get_threshold()))\n"
+        f"sys.argv = ['rankscope', 'merge', {str(DATA)!r}, '-o', {str(tmp_path / 't.h5')!r}, '-q']\n"
+        "cli.main()\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == str(PACED)
