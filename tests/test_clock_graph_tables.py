@@ -16,7 +16,7 @@ from rankscope.orchestrator.ingest.clock_graph import (
     Edge,
     constraints,
     fit_line,
-    shortest_from,
+    intervals_from,
 )
 
 
@@ -129,19 +129,7 @@ def ref_causality_intervals(
         val = recv.loc[both, "end"].to_numpy(np.int64) - send.loc[both, "start"].to_numpy(np.int64)
         keep = gs != gr
         np.minimum.at(w, (gr[keep], gs[keep]), val[keep])
-    d = np.where(w < inf, w.astype(np.float64), np.inf)
-    np.fill_diagonal(d, 0.0)
-    if shortest_from(d, None) is None:
-        return {}
-    from_root, to_root = shortest_from(d, ROOT), shortest_from(d.T, ROOT)
-    if from_root is None or to_root is None:
-        return {}
-    out = {}
-    for g in range(1, n):
-        lo, hi = -float(to_root[g]), float(from_root[g])
-        if np.isfinite(lo) and np.isfinite(hi):
-            out[g] = (lo, hi)
-    return out
+    return intervals_from(w, inf, ROOT)  # numpy then as now (Floyd-Warshall: test_clock.py)
 
 
 def _job(rng: np.random.Generator) -> tuple[dict[str, np.ndarray], dict[int, int]]:

@@ -46,8 +46,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from rankscope.analysis.store.schema import ClockMethod
 from rankscope.orchestrator.ingest.clock_graph import constraints as _constraints
+from rankscope.orchestrator.ingest.clock_graph import intervals_from
 from rankscope.orchestrator.ingest.clock_graph import shortest_from as shortest_from
-from rankscope.orchestrator.ingest.comm_links import Columns, rows_of
+from rankscope.orchestrator.ingest.column_tables import Columns, from_rows, group_max, rows_of
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -233,8 +234,7 @@ def count_violations(colls: Columns | pd.DataFrame) -> dict[int, int]:
         return {}
     start = np.asarray(colls["start"]).astype(np.int64)
     ids, inverse = np.unique(coll, return_inverse=True)
-    last_start = np.full(len(ids), np.iinfo(np.int64).min, dtype=np.int64)
-    np.maximum.at(last_start, inverse, start)
+    last_start = group_max(inverse, start, len(ids))
     bad = np.asarray(colls["end"]).astype(np.int64) < last_start[inverse]
     ranks, at = np.unique(np.asarray(colls["rank"]), return_inverse=True)
     counts = np.bincount(at, weights=bad, minlength=len(ranks))
@@ -316,21 +316,7 @@ def feasible_offsets(
     if not len(colls["coll"]) or ref_rank not in ranks or len(ranks) < 2:
         return {}
     w, inf = _constraints(colls, ranks)
-    d = np.where(w < inf, w.astype(np.float64), np.inf)
-    np.fill_diagonal(d, 0.0)
-    i0 = ranks.index(ref_rank)
-    if shortest_from(d, None) is None:  # a negative cycle anywhere: contradictory constraints
-        return {}
-    from_ref = shortest_from(d, i0)  # d[ref, r]
-    to_ref = shortest_from(d.T, i0)  # d[r, ref]
-    if from_ref is None or to_ref is None:
-        return {}
-    out: dict[int, tuple[float, float]] = {}
-    for i, r in enumerate(ranks):
-        lo, hi = -float(to_ref[i]), float(from_ref[i])
-        if r != ref_rank and np.isfinite(lo) and np.isfinite(hi):
-            out[r] = (lo, hi)
-    return out
+    return {ranks[i]: b for i, b in intervals_from(w, inf, ranks.index(ref_rank)).items()}
 
 
 @dataclass(frozen=True)
@@ -552,9 +538,7 @@ def align_columns(
                 int(after.get(r, 0)),
             )
         )
-    fields = list(zip(*rows, strict=True)) or [()] * len(CLOCK_TABLE)
-    clock = {c: np.array(v, dtype=d) for (c, d), v in zip(CLOCK_TABLE.items(), fields, strict=True)}
-    return clock, transform(colls, {})
+    return from_rows(rows, CLOCK_TABLE), transform(colls, {})
 
 
 def summary_line(clock: Columns) -> str:

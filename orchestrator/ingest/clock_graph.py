@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from rankscope.orchestrator.ingest.comm_links import Columns
+from rankscope.orchestrator.ingest.column_tables import Columns, group_max, group_min, mapped
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -153,17 +153,13 @@ def split_inconsistent(sync: Columns, group_of: dict[int, int]) -> dict[int, int
     end = np.asarray(sync["end"]).astype(np.int64)[mine]
     next_id = max(out.values(), default=ROOT) + 1
     while True:
-        g = np.array([out[r] for r in rank.tolist()], dtype=np.int64)
+        g = mapped(rank, out)
         sel = g != ROOT
         if not sel.any():
             return out
-        _, at = np.unique(np.stack([coll[sel], g[sel]]), axis=1, return_inverse=True)
-        at = at.reshape(-1)
-        max_start = np.full(int(at.max()) + 1, np.iinfo(np.int64).min, dtype=np.int64)
-        np.maximum.at(max_start, at, start[sel])
-        min_end = np.full(len(max_start), np.iinfo(np.int64).max, dtype=np.int64)
-        np.minimum.at(min_end, at, end[sel])
-        hi, lo = max_start[at], min_end[at]
+        at, pair_coll, _ = _pairs(coll[sel], g[sel])
+        hi = group_max(at, start[sel], len(pair_coll))[at]
+        lo = group_min(at, end[sel], len(pair_coll))[at]
         bad = (lo < hi) & ((end[sel] < hi) | (start[sel] > lo))
         if not bad.any():
             return out
@@ -182,10 +178,9 @@ def _most_frequent(values: np.ndarray) -> int:
 def _groups_of(frame: Columns, group_of: dict[int, int]) -> tuple[np.ndarray, np.ndarray]:
     """(rows of ``frame`` whose rank has a group, their groups): ``rank.map(group_of)`` with
     the rows of ranks outside it dropped."""
-    ranks = np.asarray(frame["rank"]).astype(np.int64).tolist()
-    groups = [group_of.get(r) for r in ranks]
-    rows = np.array([i for i, g in enumerate(groups) if g is not None], dtype=np.int64)
-    return rows, np.array([groups[i] for i in rows.tolist()], dtype=np.int64)
+    groups = mapped(frame["rank"], group_of)  # groups are ROOT (0) and up
+    rows = np.flatnonzero(groups >= 0)
+    return rows, groups[rows]
 
 
 def _pairs(coll: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -214,9 +209,15 @@ def _group_ends(sync: Columns, group_of: dict[int, int], base: int) -> Columns:
     first = np.concatenate(([0], np.cumsum(count)[:-1])).astype(np.int64)
     ys = y[order]
     med = (ys[first + (count - 1) // 2] + ys[first + count // 2]) / 2
-    spans = np.bincount(np.unique(p_coll, return_inverse=True)[1].reshape(-1))
-    keep = spans[np.unique(p_coll, return_inverse=True)[1].reshape(-1)] >= 2
+    keep = _spanning(p_coll)
     return {"coll": p_coll[keep], "g": p_g[keep], "y": med[keep]}
+
+
+def _spanning(pair_coll: np.ndarray) -> np.ndarray:
+    """Which (collective, group) pairs (each pair's collective, :func:`_pairs`) belong to a
+    collective of two groups or more."""
+    at = np.unique(pair_coll, return_inverse=True)[1].reshape(-1)
+    return np.bincount(at)[at] >= 2
 
 
 def end_edges(ends: Columns, rough: dict[int, float], t_ref: float) -> list[Edge]:
@@ -229,8 +230,7 @@ def end_edges(ends: Columns, rough: dict[int, float], t_ref: float) -> list[Edge
         return []
     ids, at = np.unique(coll, return_inverse=True)
     at = at.reshape(-1)
-    hub_g = np.full(len(ids), np.iinfo(np.int64).max, dtype=np.int64)
-    np.minimum.at(hub_g, at, g)
+    hub_g = group_min(at, g, len(ids))
     is_hub = g == hub_g[at]
     hub_y = np.empty(len(ids), dtype=np.float64)
     hub_y[at[is_hub]] = y[is_hub]
@@ -288,8 +288,7 @@ def constraints(colls: Columns | pd.DataFrame, ranks: list[int]) -> tuple[np.nda
         return w, inf
     # Plain arrays sorted by (coll, rank index): a pandas group per collective cost ~1 ms each
     # (13 s for the 13,600 collectives of a 32-rank TP x PP x DP job).
-    position = {r: i for i, r in enumerate(ranks)}
-    ri = np.array([position.get(r, -1) for r in np.asarray(colls["rank"]).tolist()], dtype=np.int64)
+    ri = mapped(colls["rank"], {r: i for i, r in enumerate(ranks)})
     keep = ri >= 0
     c = np.asarray(colls["coll"])[keep]
     rr_all, e_all = ri[keep], np.asarray(colls["end"]).astype(np.int64)[keep]
@@ -377,12 +376,9 @@ def causality_intervals(
     if len(sync["coll"]):
         _, s = reduced(sync)
         pair, p_coll, p_g = _pairs(s["coll"], s["g"])
-        start = np.full(len(p_coll), np.iinfo(np.int64).min, dtype=np.int64)
-        np.maximum.at(start, pair, s["start"])
-        end = np.full(len(p_coll), np.iinfo(np.int64).max, dtype=np.int64)
-        np.minimum.at(end, pair, s["end"])
-        at = np.unique(p_coll, return_inverse=True)[1].reshape(-1)
-        keep = np.bincount(at)[at] >= 2  # collectives of two groups or more
+        start = group_max(pair, s["start"], len(p_coll))
+        end = group_min(pair, s["end"], len(p_coll))
+        keep = _spanning(p_coll)
         cols = {"coll": p_coll[keep], "rank": p_g[keep], "start": start[keep], "end": end[keep]}
     w, inf = constraints(cols, list(range(n)))
     if len(p2p["coll"]):
@@ -399,18 +395,26 @@ def causality_intervals(
         val = p["end"][rcv] - p["start"][snd]
         keep = gs != gr
         np.minimum.at(w, (gr[keep], gs[keep]), val[keep])
+    return intervals_from(w, inf, ROOT)
+
+
+def intervals_from(w: np.ndarray, inf: int, src: int) -> dict[int, tuple[float, float]]:
+    """Per index other than ``src``, the interval [lo, hi] (ns) of its offset relative to
+    ``src`` that the difference constraints ``w`` allow (``inf``: none): shortest paths from
+    and to ``src`` (:func:`shortest_from`). Indices bounded on one side only are absent, and
+    every index when the constraints contradict each other (a negative cycle anywhere)."""
     d = np.where(w < inf, w.astype(np.float64), np.inf)
     np.fill_diagonal(d, 0.0)
     if shortest_from(d, None) is None:
         return {}
-    from_root, to_root = shortest_from(d, ROOT), shortest_from(d.T, ROOT)
-    if from_root is None or to_root is None:
+    from_src, to_src = shortest_from(d, src), shortest_from(d.T, src)
+    if from_src is None or to_src is None:
         return {}
     out = {}
-    for g in range(1, n):
-        lo, hi = -float(to_root[g]), float(from_root[g])
-        if np.isfinite(lo) and np.isfinite(hi):
-            out[g] = (lo, hi)
+    for i in range(len(w)):
+        lo, hi = -float(to_src[i]), float(from_src[i])
+        if i != src and np.isfinite(lo) and np.isfinite(hi):
+            out[i] = (lo, hi)
     return out
 
 

@@ -31,7 +31,7 @@ pairs"):
    disagreement is counted.
 
 Peers are global ranks. All times are ns of the rank's raw clock. The tables are columns
-(:data:`Columns`, one numpy array each, rows aligned), not DataFrames: the merge's per-rank task
+(``column_tables.Columns``, one numpy array each, rows aligned), not DataFrames: the merge's per-rank task
 builds them where pandas is not imported (``source_reads.ReadAhead``; ``matching.match`` makes
 the DataFrame).
 """
@@ -43,24 +43,13 @@ import dataclasses
 import numpy as np
 from rankscope.analysis.compute.launch_match import launch_rows
 from rankscope.analysis.store.schema import P2P_OPS, EventKind
+from rankscope.orchestrator.ingest.column_tables import Columns, concat_rows, rows_of
 from rankscope.orchestrator.ingest.vocabulary import NCCL_COALESCED, PEER_OPS
 
-#: A table as columns: name → one array, every array one value per row.
-Columns = dict[str, np.ndarray]
 #: Columns of one rank's communication table as produced by the merge's per-rank task.
 RANK_COMM_COLUMNS = (
     "event", "op", "group", "seq", "bytes", "step", "start", "end", "gpu", "peer"
 )  # fmt: skip
-
-
-def rows_of(table: Columns, rows: np.ndarray) -> Columns:
-    """The rows ``rows`` (positions) of every column."""
-    return {c: v[rows] for c, v in table.items()}
-
-
-def concat_rows(tables: list[Columns]) -> Columns:
-    """The tables' rows one after the other (each has the first's columns)."""
-    return {c: np.concatenate([t[c] for t in tables]) for c in tables[0]}
 
 
 def normalise_groups(groups: np.ndarray, comm_cpu: np.ndarray, lane: np.ndarray) -> np.ndarray:

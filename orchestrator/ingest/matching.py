@@ -38,7 +38,14 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from rankscope.orchestrator.ingest.comm_links import RANK_COMM_COLUMNS, Columns, rows_of
+from rankscope.orchestrator.ingest.column_tables import (
+    Columns,
+    concat_rows,
+    group_max,
+    group_min,
+    rows_of,
+)
+from rankscope.orchestrator.ingest.comm_links import RANK_COMM_COLUMNS
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -122,8 +129,6 @@ def match(per_rank: dict[int, Columns]) -> Columns:
     pass over the collectives): the merge of a job whose clocks need no fit imports no pandas
     (``clock.align_columns``). ``tests/test_matching_table.py`` checks it against that pandas form.
     """
-    from rankscope.orchestrator.ingest.comm_links import concat_rows
-
     parts = []
     for rank, comm in sorted(per_rank.items()):
         n = len(comm["event"])
@@ -152,15 +157,14 @@ def match(per_rank: dict[int, Columns]) -> Columns:
     text_order[np.array(sorted(range(len(keys)), key=keys.__getitem__), dtype=np.int64)] = (
         np.arange(len(keys))
     )
-    first = np.full(len(keys), np.iinfo(np.int64).max, dtype=np.int64)
-    np.minimum.at(first, key_code, allc["start"].astype(np.int64))
+    first = group_min(key_code, allc["start"].astype(np.int64), len(keys))
     by_start = _stable_order(text_order, first)
     ids = np.empty(len(keys), dtype=np.int64)
     ids[by_start] = np.arange(len(keys))
     coll = ids[key_code]
     allc["coll"] = coll
     # Fill seq where the trace had none: order of the collective within its (group, op).
-    seq_max = _per_coll_max(coll, allc["seq"], len(keys))
+    seq_max = group_max(coll, allc["seq"], len(keys))
     no_seq = seq_max[coll] < 0
     if no_seq.any():
         rows = np.flatnonzero(no_seq)
@@ -177,7 +181,7 @@ def match(per_rank: dict[int, Columns]) -> Columns:
         allc["seq"] = seq
     else:
         allc["seq"] = seq_max[coll]
-    allc["bytes"] = _per_coll_max(coll, allc["bytes"], len(keys))[coll]
+    allc["bytes"] = group_max(coll, allc["bytes"], len(keys))[coll]
     out = {c: allc[c] for c in MATCHED_COLUMNS}
     return rows_of(out, _stable_order(out["rank"], out["coll"]))
 
@@ -187,20 +191,6 @@ def _stable_order(minor: np.ndarray, major: np.ndarray) -> np.ndarray:
     ``sort_values([major, minor], kind="stable")``)."""
     order = np.argsort(minor, kind="stable")
     return order[np.argsort(major[order], kind="stable")]
-
-
-def _per_coll_max(coll: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
-    """The largest of ``values`` per collective id ``0..n-1`` (each id has a row); objects where
-    a trace's number lies beyond int64 (``file_trace._integers``)."""
-    if values.dtype != object:
-        out = np.full(n, np.iinfo(np.int64).min, dtype=np.int64)
-        np.maximum.at(out, coll, values)
-        return out
-    best: list[Any] = [None] * n
-    for c, v in zip(coll.tolist(), values.tolist(), strict=True):
-        if best[c] is None or v > best[c]:
-            best[c] = v
-    return np.array(best, dtype=object)
 
 
 def without_peer(colls: Columns) -> int:
@@ -219,8 +209,7 @@ def renumber(colls: Columns) -> Columns:
     if not len(colls["coll"]):
         return colls
     ids, inverse = np.unique(colls["coll"], return_inverse=True)
-    first = np.full(len(ids), np.iinfo(np.int64).max, dtype=np.int64)
-    np.minimum.at(first, inverse, colls["start"].astype(np.int64))
+    first = group_min(inverse, colls["start"].astype(np.int64), len(ids))
     mapping = np.empty(len(ids), dtype=np.int64)
     mapping[np.argsort(first, kind="stable")] = np.arange(len(ids))
     out = dict(colls)
@@ -230,11 +219,14 @@ def renumber(colls: Columns) -> Columns:
 
 def rows_by_rank(colls: Columns, ranks: Iterable[int], columns: list[str]) -> dict[int, Columns]:
     """``columns`` of each rank's rows (in table order; no rows for a rank without any)."""
-    rank = colls["rank"]
-    return {
-        int(r): {c: colls[c][rank == r] if len(rank) else np.zeros(0, np.int64) for c in columns}
-        for r in ranks
-    }
+    rank = np.asarray(colls["rank"]).astype(np.int64)
+    order = np.argsort(rank, kind="stable")  # each rank's rows together, in table order
+    by_rank = rank[order]
+    out = {}
+    for r in ranks:
+        rows = order[np.searchsorted(by_rank, r) : np.searchsorted(by_rank, r, side="right")]
+        out[int(r)] = {c: np.asarray(colls[c])[rows] for c in columns}
+    return out
 
 
 def shared_rows(

@@ -201,7 +201,7 @@ def _merge_locked(
     from rankscope.analysis.store.schema import P2P_WITHOUT_PEER_ATTR
     from rankscope.analysis.store.writer import StoreWriter
     from rankscope.orchestrator.ingest import clock as clk
-    from rankscope.orchestrator.ingest.comm_links import concat_rows
+    from rankscope.orchestrator.ingest.column_tables import concat_rows
     from rankscope.orchestrator.ingest.matching import (
         match,
         renumber,

@@ -7,7 +7,7 @@ tell — the ProfilerStep ranges, each event's step (GPU work takes its launch's
 communication table with normalised groups and point-to-point peers. What it returns is small
 besides the columns (a few tens of bytes per event); all times are the rank's raw clock (ns).
 
-Its tables are columns (``comm_links.Columns``), never DataFrames, and it imports no pandas
+Its tables are columns (``column_tables.Columns``), never DataFrames, and it imports no pandas
 (``tests/test_reader_imports.py``): a small job's merge runs it in the process forked before
 pandas' import (``source_reads.ReadAhead``), beside that import rather than after it.
 """
@@ -25,8 +25,12 @@ from rankscope.orchestrator.ingest.discovery import Problem, RankSource
 from rankscope.orchestrator.ingest.step_logs import read_rank_step_log
 from rankscope.orchestrator.ingest.vocabulary import GPU_KINDS
 
+#: The lanes table's columns (``schema.LANE_COLUMNS``) as a rank's build makes them.
+LANE_DTYPES = dict.fromkeys(LANE_COLUMNS, object) | {"lane": np.int64, "kind": np.int64}
+
 if TYPE_CHECKING:
-    from rankscope.orchestrator.ingest.comm_links import Columns, LinkCounts
+    from rankscope.orchestrator.ingest.column_tables import Columns
+    from rankscope.orchestrator.ingest.comm_links import LinkCounts
     from rankscope.orchestrator.ingest.file_trace import FileTrace
     from rankscope.orchestrator.ingest.source_reads import ReadAhead
 
@@ -82,7 +86,7 @@ def parse_source(
     ``vocabulary``: the communication kernels in force (``comm_kernels.py``). ``ahead``: parses
     begun in a forked process (``source_reads.ReadAhead``; in-process parses only), taken
     instead of parsing here when it has this source's."""
-    from rankscope.orchestrator.ingest.comm_links import concat_rows
+    from rankscope.orchestrator.ingest.column_tables import concat_rows, from_rows
     from rankscope.orchestrator.ingest.event_columns import sort_by_ts
     from rankscope.orchestrator.ingest.rank_reads import read_source
 
@@ -163,11 +167,7 @@ def parse_source(
         enqueue_all["event"] = inverse[enqueue_all["event"]]
     steps = _steps(columns, strings_list)
     columns["step"] = _step_column(columns, steps)
-    lane_fields = list(zip(*lane_rows, strict=True)) or [()] * len(LANE_COLUMNS)
-    lanes = {
-        c: np.array(v, dtype=np.int64 if c in ("lane", "kind") else object)
-        for c, v in zip(LANE_COLUMNS, lane_fields, strict=True)
-    }
+    lanes = from_rows(lane_rows, LANE_DTYPES)
     comm_table, counts = _comm_table(comm_all, columns, strings_list, enqueue_all)
     problems.extend(Problem(source.label, hint, note) for note in counts.notes())
     memory = None

@@ -101,7 +101,11 @@ class ReadAhead:
     ``orchestrator.merge.read_ahead``, which closes it (``contextlib.closing`` elsewhere)."""
 
     def __init__(
-        self, sources: list[RankSource], vocabulary: CommVocabulary, wait_s: float
+        self,
+        sources: list[RankSource],
+        vocabulary: CommVocabulary,
+        wait_s: float,
+        run_dir: bool = False,
     ) -> None:
         from rankscope.analysis.engine.forked_workers import forked_pool
         from rankscope.orchestrator.ingest.rank_columns import parse_source
@@ -120,7 +124,7 @@ class ReadAhead:
                 self._parses[_files(source)] = (dataclasses.replace(source), parse)
         self.taken = 0
         """sources whose parses were taken (the rest were parsed here)"""
-        self.run_dir = False
+        self.run_dir = run_dir
         """the inputs are a ``rankscope run`` folder (``run.json``: its clock samples and step
         changes are read with pandas; ``orchestrator/merge.py``)"""
 
@@ -156,11 +160,8 @@ class ReadAhead:
         import rankscope.orchestrator.ingest.comm_links
         import rankscope.orchestrator.ingest.decode  # noqa: F401
 
-        ahead = cls(
-            sources, vocabulary, READ_AHEAD_WAIT_S + estimate_events(sources) / PARSE_EVENTS_PER_S
-        )
-        ahead.run_dir = bool(run)
-        return ahead
+        wait_s = READ_AHEAD_WAIT_S + estimate_events(sources) / PARSE_EVENTS_PER_S
+        return cls(sources, vocabulary, wait_s, run_dir=bool(run))
 
     def take(self, source: RankSource, vocabulary: CommVocabulary) -> RankResult | None:
         """The parse of ``source``, or None: parse it here (not parsed ahead, parsed as another
