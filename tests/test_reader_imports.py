@@ -3,6 +3,8 @@
 
 What they make of a rank's files is numpy columns and plain rows, so ranks can be parsed where
 those ~0.3 s of imports have not happened yet; the small tables become DataFrames where wanted.
+Nor does a rank's build or a merge without pandas import ``numpy.ma`` (which ``np.unique``
+imports at its first call: 6-7 ms per process; ``column_tables.distinct``).
 """
 
 from __future__ import annotations
@@ -21,12 +23,13 @@ DATA = Path(__file__).parent / "data"
 NCCL = DATA / "hta" / "nccl_parser_config" / "nccl_data.json.gz"
 #: A real 54 MB rank with ``[memory]`` events and NCCL kernels.
 BIG = DATA / "hta" / "df_index_resolver" / "df_index_resolver.json.gz"
-#: The start of a child interpreter's code that makes the ``{refused}`` packages unimportable.
+#: The start of a child interpreter's code that makes the ``{refused}`` packages (and modules,
+#: named in full) unimportable.
 REFUSE = """
 import sys
 class Refuse:
     def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in {refused!r}:
+        if name in {refused!r} or name.split(".")[0] in {refused!r}:
             raise ImportError("refused: " + name)
 sys.meta_path.insert(0, Refuse())
 """
@@ -61,7 +64,7 @@ def test_a_ranks_build_imports_neither_pandas_nor_h5py() -> None:
     """``rank_columns.parse_source`` (what the read-ahead process runs before this process'
     imports: ``source_reads.ReadAhead``) on ranks with comm kernels linked to their
     ``record_param_comms`` (DLRM), enqueue ops and memory events, pandas and h5py refused."""
-    code = REFUSE.format(refused=("pandas", "h5py")) + textwrap.dedent(
+    code = REFUSE.format(refused=("pandas", "h5py", "numpy.ma")) + textwrap.dedent(
         f"""
         from pathlib import Path
         from rankscope.orchestrator.ingest.discovery import RankSource, discover
@@ -87,8 +90,8 @@ def test_a_ranks_build_imports_neither_pandas_nor_h5py() -> None:
 
 def _merge_importing(args: list[str], refuse: bool) -> tuple[str, str]:
     """``rankscope merge ARGS`` in a fresh interpreter (pandas made unimportable when
-    ``refuse``); returns (stdout: whether pandas was imported, stderr)."""
-    code = REFUSE.format(refused=("pandas",) if refuse else ()) + textwrap.dedent(
+    ``refuse``, and ``numpy.ma``); returns (stdout: whether pandas was imported, stderr)."""
+    code = REFUSE.format(refused=("pandas", "numpy.ma") if refuse else ()) + textwrap.dedent(
         f"""
         from rankscope.orchestrator.cli import main
         try:

@@ -48,7 +48,13 @@ from rankscope.analysis.store.schema import ClockMethod
 from rankscope.orchestrator.ingest.clock_graph import constraints as _constraints
 from rankscope.orchestrator.ingest.clock_graph import intervals_from
 from rankscope.orchestrator.ingest.clock_graph import shortest_from as shortest_from
-from rankscope.orchestrator.ingest.column_tables import Columns, from_rows, group_max, rows_of
+from rankscope.orchestrator.ingest.column_tables import (
+    Columns,
+    from_rows,
+    group_max,
+    median,
+    rows_of,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -131,7 +137,7 @@ def fit_samples(samples: pd.DataFrame) -> RuntimeFit | None:
     if abs(drift) * float(np.ptp(x)) <= 2 * float(np.max(half_rtt)):
         # The offset change over the run is within the measurement error: not significant.
         drift = 0.0
-    intercept = float(np.median(y - drift * x))
+    intercept = median(y - drift * x)
     residual = float(np.max(np.abs(y - (intercept + drift * x))))
     bound = float(np.max(half_rtt)) + residual
     return RuntimeFit(

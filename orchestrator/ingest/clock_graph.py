@@ -44,7 +44,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from rankscope.orchestrator.ingest.column_tables import Columns, group_max, group_min, mapped
+from rankscope.orchestrator.ingest.column_tables import (
+    Columns,
+    distinct,
+    group_max,
+    group_min,
+    mapped,
+    median,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -105,7 +112,7 @@ def spread_of(resid: Any) -> float:
         return float("inf")
     if len(dev) < FEW_COLLECTIVES:
         return float(dev.max())
-    return SPREAD_FACTOR * 1.4826 * float(np.median(dev))
+    return SPREAD_FACTOR * 1.4826 * median(dev)
 
 
 def fit_line(x: np.ndarray, d: np.ndarray) -> tuple[float, float, float]:
@@ -117,7 +124,7 @@ def fit_line(x: np.ndarray, d: np.ndarray) -> tuple[float, float, float]:
     (``MAX_DRIFT``) and narrows the residual band; the value at 0 is then the median of
     ``d - slope·x``. The bound is the band (``spread_of``) of the chosen model's residuals.
     """
-    c0 = float(np.median(d))
+    c0 = median(d)
     b0 = spread_of(d - c0)
     n = len(x)
     if n < 4:
@@ -131,7 +138,7 @@ def fit_line(x: np.ndarray, d: np.ndarray) -> tuple[float, float, float]:
     stderr = float(np.sqrt(resid @ resid / (n - 2) / sxx))
     if abs(slope) <= SPREAD_FACTOR * stderr or abs(slope) > MAX_DRIFT:
         return c0, 0.0, b0
-    c1 = float(np.median(d - slope * x))
+    c1 = median(d - slope * x)
     b1 = spread_of(d - c1 - slope * x)
     return (c1, slope, b1) if b1 < b0 else (c0, 0.0, b0)
 
@@ -299,7 +306,7 @@ def constraints(colls: Columns | pd.DataFrame, ranks: list[int]) -> tuple[np.nda
     first = np.concatenate(([0], cuts))
     size = np.diff(np.concatenate((first, [len(c)])))
     every = np.arange(n)
-    for k in np.unique(size):
+    for k in distinct(size):
         starts = first[size == k]
         if k * k * len(starts) <= BATCH_ELEMENTS:  # small collectives of one size: at once
             rows = starts[:, None] + np.arange(k)[None, :]
@@ -312,7 +319,7 @@ def constraints(colls: Columns | pd.DataFrame, ranks: list[int]) -> tuple[np.nda
             cand = e[:, None] - s[None, :]  # [r, q]
             if k == n and np.array_equal(rr, every):  # every rank once: the whole matrix
                 np.minimum(w, cand, out=w)
-            elif len(np.unique(rr)) == k:  # each rank once: one block
+            elif len(distinct(rr)) == k:  # each rank once: one block
                 block = np.ix_(rr, rr)
                 w[block] = np.minimum(w[block], cand)
             else:  # a rank twice in one collective: repeated indices need the unbuffered form

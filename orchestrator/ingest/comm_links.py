@@ -43,7 +43,7 @@ import dataclasses
 import numpy as np
 from rankscope.analysis.compute.launch_match import launch_rows
 from rankscope.analysis.store.schema import P2P_OPS, EventKind
-from rankscope.orchestrator.ingest.column_tables import Columns, concat_rows, rows_of
+from rankscope.orchestrator.ingest.column_tables import Columns, concat_rows, distinct, rows_of
 from rankscope.orchestrator.ingest.vocabulary import NCCL_COALESCED, PEER_OPS
 
 #: Columns of one rank's communication table as produced by the merge's per-rank task.
@@ -142,7 +142,7 @@ def link_enqueue(comm: Columns, enqueue: Columns, columns: Columns) -> np.ndarra
     e_start = columns["ts"][e_ev]
     e_end = e_start + columns["dur"][e_ev]
     e_lane = columns["lane"][e_ev].astype(np.int64)
-    for lane in np.unique(l_lane[l_lane >= 0]).tolist():
+    for lane in distinct(l_lane[l_lane >= 0]).tolist():
         mine = np.flatnonzero(e_lane == lane)
         if not len(mine):
             continue
@@ -202,7 +202,7 @@ def expand_coalesced(
     free = (link < 0) & np.isin(comm["op"], list(PEER_OPS)) & (l_ts >= 0)
     batch_of = np.full(len(e_op), -1, dtype=np.int64)  # comm row of the op's batch kernel
     lo, hi = np.iinfo(np.int64).min, np.iinfo(np.int64).max
-    for lane in np.unique(columns["lane"][works]).tolist():
+    for lane in distinct(columns["lane"][works]).tolist():
         w_ts = np.sort(columns["ts"][works[columns["lane"][works] == lane]])
         # a batch's ops come after the previous Work and after any op that launched its own kernel
         bounds = np.sort(e_end[linked & (e_lane == lane)])

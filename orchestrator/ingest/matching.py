@@ -41,6 +41,7 @@ import numpy as np
 from rankscope.orchestrator.ingest.column_tables import (
     Columns,
     concat_rows,
+    distinct,
     group_max,
     group_min,
     rows_of,
@@ -241,7 +242,7 @@ def shared_rows(
     rank = np.asarray(colls["rank"])[rows].astype(np.int64)
     ids, inverse = np.unique(coll, return_inverse=True)
     width = int(rank.max()) + 1
-    pairs = np.unique(inverse * width + rank)  # each (collective, rank) once
+    pairs = distinct(inverse * width + rank)  # each (collective, rank) once
     counts = np.bincount(pairs // width, minlength=len(ids))[inverse]
     rows[rows] = counts == ranks if exactly else counts >= ranks
     return rows

@@ -67,6 +67,7 @@ from rankscope.atomic import translate_write_errors
 from rankscope.errors import InputFileError, UsageError
 from rankscope.launchers import rundir
 from rankscope.orchestrator.ingest import step_logs
+from rankscope.orchestrator.ingest.column_tables import distinct
 from rankscope.orchestrator.ingest.comm_kernels import (
     COMM_KERNELS_ATTR,
     DEFAULT_VOCABULARY,
@@ -433,7 +434,7 @@ def _merge_locked(
         shutil.rmtree(split_dir, ignore_errors=True)
         shutil.rmtree(workers_dir, ignore_errors=True)  # the runner removed it; in case
     if not quiet:
-        n_coll = len(np.unique(colls_aligned["coll"]))
+        n_coll = len(distinct(colls_aligned["coll"]))
         if len(parked) > 1:  # one rank: no clock to align (conclude/sections.py)
             print(clk.summary_line(clock_table))
         print(

@@ -51,6 +51,7 @@ from typing import Any
 import msgspec
 import numpy as np
 from rankscope.errors import InputFileError
+from rankscope.orchestrator.ingest.column_tables import distinct
 from rankscope.orchestrator.ingest.kineto_json import (
     KEvent,
     TraceReadError,
@@ -234,7 +235,7 @@ def steps_repeat(name: np.ndarray, cat: np.ndarray, strings: list[str]) -> bool:
         return False
     on_host = np.array([s != GPU_ANNOTATION_CAT for s in strings], dtype=bool)
     steps = name[is_step[name] & on_host[cat]]
-    return len(steps) > len(np.unique(steps))
+    return len(steps) > len(distinct(steps))
 
 
 def split_file(path: Path, folder: Path) -> Split | None:

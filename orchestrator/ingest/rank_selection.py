@@ -15,8 +15,8 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from rankscope.errors import UsageError
+from rankscope.orchestrator.ingest.column_tables import median as column_median
 from rankscope.orchestrator.ingest.discovery import Problem, RankSource
 from rankscope.orchestrator.ingest.merge_progress import _say
 from rankscope.orchestrator.ingest.step_logs import park as park_step_log
@@ -175,7 +175,7 @@ def _reject_foreign(
     expected = run.get("world_size") or _common(r.world_size for r in parked.values())
     first = {r: res.t_first for r, res in parked.items()}
     known = list(first.values())
-    median = float(np.median(known)) if known else None
+    median = column_median(known) if known else None
     for r, res in sorted(parked.items()):
         why = None
         if expected and res.world_size and res.world_size != expected:
