@@ -236,3 +236,50 @@ def test_event_columns_are_chunked_and_compressed(big_store: Path) -> None:
         ts = f["ranks"][rank]["events"]["ts"]
         assert ts.chunks is not None and ts.compression is not None
         assert f["strings"].dtype.kind == "O"
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int16", "int32", "int64", "uint64", "float64"])
+def test_chunks_written_here_are_what_hdf5_writes_and_reads(tmp_path: Path, dtype: str) -> None:
+    """A chunked column's chunks are filtered here (``chunk_filters.filtered_chunk``: shuffle, then a
+    deflate stream by ISA-L): HDF5 reads back the same values through its own gzip + shuffle
+    filters, every chunk unfiltered by hand is the values (an edge chunk padded with zeros, as
+    HDF5 pads it), and the dataset declares the same filters as one HDF5 writes itself."""
+    import zlib
+
+    from rankscope.analysis.store.layout import EVENT_CHUNK_ROWS
+    from rankscope.analysis.store.writer import _write_column
+
+    rng = np.random.default_rng(7)
+    n = 2 * EVENT_CHUNK_ROWS + 1234  # two full chunks and an edge one
+    info = np.iinfo(dtype) if dtype != "float64" else None
+    values = (
+        rng.integers(info.min, info.max, n, dtype=dtype, endpoint=True)
+        if info is not None
+        else rng.standard_normal(n) * 1e9
+    )
+    values[:100] = 0  # runs, as real columns have
+    path = tmp_path / "cols.h5"
+    with h5py.File(path, "w") as f:
+        _write_column(f, "here", values)
+        f.create_dataset(
+            "hdf5", data=values, chunks=(EVENT_CHUNK_ROWS,), compression="gzip",
+            compression_opts=1, shuffle=True,
+        )  # fmt: skip
+    with h5py.File(path, "r") as f:
+        here, own = f["here"], f["hdf5"]
+        assert here.dtype == own.dtype == values.dtype and here.shape == own.shape == (n,)
+        assert (here.chunks, here.compression, here.shuffle) == (own.chunks, "gzip", True)
+        assert np.array_equal(here[()], values)
+        item = values.itemsize
+        for start in range(0, n, EVENT_CHUNK_ROWS):
+            mask, raw = here.id.read_direct_chunk((start,))
+            assert mask == 0
+            plain = zlib.decompress(raw)
+            assert len(plain) == EVENT_CHUNK_ROWS * item  # edge chunks too: full size
+            chunk = np.frombuffer(plain, np.uint8).reshape(item, EVENT_CHUNK_ROWS).T.copy()
+            got = chunk.view(values.dtype).reshape(-1)
+            part = values[start : start + EVENT_CHUNK_ROWS]
+            assert np.array_equal(got[: len(part)], part)
+            assert not got[len(part) :].any()  # HDF5's fill value
+            _, theirs = own.id.read_direct_chunk((start,))
+            assert zlib.decompress(theirs) == plain  # HDF5's own chunk: the same bytes

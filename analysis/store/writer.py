@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import h5py
 import numpy as np
 from rankscope.analysis.store import schema
+from rankscope.analysis.store.chunk_filters import FILTERED_KINDS, filtered_chunk
 from rankscope.analysis.store.layout import (
     CHANGES,
     CLOCK,
@@ -79,8 +80,16 @@ def _write_column(group: h5py.Group, name: str, values: Any) -> None:
         group.create_dataset(
             name, data=data, dtype=h5py.string_dtype("utf-8"), **_dataset_kwargs(len(data))
         )
-    else:
-        group.create_dataset(name, data=arr, **_dataset_kwargs(len(arr)))
+        return
+    kwargs = _dataset_kwargs(len(arr))
+    if not kwargs or arr.dtype.kind not in FILTERED_KINDS or arr.ndim != 1:
+        group.create_dataset(name, data=arr, **kwargs)
+        return
+    arr = np.ascontiguousarray(arr)
+    dataset = group.create_dataset(name, shape=arr.shape, dtype=arr.dtype, **kwargs)
+    rows = kwargs["chunks"][0]
+    for start in range(0, len(arr), rows):
+        dataset.id.write_direct_chunk((start,), filtered_chunk(arr[start : start + rows], rows))
 
 
 def write_table(
