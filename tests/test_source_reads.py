@@ -103,6 +103,38 @@ def test_parses_taken_from_ahead_equal_parses_here(two_cores: None) -> None:
     _no_children_left(before)
 
 
+def test_parses_come_through_shared_memory_and_the_process_ends_after_the_last(
+    two_cores: None,
+) -> None:
+    """The parses ahead are handed over through memory shared with the process (their columns
+    view it: ``analysis/engine/shared_results.py``), and once the last is taken the process
+    ends by itself, before the read-ahead is closed (its end runs beside the merge's writes)."""
+    import mmap
+    import time
+
+    def mapped(a: np.ndarray) -> bool:
+        base: object = a
+        while isinstance(base, np.ndarray) and base.base is not None:
+            base = base.base
+        return isinstance(base, memoryview) and isinstance(base.obj, mmap.mmap)
+
+    sources, _, _ = discover([DLRM])
+    before = set(multiprocessing.active_children())
+    ahead = ReadAhead.start([DLRM], ClusterSpec(scheduler=AUTO), DEFAULT_VOCABULARY)
+    assert ahead is not None
+    with contextlib.closing(ahead):
+        for i, source in enumerate(sources):
+            if i == len(sources) - 1:
+                assert set(multiprocessing.active_children()) - before  # still parsing
+            got = ahead.take(source, DEFAULT_VOCABULARY)
+            assert got is not None and mapped(got.columns["ts"]) and mapped(got.comm["start"])
+        deadline = time.monotonic() + 30
+        while set(multiprocessing.active_children()) - before and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not set(multiprocessing.active_children()) - before  # ended, not yet closed
+    _no_children_left(before)
+
+
 def test_a_source_parsed_ahead_as_another_is_parsed_here(two_cores: None, tmp_path: Path) -> None:
     """A rank hint that differs from the one parsed ahead (``--rank-from`` applied after the
     read-ahead began, say): the parse ahead is not taken; with the expression given to the

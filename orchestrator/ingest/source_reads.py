@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from concurrent.futures import Future, ProcessPoolExecutor
 
     from rankscope.analysis.engine.scheduler import Choice, ClusterSpec
+    from rankscope.analysis.engine.shared_results import SharedResults
     from rankscope.orchestrator.ingest.rank_columns import RankResult
 
 #: Bytes of Kineto JSON per event, to size a merge before parsing it (:func:`estimate_events`).
@@ -64,6 +65,16 @@ PARSE_RANK_S = 0.02
 #: (:func:`estimate_events` at :data:`PARSE_EVENTS_PER_S`): past it the read-ahead process is
 #: ended and the rank read here.
 READ_AHEAD_WAIT_S = 30.0
+#: Bytes of freed memory the read-ahead process keeps for its next allocations instead of giving
+#: them back (``forked_workers._pad_heap``): more than one large rank's text block and columns.
+READ_AHEAD_HEAP_PAD = 64 << 20
+#: Bytes of shared memory reserved per estimated event for the parses handed over
+#: (``_shared_results``): a parse takes ~65 (the 54 MB ``df_index_resolver``: 8 MB of columns
+#: for 123k events); what does not fit comes through the pipe. Address space only until used.
+RESULT_BYTES_PER_EVENT = 256
+#: ... and at least this many, at most that many.
+RESULT_BYTES_MIN = 1 << 20
+RESULT_BYTES_MAX = 1 << 30
 
 
 def estimate_events(sources: list[RankSource]) -> int:
@@ -91,6 +102,21 @@ def parse_choice(spec: ClusterSpec, sources: list[RankSource]) -> Choice:
     return choose(spec, len(sources), estimate_events(sources), PARSE_RANK_S, PARSE_EVENTS_PER_S)
 
 
+def _shared_results(sources: list[RankSource]) -> SharedResults | None:
+    """Where the read-ahead process hands its parses over (``analysis/engine/shared_results.py``):
+    :data:`RESULT_BYTES_PER_EVENT` per estimated event, at most :data:`RESULT_BYTES_MAX`; None
+    where the system refuses the mapping (the parses then come through the pipe)."""
+    from rankscope.analysis.engine.shared_results import SharedResults
+
+    nbytes = min(
+        RESULT_BYTES_MAX, RESULT_BYTES_MIN + estimate_events(sources) * RESULT_BYTES_PER_EVENT
+    )
+    try:
+        return SharedResults(nbytes)
+    except (OSError, ValueError):
+        return None
+
+
 def _files(source: RankSource) -> tuple[tuple[int, Path], ...]:
     """What a source's reads depend on, besides the comm kernels: its files, in order."""
     return tuple(source.files)
@@ -107,20 +133,21 @@ class ReadAhead:
         wait_s: float,
         run_dir: bool = False,
     ) -> None:
-        from rankscope.analysis.engine.forked_workers import forked_pool
+        from rankscope.analysis.engine.forked_workers import forked_pool, shared_call
         from rankscope.orchestrator.ingest.rank_columns import parse_source
 
         self.vocabulary = vocabulary
         self.wait_s = wait_s
         """seconds a take waits for a parse begun (:data:`READ_AHEAD_WAIT_S` and the estimate)"""
         self._pool: ProcessPoolExecutor | None
-        self._pool, self._before = forked_pool(1)
+        self._shared = _shared_results(sources)
+        self._pool, self._before = forked_pool(1, heap_pad=READ_AHEAD_HEAP_PAD, shared=self._shared)
         #: a source's files → the source as parsed ahead, and its parse
         self._parses: dict[tuple[tuple[int, Path], ...], tuple[RankSource, Future[RankResult]]]
         self._parses = {}
         for source in sources:
             if _files(source) not in self._parses:
-                parse = self._pool.submit(parse_source, source, vocabulary)
+                parse = self._pool.submit(shared_call, parse_source, source, vocabulary)
                 self._parses[_files(source)] = (dataclasses.replace(source), parse)
         self.taken = 0
         """sources whose parses were taken (the rest were parsed here)"""
@@ -185,7 +212,15 @@ class ReadAhead:
             return None
         except Exception:  # parsed here: the same error, raised where it belongs
             return None
+        if self._shared is not None:
+            parsed = self._shared.unpack(parsed)
         self.taken += 1
+        if not self._parses and self._pool is not None:
+            # every parse taken: the process ends (its memory freed) beside the merge's writes,
+            # not in close()'s wait (~5 ms of the 54 MB rank's merge, measured)
+            from rankscope.analysis.engine.forked_workers import signal_workers
+
+            signal_workers(self._before)
         return dataclasses.replace(parsed, source=source)  # the merge's own, not a copy
 
     @property
