@@ -22,10 +22,12 @@ import pytest
 from rankscope.orchestrator.ingest import decode, event_columns, kineto_scan
 from rankscope.orchestrator.ingest.kineto_json import (
     BLOCK_DECODER,
+    EXACT_FLOAT_LIMIT_US,
     decode_json,
     needs_exact,
 )
 from rankscope.orchestrator.ingest.multirank import PID_BLOCK
+from rankscope.orchestrator.ingest.stamps import TS_LIMIT_US
 from test_reader_sub_blocks import _plain, edge_events, kineto_file, read
 
 DATA = Path(__file__).parent / "data"
@@ -356,6 +358,47 @@ def test_the_scanned_columns_hold_their_units() -> None:
     assert got.pid[1] == [0, "p"] and got.pid[0].tolist() == [0, 1]
     assert json.loads(got.others)[0]["name"] == "thread_name"
     assert got.ts_us.dtype == np.float64 and got.corr.dtype == np.int64
+
+
+def _decimals(rng: random.Random) -> list[str]:
+    """Decimal texts around the scanner's fast path (``fast_decimal``: at most 16 digits, M <=
+    2**53, at most 22 after the point) and past it: Kineto's 3-decimal stamps, halfway and
+    nearly halfway cases, M at and beside 2**53, 17 digits, long fractions, leading zeros after
+    the point, negatives and -0.0."""
+    texts = [
+        "0.0", "-0.0", "0.5", "-0.5", "1.0", "0.1", "0.3", "12.0005", "8796093022207.999",
+        "9007199254740.992", "9007199254740.993", "9007199254740.994", "900719925474099.3",
+        "9007199254740993.0", "9007199254740992.0", "4611686018427387.0", "0.000001",
+        "0.0000000000000000000001", "0.00000000000000000000001", "1.7976931348623157",
+        "5303290445498.853", "123456789012345.6", "1234567890123456.7", "2.5e3", "1.5E-2",
+    ]  # fmt: skip
+    for _ in range(4000):
+        digits = rng.randint(1, 18)
+        point = rng.randint(0, digits - 1)
+        body = str(rng.randint(1, 9)) + "".join(str(rng.randint(0, 9)) for _ in range(digits - 1))
+        text = ("0" if point == 0 else body[:point]) + "." + (body[point:] if point else body)
+        texts.append(("-" if rng.random() < 0.2 else "") + text)
+    return texts
+
+
+def test_decimal_stamps_are_python_s_floats() -> None:
+    """Every fractional ts and dur the scanner converts itself (Clinger's fast path, one IEEE
+    division) or through Python's parser is exactly ``float(text)``, bit for bit: as durations
+    (below the range limit) and as stamps (below 2**43 us: larger fractional stamps need
+    Decimal, which the scanner refuses), -0.0 keeping its sign."""
+    texts = [t for t in _decimals(random.Random(5)) if abs(float(t)) < TS_LIMIT_US]
+    durs = [t.lstrip("-") for t in texts]
+    stamps = [t for t in texts if abs(float(t)) < EXACT_FLOAT_LIMIT_US]
+    assert len(durs) > 3000 and len(stamps) > 1000
+    events = [f'{{"ph": "X", "name": "a", "ts": 1, "dur": {t}}}' for t in durs]
+    events += [f'{{"ph": "X", "name": "b", "ts": {t}, "dur": 0}}' for t in stamps]
+    got = scan(f"[{','.join(events)}]".encode())
+    assert got is not None and got.complete == len(events) == len(got.ts_us)
+    want_dur = np.array([float(t) for t in durs] + [0.0] * len(stamps))
+    want_ts = np.array([1.0] * len(durs) + [float(t) for t in stamps])
+    assert got.dur_us.view(np.int64).tolist() == want_dur.view(np.int64).tolist()
+    assert got.ts_us.view(np.int64).tolist() == want_ts.view(np.int64).tolist()
+    assert np.signbit(got.ts_us[len(durs) + stamps.index("-0.0")])
 
 
 def test_without_the_scanner_the_reader_reads_the_same(tmp_path: Path, scanner_off: None) -> None:
