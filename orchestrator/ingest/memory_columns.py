@@ -68,8 +68,14 @@ class MemoryColumns:
         self.memory_thread_keys: dict[tuple[str, str], int] = {}
         self.memory_skipped: dict[str, int] = {}
 
-    def _intern(self, values: list[str]) -> np.ndarray:
-        raise NotImplementedError  # EventColumns._intern
+    def _or_empty(self, codes: np.ndarray) -> np.ndarray:
+        """``codes`` (into the string table, int64) as int32, -1 (no range) made the code of
+        ``""``: what interning each event's text would give, as every other text is a name in
+        the table already ("" is added, at the end, the first time an event has none)."""
+        none = codes < 0
+        if none.any():
+            codes = np.where(none, self.strings.setdefault("", len(self.strings)), codes)
+        return codes.astype(np.int32)
 
     def _memory_block(self, mem: list[KEvent]) -> bool:
         """Keep a block's ``[memory]`` events at once when every one is well-formed (the test of
@@ -193,8 +199,9 @@ class MemoryColumns:
         cat_ok = np.array([c in wanted for c in strings], dtype=bool)
         is_step = np.array([c.startswith("ProfilerStep#") for c in strings], dtype=bool)
         n_mem = len(out["ts"])
-        ops = np.full(n_mem, "", dtype=object)
-        scopes = np.full(n_mem, "", dtype=object)
+        # codes into the string table of each event's op and scope, -1 for none ("")
+        ops = np.full(n_mem, -1, dtype=np.int64)
+        scopes = np.full(n_mem, -1, dtype=np.int64)
         steps: list[tuple[int, int, int]] = []
         lane_key = {i: key for key, i in self.lanes.items()}
         c_ts, c_end = cols["ts"], cols["ts"] + cols["dur"]
@@ -223,7 +230,6 @@ class MemoryColumns:
                 [self.lanes.get(t, -1) for t in self.memory_thread_keys], dtype=np.int64
             )
             lane_ids = key_lane[np.concatenate(self.memory_thread_parts)]
-            texts = np.array([*strings, ""], dtype=object)  # [-1]: no range
             named = np.array([bool(c) for c in strings], dtype=bool)
             plain = np.array([c not in ALLOCATION_OPS for c in strings], dtype=bool)
             for a, b in pairwise(cuts):
@@ -245,10 +251,10 @@ class MemoryColumns:
                     user=c_cat[rows] == user,
                     plain=plain[name],
                 )
-                ops[at] = texts[np.where(op >= 0, name[op], -1)]
-                scopes[at] = texts[np.where(scope >= 0, name[scope], -1)]
-        out["op"] = self._intern(ops.tolist())
-        out["scope"] = self._intern(scopes.tolist())
+                ops[at] = np.where(op >= 0, name[op], -1)
+                scopes[at] = np.where(scope >= 0, name[scope], -1)
+        out["op"] = self._or_empty(ops)
+        out["scope"] = self._or_empty(scopes)
         out["step"] = step_of(out["ts"], steps)
         return out
 
