@@ -13,7 +13,14 @@ setup(
         Extension(
             "rankscope.orchestrator.ingest._kineto_scan",
             ["orchestrator/ingest/_kineto_scan.c"],
-            extra_compile_args=["-O2", "-std=c99", "-Wall", "-Wno-missing-field-initializers"],
+            extra_compile_args=[
+                "-O2",
+                "-std=c99",
+                "-pthread",
+                "-Wall",
+                "-Wno-missing-field-initializers",
+            ],
+            extra_link_args=["-pthread"],
             optional=True,
         )
     ]

@@ -98,6 +98,15 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
             outcomes.append(got is not None)
             return got
 
+        scan_start = staticmethod(real.scan_start)
+        scan_finish = staticmethod(real.scan_finish)
+
+        @staticmethod
+        def scan_take(*args: Any) -> Any:  # a span scanned beside (kineto_scan.ScanBatch)
+            got = real.scan_take(*args)
+            outcomes.append(got is not None)
+            return got
+
     monkeypatch.setattr(kineto_scan, "_kineto_scan", Counting)
     return outcomes
 
@@ -401,6 +410,102 @@ def test_decimal_stamps_are_python_s_floats() -> None:
     assert np.signbit(got.ts_us[len(durs) + stamps.index("-0.0")])
 
 
+def _numbers_beside() -> list[bytes]:
+    """Texts whose numbers a scan without the GIL cannot all settle itself: long decimals and
+    exponents as skipped args (finite or not: up to 10**300 it knows, past that Python's parser
+    decides) and as stamps (their value needs Python's parser)."""
+    big = "1" + "0" * 301 + ".5"  # 1e301: finite, past what the digits alone settle
+    huge = "1" + "0" * 309 + ".5"  # 1e309: not finite (msgspec refuses it)
+    skipped = ["1e308", "1e309", "-1e309", "1.5e-400", "2.5E+3", "1e00300", big, huge,
+               "0.002717391304347826", "-0.1234567890123456789", "7e-5"]  # fmt: skip
+    texts = [
+        f'[{{"ph": "X", "name": "k", "ts": 1, "dur": 2, "args": {{"blocks per SM": {v}}}}}]'
+        for v in skipped
+    ]
+    texts += [f'[{{"ph": "X", "name": "k", "ts": {v}, "dur": 2}}]' for v in ("1e3", "12.3e-1")]
+    texts.append('[{"ph": "X", "name": "k", "ts": 1.23456789012345678, "dur": 2}]')
+    return [t.encode() for t in texts]
+
+
+def test_scans_beside_this_thread_give_the_scans_here() -> None:
+    """``kineto_scan.ScanBatch`` (the sub-blocks of a block scanned by a thread of the scanner,
+    without the GIL) gives each span exactly what a scan here gives: on generated hostile text
+    (refusals and all), on real events, and where the thread must leave a span to Python's
+    number parser (long decimals, exponents: a skipped value only checked finite when its digits
+    settle it). A batch stopped early, or dropped without being stopped, leaves no thread."""
+    import threading
+
+    from rankscope.orchestrator.ingest import _kineto_scan
+
+    rules = decode.SCAN_RULES.args()
+    texts = generated_texts(11, 400) + _numbers_beside()
+    body = (DATA / "hta" / "nccl_parser_config" / "nccl_data.json.gz").read_bytes()
+    import gzip
+
+    raw = gzip.decompress(body)
+    events = raw[raw.index(b'"traceEvents": [') + 15 :][:400_000]
+    texts.append(events[: events.rindex(b"\n  },\n  {") + 4] + b"]")
+    joined = bytearray(b"".join(texts))
+    spans, at = [], 0
+    for t in texts:
+        spans.append((at, at + len(t)))
+        at += len(t)
+    want = [_kineto_scan.scan(t, *rules) for t in texts]
+    assert sum(w is not None for w in want) > 100 and sum(w is None for w in want) > 50
+    for v, expect in zip(_numbers_beside(), want[-len(_numbers_beside()) - 1 : -1], strict=True):
+        refused = b"1e309" in v or (b"1" + b"0" * 309) in v
+        assert (expect is None) == refused, v[:80]
+    batch = _kineto_scan.scan_start(joined, spans, *rules)
+    got = [_kineto_scan.scan_take(batch, i) for i in range(len(spans))]
+    _kineto_scan.scan_finish(batch)
+    assert got == want
+    with pytest.raises(ValueError, match="finished"):
+        _kineto_scan.scan_take(batch, 0)
+    joined.extend(b" ")  # the text is free again once the batch is finished
+    before = threading.active_count()
+    early = _kineto_scan.scan_start(joined, spans, *rules)
+    assert _kineto_scan.scan_take(early, 3) == want[3]
+    _kineto_scan.scan_finish(early)  # stopped after its current span
+    dropped = _kineto_scan.scan_start(bytes(joined), spans, *rules)
+    del dropped  # its thread stopped and joined as the batch is freed
+    assert threading.active_count() == before
+
+
+def test_the_scanner_reads_beside_only_where_the_parse_runs_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``beside``: a read alone (the reader's default, a merge parsing in this process) scans
+    with a thread of its own; the parses of the merge's worker processes (as many as cores)
+    do not, so they never compete with each other for the cores. The same columns either way
+    (``test_scans_beside_this_thread_give_the_scans_here``)."""
+    from rankscope.orchestrator.ingest.merge import merge_run_dir
+
+    big = DATA / "hta" / "nccl_parser_config" / "nccl_data.json.gz"  # 10 MB: several blocks
+    started = tmp_path / "started"
+    real = kineto_scan.ScanBatch.start.__func__  # type: ignore[attr-defined]
+
+    def noted(cls: type, *args: Any) -> Any:
+        with started.open("a") as f:  # a file: forked workers inherit this patch
+            f.write(f"{os.getpid()}\n")
+        return real(cls, *args)
+
+    monkeypatch.setattr(kineto_scan.ScanBatch, "start", classmethod(noted))
+    decode.read_trace(big, beside=False)
+    assert not started.exists()
+    decode.read_trace(big)
+    assert len(started.read_text().split()) > 1
+    started.unlink()
+    job = tmp_path / "job"
+    job.mkdir()
+    for rank in (0, 1):
+        (job / f"rank{rank}.json.gz").symlink_to(big)
+    merge_run_dir(job, output=tmp_path / "here.h5", scheduler="synchronous", quiet=True)
+    assert set(started.read_text().split()) == {str(os.getpid())}
+    started.unlink()
+    merge_run_dir(job, output=tmp_path / "pool.h5", scheduler="processes", quiet=True)
+    assert not started.exists()
+
+
 def test_without_the_scanner_the_reader_reads_the_same(tmp_path: Path, scanner_off: None) -> None:
     """The pure-Python path (no compiler at install) is the reader before the scanner."""
     path = kineto_file(tmp_path / "r.json", edge_events())
@@ -506,7 +611,22 @@ for _ in range(300):  # single flipped bytes in real text
     flipped = bytearray(body[:20000])
     flipped[rng.randrange(len(flipped))] = rng.randrange(256)
     scan(bytes(flipped))
-print("scans", scans + 301, "accepted", accepted)
+# the same texts scanned by a batch's thread (taken in order, stopped early, dropped unstopped)
+texts = generated_texts(9, 600) + [body[:200000] + b"]", bytes(flipped)]
+joined = b"".join(texts)
+spans, at = [], 0
+for t in texts:
+    spans.append((at, at + len(t)))
+    at += len(t)
+batch = mod.scan_start(joined, spans, *rules)
+accepted += sum(mod.scan_take(batch, i) is not None for i in range(len(spans)))
+mod.scan_finish(batch)
+early = mod.scan_start(joined, spans, *rules)
+mod.scan_take(early, 5)
+mod.scan_finish(early)
+dropped = mod.scan_start(joined, spans, *rules)
+del dropped
+print("scans", scans + 301 + len(spans), "accepted", accepted)
 """
 
 

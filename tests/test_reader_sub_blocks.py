@@ -1,4 +1,4 @@
-"""The streaming reader's sub-blocks (decode._add_block): any sub-block size reads exactly what
+"""The streaming reader's sub-blocks (decode._Block): any sub-block size reads exactly what
 one decode per block reads (``sub_bytes=0``, the reader before sub-blocks), real and edge files.
 
 Compared: every field of the FileTrace (columns with dtypes, the string table in order, lanes,

@@ -118,7 +118,41 @@ def scan(text: Any, rules: ScanRules) -> Scanned | None:
     or it refuses the text (see the module docstring); the caller then decodes with msgspec."""
     if _kineto_scan is None:
         return None
-    got = _kineto_scan.scan(text, *rules.args())
+    return _scanned(_kineto_scan.scan(text, *rules.args()))
+
+
+class ScanBatch:
+    """The sub-blocks of one block scanned in order by a thread of the compiled scanner, beside
+    the caller, which takes each result as it reduces the sub-blocks (``decode._Block``).
+
+    Why: the scan is C without Python objects, the reduction Python; on two cores the next
+    sub-blocks are scanned while the caller reduces the last one (the thread never takes the
+    GIL: its interned values become Python objects at the take). Each take gives what
+    :func:`scan` gives for that sub-block; :meth:`finish` stops the thread after its current
+    sub-block and waits for it: the text must not change until then (it is held, unresizable).
+    """
+
+    def __init__(self, handle: Any) -> None:
+        self._handle = handle
+
+    @classmethod
+    def start(cls, text: Any, spans: list[tuple[int, int]], rules: ScanRules) -> ScanBatch | None:
+        """Begin scanning ``text[start:stop]`` of each span; None without the scanner."""
+        if _kineto_scan is None:
+            return None
+        return cls(_kineto_scan.scan_start(text, spans, *rules.args()))
+
+    def take(self, i: int) -> Scanned | None:
+        """:func:`scan` of the ``i``-th span (waits for its scan; a span is taken once)."""
+        return _scanned(_kineto_scan.scan_take(self._handle, i))
+
+    def finish(self) -> None:
+        """The thread stopped and waited for; the text no longer held."""
+        _kineto_scan.scan_finish(self._handle)
+
+
+def _scanned(got: Any) -> Scanned | None:
+    """The scanner's raw tuple as :class:`Scanned` (None: refused)."""
     if got is None:
         return None
     (n_x, far, bad, ts, dur, name, names, cat, cats, pid, pids, tid, tids, corr, starts, ends,

@@ -245,8 +245,10 @@ def _merge_locked(
         )
 
     def calls(source: RankSource) -> tuple[Any, ...]:
-        """parse_source's arguments for ``source``: the reads begun ahead, where it runs here."""
-        return (source, comm, ahead) if reading_ahead() else (source, comm)
+        """parse_source's arguments for ``source``: the reads begun ahead, and a second core
+        for the scanner (``beside``), where it runs here."""
+        here = spec.scheduler == SYNCHRONOUS
+        return (source, comm, ahead if reading_ahead() else None, here)
 
     def reading_ahead() -> bool:
         return ahead is not None and spec.scheduler == SYNCHRONOUS

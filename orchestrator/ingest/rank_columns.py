@@ -80,19 +80,22 @@ def parse_source(
     source: RankSource,
     vocabulary: CommVocabulary = DEFAULT_VOCABULARY,
     ahead: ReadAhead | None = None,
+    beside: bool = False,
 ) -> RankResult:
     """Parse all files of one rank (runs in a Dask worker): compact columns + small tables.
 
     ``vocabulary``: the communication kernels in force (``comm_kernels.py``). ``ahead``: parses
     begun in a forked process (``source_reads.ReadAhead``; in-process parses only), taken
-    instead of parsing here when it has this source's."""
+    instead of parsing here when it has this source's. ``beside``: the reader's scanner may use
+    a second core (``decode.read_trace``): True where this parse is the only one running (the
+    merge in-process, its read-ahead), False in a pool of as many workers as cores."""
     from rankscope.orchestrator.ingest.column_tables import concat_rows, from_rows
     from rankscope.orchestrator.ingest.event_columns import sort_by_ts
     from rankscope.orchestrator.ingest.rank_reads import read_source
 
     if ahead is not None and (done := ahead.take(source, vocabulary)) is not None:
         return done
-    reads = read_source(source, vocabulary)
+    reads = read_source(source, vocabulary, beside)
     parts: list[tuple[int, FileTrace]] = []
     problems: list[Problem] = []
     hint = source.rank_hint if source.rank_hint is not None else -1

@@ -29,9 +29,12 @@ class SourceReads:
     """the rank's string table once every file was read (the traces' codes index it)"""
 
 
-def read_source(source: RankSource, vocabulary: CommVocabulary = DEFAULT_VOCABULARY) -> SourceReads:
+def read_source(
+    source: RankSource, vocabulary: CommVocabulary = DEFAULT_VOCABULARY, beside: bool = False
+) -> SourceReads:
     """Read every file of ``source`` into one string table (``decode.read_trace``, unsorted: the
-    rank sorts its windows' events once); a file that cannot be read becomes its problem text."""
+    rank sorts its windows' events once); a file that cannot be read becomes its problem text.
+    ``beside``: the scanner may use a second core (``read_trace``'s)."""
     from rankscope.orchestrator.ingest.decode import read_trace
     from rankscope.orchestrator.ingest.event_columns import StringTable
     from rankscope.orchestrator.ingest.kineto_json import TraceReadError
@@ -42,7 +45,11 @@ def read_source(source: RankSource, vocabulary: CommVocabulary = DEFAULT_VOCABUL
         path = Path(source.origin) if source.origin is not None else file  # the name to print
         try:
             outcomes.append(
-                (window, path, read_trace(file, strings=strings, sort=False, comm=vocabulary))
+                (
+                    window,
+                    path,
+                    read_trace(file, strings=strings, sort=False, comm=vocabulary, beside=beside),
+                )
             )
         except TraceReadError as exc:
             outcomes.append((window, path, str(exc)))

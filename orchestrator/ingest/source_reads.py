@@ -147,7 +147,8 @@ class ReadAhead:
         self._parses = {}
         for source in sources:
             if _files(source) not in self._parses:
-                parse = self._pool.submit(shared_call, parse_source, source, vocabulary)
+                # the only parse running (the scanner may take the second core: beside)
+                parse = self._pool.submit(shared_call, parse_source, source, vocabulary, None, True)
                 self._parses[_files(source)] = (dataclasses.replace(source), parse)
         self.taken = 0
         """sources whose parses were taken (the rest were parsed here)"""
