@@ -506,6 +506,21 @@ def test_the_scanner_reads_beside_only_where_the_parse_runs_alone(
     assert not started.exists()
 
 
+def test_a_scanning_thread_refused_by_the_system_leaves_the_read_here(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where the system gives the scanner no lock for its thread (``OSError`` at the batch's
+    start), every sub-block is scanned in this thread: the same trace, the text unpatched."""
+    big = DATA / "hta" / "nccl_parser_config" / "nccl_data.json.gz"
+    want = _plain(decode.read_trace(big, beside=False))
+
+    def refused(cls: type, *args: Any) -> Any:
+        raise OSError("cannot make the scanner's lock")
+
+    monkeypatch.setattr(kineto_scan.ScanBatch, "start", classmethod(refused))
+    assert _plain(decode.read_trace(big)) == want
+
+
 def test_without_the_scanner_the_reader_reads_the_same(tmp_path: Path, scanner_off: None) -> None:
     """The pure-Python path (no compiler at install) is the reader before the scanner."""
     path = kineto_file(tmp_path / "r.json", edge_events())

@@ -236,11 +236,12 @@ class _Block:
             self.spans.append((start, stop))
             start = stop
         # all but the first: this thread scans it while the other core scans the rest
-        self.batch = (
-            ScanBatch.start(self.view, self.spans[1:], SCAN_RULES)
-            if beside and len(self.spans) > 1
-            else None
-        )
+        self.batch: ScanBatch | None = None
+        if beside and len(self.spans) > 1:
+            try:
+                self.batch = ScanBatch.start(self.view, self.spans[1:], SCAN_RULES)
+            except OSError:  # no lock for its thread: every sub-block is scanned here
+                self.batch = None
 
     def reduce(self, acc: EventColumns) -> None:
         """Reduce the block into ``acc``, sub-block by sub-block, as one decode of the block
