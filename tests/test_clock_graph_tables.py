@@ -84,14 +84,8 @@ def ref_causality_intervals(
     base: int,
     corr: dict[int, tuple[float, float]],
 ) -> dict[int, tuple[float, float]]:
-    """Per group, [lo, hi] (ns) of its offset relative to ``ROOT`` that causality allows, after
-    each group's drift correction ``corr[g] = (drift ns/ns, t_ref ns from base)``.
-
-    Collectives: ``o_b - o_a <= min end of a's members - max start of b's`` (:func:`constraints`
-    on the per-group reduction); send/recv pairs: ``o_send - o_recv <= end_recv - start_send``.
-    Shortest paths from and to ``ROOT`` (:func:`shortest_from`). Empty when the constraints
-    contradict each other; groups bounded on one side only are absent.
-    """
+    """``clock_graph.causality_intervals`` as pandas computed it (what it computes: its own
+    docstring); the reductions per group are DataFrame group-bys here."""
     n = max(group_of.values(), default=ROOT) + 1
     if n < 2:
         return {}

@@ -18,6 +18,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
+from mapping_views import views_a_mapping
 from rankscope.analysis.engine.scheduler import (
     PROCESSES,
     SYNCHRONOUS,
@@ -263,17 +264,9 @@ def test_results_handed_over_through_shared_memory_equal_the_worker_s() -> None:
     of it, not copies from the pipe), equal to what the worker made, one after the other in
     the same mapping, inside dicts, lists, tuples and dataclass instances; arrays of objects
     travel in the pipe; a result that no longer fits comes through the pipe whole, equal too."""
-    import mmap
-
     import numpy as np
     from rankscope.analysis.engine.forked_workers import forked_pool, shared_call, stop_pool
     from rankscope.analysis.engine.shared_results import Packed, SharedResults
-
-    def mapped(a: np.ndarray) -> bool:
-        base: object = a
-        while isinstance(base, np.ndarray) and base.base is not None:
-            base = base.base
-        return isinstance(base, memoryview) and isinstance(base.obj, mmap.mmap)
 
     shared = SharedResults(3 << 20)  # room for the first two results, not the third
     pool, before = forked_pool(1, shared=shared)
@@ -291,9 +284,11 @@ def test_results_handed_over_through_shared_memory_equal_the_worker_s() -> None:
             flags, label = held.rows[0]
             assert flags.dtype == bool and np.array_equal(flags, want_held.rows[0][0])
             assert label == "x" and held.matrix.shape == (3, 4)
-            assert mapped(got["ts"]) is via_map and mapped(got["ratio"]) is via_map
-            assert mapped(held.matrix) is via_map and mapped(flags) is via_map
-            assert not mapped(got["text"])
+            assert (
+                views_a_mapping(got["ts"]) is via_map and views_a_mapping(got["ratio"]) is via_map
+            )
+            assert views_a_mapping(held.matrix) is via_map and views_a_mapping(flags) is via_map
+            assert not views_a_mapping(got["text"])
     finally:
         stop_pool(pool, before)
     with pytest.raises(ValueError, match="one worker"):

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from mapping_views import views_a_mapping
 from rankscope.analysis.engine import scheduler
 from rankscope.analysis.engine.scheduler import AUTO, ClusterSpec
 from rankscope.orchestrator.ingest.comm_kernels import DEFAULT_VOCABULARY, CommVocabulary
@@ -109,14 +110,7 @@ def test_parses_come_through_shared_memory_and_the_process_ends_after_the_last(
     """The parses ahead are handed over through memory shared with the process (their columns
     view it: ``analysis/engine/shared_results.py``), and once the last is taken the process
     ends by itself, before the read-ahead is closed (its end runs beside the merge's writes)."""
-    import mmap
     import time
-
-    def mapped(a: np.ndarray) -> bool:
-        base: object = a
-        while isinstance(base, np.ndarray) and base.base is not None:
-            base = base.base
-        return isinstance(base, memoryview) and isinstance(base.obj, mmap.mmap)
 
     sources, _, _ = discover([DLRM])
     before = set(multiprocessing.active_children())
@@ -127,7 +121,11 @@ def test_parses_come_through_shared_memory_and_the_process_ends_after_the_last(
             if i == len(sources) - 1:
                 assert set(multiprocessing.active_children()) - before  # still parsing
             got = ahead.take(source, DEFAULT_VOCABULARY)
-            assert got is not None and mapped(got.columns["ts"]) and mapped(got.comm["start"])
+            assert (
+                got is not None
+                and views_a_mapping(got.columns["ts"])
+                and views_a_mapping(got.comm["start"])
+            )
         deadline = time.monotonic() + 30
         while set(multiprocessing.active_children()) - before and time.monotonic() < deadline:
             time.sleep(0.01)

@@ -80,7 +80,6 @@ def forked_pool(
 def stop_pool(pool: ProcessPoolExecutor, before: set[Any]) -> None:
     """End a :func:`forked_pool` now: calls not started are cancelled, its workers terminated,
     then killed (each wait bounded by :data:`FORK_STOP_S`)."""
-    import multiprocessing
 
     # the pool's manager thread also ends and reaps the workers once one died: it is joined
     # (bounded) too, or a worker it is still reaping would look alive to the caller for a
@@ -88,7 +87,7 @@ def stop_pool(pool: ProcessPoolExecutor, before: set[Any]) -> None:
     manager: threading.Thread | None = getattr(pool, "_executor_manager_thread", None)
     results = getattr(pool, "_result_queue", None)  # shutdown() forgets it
     pool.shutdown(wait=False, cancel_futures=True)
-    _end(set(multiprocessing.active_children()) - before)
+    _end(_workers(before))
     _cut_results(results)
     if manager is not None:
         manager.join(FORK_STOP_S)
@@ -218,10 +217,15 @@ def signal_workers(before: set[Any]) -> None:
     whose results are all handed over, so that the workers' ends (freeing their memory takes
     the system milliseconds) run beside this process' work; :func:`stop_pool` still ends the
     pool. ``before``: the children this process had before the pool."""
+    for child in _workers(before):
+        child.terminate()
+
+
+def _workers(before: set[Any]) -> set[Any]:
+    """This process' children that a pool forked: those alive now but ``before`` it."""
     import multiprocessing
 
-    for child in set(multiprocessing.active_children()) - before:
-        child.terminate()
+    return set(multiprocessing.active_children()) - before
 
 
 def _end(children: set[Any]) -> None:

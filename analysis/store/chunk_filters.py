@@ -11,6 +11,7 @@ too, and compares them with HDF5's own chunks).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -32,12 +33,15 @@ def filtered_chunk(values: np.ndarray, rows: int) -> bytes:
     if len(values) < rows:
         values = np.concatenate((values, np.zeros(rows - len(values), dtype=values.dtype)))
     shuffled = values.view(np.uint8).reshape(rows, values.itemsize).T.tobytes()
-    return _DEFLATE.compress(shuffled, _LEVEL)
+    deflate, level = _deflater()
+    return deflate.compress(shuffled, level)
 
 
+@functools.cache
 def _deflater() -> tuple[Any, int]:
     """ISA-L's zlib interface and :data:`ISAL_LEVEL`; zlib's own and the store's
-    ``COMPRESSION_LEVEL`` where isal is not installed (the same format, slower)."""
+    ``COMPRESSION_LEVEL`` where isal is not installed (the same format, slower). Looked up at
+    the first chunk: ``rankscope analyze`` of a store imports the writer but writes none."""
     try:
         from isal import isal_zlib
     except ImportError:
@@ -45,6 +49,3 @@ def _deflater() -> tuple[Any, int]:
 
         return zlib, COMPRESSION_LEVEL
     return isal_zlib, ISAL_LEVEL
-
-
-_DEFLATE, _LEVEL = _deflater()

@@ -67,8 +67,8 @@ def median(values: Any) -> float:
 def mapped(values: np.ndarray, mapping: Mapping[int, int], missing: int = -1) -> np.ndarray:
     """``mapping`` of each of ``values`` (int64; ``missing`` where it has none), looked up once
     per distinct value (pandas' ``Series.map`` of a dict, without a Python call per row)."""
-    distinct, at = np.unique(np.asarray(values).astype(np.int64), return_inverse=True)
-    lookup = np.array([mapping.get(v, missing) for v in distinct.tolist()], dtype=np.int64)
+    keys, at = np.unique(np.asarray(values).astype(np.int64), return_inverse=True)
+    lookup = np.array([mapping.get(v, missing) for v in keys.tolist()], dtype=np.int64)
     return lookup[at.reshape(-1)]
 
 

@@ -251,14 +251,12 @@ class _Block:
         events, or the same error). So the result never depends on ``sub_bytes``."""
         mark = acc.mark()
         try:
-            try:
-                if not self._sub_blocks(acc, exact=False):
-                    acc.rollback(mark)
-                    self._stop_scans()
-                    self._sub_blocks(acc, exact=True)
-            finally:
-                self._unpatch()
+            if not self._sub_blocks(acc, exact=False):
+                acc.rollback(mark)
+                self._stop_scans()
+                self._sub_blocks(acc, exact=True)
         except msgspec.MsgspecError:
+            self._unpatch()  # the block's own text, read whole
             acc.rollback(mark)
             acc.extract(_decode_block(self.view[: self.end]))
         finally:
